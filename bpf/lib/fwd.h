@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The three ways out: NAT, DSR and L3 DSR (IPIP / IPv6-in-IPv6). */
+#ifndef RV_FWD_H
+#define RV_FWD_H
+
+#include "csum.h"
+#include "maps.h"
+#include "parse.h"
+
+#define RV_AF_INET 2
+#define RV_AF_INET6 10
+#define RV_TUNNEL_TTL 64
+
+/* Write the L4 destination port and fix the L4 checksum for a new
+ * destination address and port. addr_from/addr_to are 1 or 4 words. */
+static __always_inline int rv_nat_l4_dst(void *data, void *data_end,
+					 const struct rv_pkt *pkt,
+					 const __be32 *addr_from,
+					 const __be32 *addr_to, __be16 port_to)
+{
+	if (pkt->proto == RV_IPPROTO_TCP) {
+		struct tcphdr *th = rv_hdr(struct tcphdr, data, data_end, pkt->l4_off);
+
+		if (!th)
+			return -RV_DROP_MALFORMED_L4;
+		if (pkt->family == RV_FAMILY_V4)
+			rv_csum_replace4(&th->check, addr_from[0], addr_to[0]);
+		else
+			rv_csum_replace16(&th->check, addr_from, addr_to);
+		rv_csum_replace2(&th->check, th->dest, port_to);
+		th->dest = port_to;
+	} else if (pkt->proto == RV_IPPROTO_UDP) {
+		struct udphdr *uh = rv_hdr(struct udphdr, data, data_end, pkt->l4_off);
+
+		if (!uh)
+			return -RV_DROP_MALFORMED_L4;
+		if (uh->check || pkt->family == RV_FAMILY_V6) {
+			if (pkt->family == RV_FAMILY_V4)
+				rv_csum_replace4(&uh->check, addr_from[0], addr_to[0]);
+			else
+				rv_csum_replace16(&uh->check, addr_from, addr_to);
+			rv_csum_replace2(&uh->check, uh->dest, port_to);
+			rv_udp_csum_fixup(&uh->check);
+		}
+		uh->dest = port_to;
+	}
+	return 0;
+}
+
+/* Destination NAT of a request: address, port, every checksum. A later
+ * fragment has no L4 header; its first fragment's checksum already
+ * covers it. */
+static __always_inline int rv_nat_forward(void *data, void *data_end,
+					  const struct rv_pkt *pkt,
+					  const __be32 *baddr, __be16 bport)
+{
+	if (pkt->family == RV_FAMILY_V4) {
+		struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
+
+		if (!iph)
+			return -RV_DROP_MALFORMED_IPV4;
+		rv_csum_replace4(&iph->check, iph->daddr, baddr[0]);
+		iph->daddr = baddr[0];
+	} else {
+		struct ipv6hdr *ip6h =
+			rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
+
+		if (!ip6h)
+			return -RV_DROP_MALFORMED_IPV6;
+		__builtin_memcpy(&ip6h->daddr, baddr, 16);
+	}
+	if (pkt->flags & RV_PKT_LATER_FRAG)
+		return 0;
+	return rv_nat_l4_dst(data, data_end, pkt, pkt->daddr, baddr, bport);
+}
+
+/* DSR: the backend holds the VIP itself; only the frame changes hands. */
+static __always_inline int rv_dsr_forward(struct xdp_md *ctx,
+					  const __u8 *backend_mac)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = rv_hdr(struct ethhdr, data, data_end, 0);
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct rv_iface_mac *own;
+
+	if (!eth)
+		return -RV_DROP_MALFORMED_L2;
+	own = bpf_map_lookup_elem(&iface_mac_map, &ifindex);
+	if (!own)
+		return -RV_DROP_NO_IFACE_MAC;
+	__builtin_memcpy(eth->h_source, own->mac, RV_ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, backend_mac, RV_ETH_ALEN);
+	return RV_XDP_TX;
+}
+
+/*
+ * Make room for an outer header of `room` bytes between the L2 header
+ * (tags included) and the IP header. The first 22 bytes (Ethernet and
+ * two tags at most) are copied forward whatever l2_len is: the bytes
+ * past l2_len land where the outer header goes and are overwritten.
+ */
+static __always_inline int rv_push_room(struct xdp_md *ctx, int room)
+{
+	__u8 l2[sizeof(struct ethhdr) + 2 * sizeof(struct vlan_hdr)];
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	if (data + sizeof(l2) > data_end)
+		return -RV_DROP_MALFORMED_L2;
+	__builtin_memcpy(l2, data, sizeof(l2));
+	if (bpf_xdp_adjust_head(ctx, -room))
+		return -RV_DROP_HEADROOM;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + sizeof(l2) > data_end)
+		return -RV_DROP_HEADROOM;
+	__builtin_memcpy(data, l2, sizeof(l2));
+	return 0;
+}
+
+/* After a FIB answer: set the MACs and send the frame on its way. */
+static __always_inline int rv_fib_send(struct xdp_md *ctx,
+				       const struct bpf_fib_lookup *p)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = rv_hdr(struct ethhdr, data, data_end, 0);
+
+	if (!eth)
+		return -RV_DROP_MALFORMED_L2;
+	__builtin_memcpy(eth->h_dest, p->dmac, RV_ETH_ALEN);
+	__builtin_memcpy(eth->h_source, p->smac, RV_ETH_ALEN);
+	if (p->ifindex == ctx->ingress_ifindex)
+		return RV_XDP_TX;
+	return bpf_redirect(p->ifindex, 0);
+}
+
+/*
+ * What a FIB answer means for an encapsulated packet: send it ourselves,
+ * let the kernel finish the job (no neighbour entry yet, forwarding off,
+ * too big for the egress MTU: the kernel resolves, refuses or fragments),
+ * or drop it because the route says nobody is there.
+ */
+static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
+					  const struct bpf_fib_lookup *p)
+{
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		return rv_fib_send(ctx, p);
+	case BPF_FIB_LKUP_RET_BLACKHOLE:
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+		return -RV_DROP_FIB_UNREACHABLE;
+	default:
+		return RV_XDP_PASS;
+	}
+}
+
+/* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
+static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
+				       const struct rv_pkt *pkt,
+				       __be32 backend, __u32 hash)
+{
+	struct bpf_fib_lookup p = {};
+	struct rv_tunnel_config *tc;
+	struct iphdr *outer, *inner;
+	void *data, *data_end;
+	__u32 zero = 0;
+	__u16 tot_len;
+	__u8 tos;
+	__be16 df;
+	int rc, ret;
+
+	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
+	if (!tc || !tc->src4)
+		return -RV_DROP_NO_TUNNEL_SRC;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	inner = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
+	if (!inner)
+		return -RV_DROP_MALFORMED_IPV4;
+	tos = inner->tos;
+	df = inner->frag_off & bpf_htons(RV_IP_DF);
+	tot_len = pkt->ip_len + sizeof(struct iphdr);
+
+	p.family = RV_AF_INET;
+	p.tos = tos;
+	p.l4_protocol = RV_IPPROTO_IPIP;
+	p.tot_len = tot_len;
+	p.ipv4_src = tc->src4;
+	p.ipv4_dst = backend;
+	p.ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+	if (rc == BPF_FIB_LKUP_RET_BLACKHOLE ||
+	    rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
+	    rc == BPF_FIB_LKUP_RET_PROHIBIT)
+		return -RV_DROP_FIB_UNREACHABLE;
+
+	ret = rv_push_room(ctx, sizeof(struct iphdr));
+	if (ret)
+		return ret;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	outer = rv_hdr(struct iphdr, data, data_end, pkt->l2_len);
+	if (!outer)
+		return -RV_DROP_HEADROOM;
+	outer->version = 4;
+	outer->ihl = 5;
+	outer->tos = tos;
+	outer->tot_len = bpf_htons(tot_len);
+	/* Outer id from the flow hash: stable per flow, varied across them. */
+	outer->id = (__be16)hash;
+	outer->frag_off = df;
+	outer->ttl = RV_TUNNEL_TTL;
+	outer->protocol = RV_IPPROTO_IPIP;
+	outer->saddr = p.ipv4_src;
+	outer->daddr = backend;
+	outer->check = rv_ipv4_hdr_csum(outer);
+	return rv_fib_verdict(ctx, rc, &p);
+}
+
+/* L3 DSR for IPv6: IPv6-in-IPv6 to the backend (RFC 2473). */
+static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
+				       const struct rv_pkt *pkt,
+				       const __be32 *backend, __u32 hash)
+{
+	struct bpf_fib_lookup p = {};
+	struct rv_tunnel_config *tc;
+	struct ipv6hdr *outer;
+	void *data, *data_end;
+	__u32 zero = 0;
+	int rc, ret;
+
+	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
+	if (!tc || rv_addr6_is_zero(tc->src6))
+		return -RV_DROP_NO_TUNNEL_SRC;
+
+	p.family = RV_AF_INET6;
+	p.l4_protocol = RV_IPPROTO_IPV6;
+	p.tot_len = pkt->ip_len + sizeof(struct ipv6hdr);
+	rv_addr6_copy(p.ipv6_src, tc->src6);
+	rv_addr6_copy(p.ipv6_dst, backend);
+	p.ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+	if (rc == BPF_FIB_LKUP_RET_BLACKHOLE ||
+	    rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
+	    rc == BPF_FIB_LKUP_RET_PROHIBIT)
+		return -RV_DROP_FIB_UNREACHABLE;
+
+	ret = rv_push_room(ctx, sizeof(struct ipv6hdr));
+	if (ret)
+		return ret;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	outer = rv_hdr(struct ipv6hdr, data, data_end, pkt->l2_len);
+	if (!outer)
+		return -RV_DROP_HEADROOM;
+	/* Version 6, traffic class 0, and the flow hash as flow label so
+	 * that ECMP between here and the backend keeps a flow on one path. */
+	*(__be32 *)outer = bpf_htonl(0x60000000 | (hash & 0xfffff));
+	outer->payload_len = bpf_htons(pkt->ip_len);
+	outer->nexthdr = RV_IPPROTO_IPV6;
+	outer->hop_limit = RV_TUNNEL_TTL;
+	__builtin_memcpy(&outer->saddr, tc->src6, 16);
+	__builtin_memcpy(&outer->daddr, backend, 16);
+	return rv_fib_verdict(ctx, rc, &p);
+}
+
+#endif /* RV_FWD_H */

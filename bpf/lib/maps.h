@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Every map, declared once, with BTF key and value types so that
+ * `bpftool map dump` prints fields. Map names are ABI: they are the pin
+ * paths under /sys/fs/bpf/rivora-lb, shared by xdp_ingress and tc_nat
+ * (the loader points both objects at the same pins).
+ */
+#ifndef RV_MAPS_H
+#define RV_MAPS_H
+
+#include "common.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} meta_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_VIPS);
+	__type(key, struct rv_vip_key);
+	__type(value, struct rv_vip_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_VIPS);
+	__type(key, struct rv_vip6_key);
+	__type(value, struct rv_vip_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_map6 SEC(".maps");
+
+/* A port range decomposes into at most 30 prefix blocks; the tries are
+ * sized so every VIP could be a worst-case range. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, RV_MAX_VIPS * 4);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rv_vip_range_key);
+	__type(value, struct rv_vip_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_range_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, RV_MAX_VIPS * 4);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rv_vip_range6_key);
+	__type(value, struct rv_vip_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_range_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct rv_service);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} service_config_map SEC(".maps");
+
+/* max_entries is a load-time setting (the loader resizes it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAGLEV_DEFAULT_SIZE);
+	__type(key, __u32);
+	__type(value, struct rv_maglev_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} maglev_table SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct rv_backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct rv_backend6);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct rv_backend_health);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_health_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_AFFINITY);
+	__type(key, struct rv_flow_key);
+	__type(value, struct rv_affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} connection_affinity_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_AFFINITY);
+	__type(key, struct rv_flow6_key);
+	__type(value, struct rv_affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} connection_affinity_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_NAT);
+	__type(key, struct rv_nat_key);
+	__type(value, struct rv_nat_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_reverse_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_NAT);
+	__type(key, struct rv_nat6_key);
+	__type(value, struct rv_nat6_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_reverse_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__type(key, struct rv_frag_key);
+	__type(value, struct rv_frag_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frag_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__type(key, struct rv_frag6_key);
+	__type(value, struct rv_frag_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frag_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__type(key, struct rv_frag_key);
+	__type(value, struct rv_frag_rev_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frag_rev_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__type(key, struct rv_frag6_key);
+	__type(value, struct rv_frag_rev6_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frag_rev_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RV_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct rv_vip_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RV_DROP_MAX);
+	__type(key, __u32);
+	__type(value, struct rv_drop_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} drop_stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_rl_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct rv_rl_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_rl_config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_RL_BUCKETS);
+	__type(key, struct rv_rl_key);
+	__type(value, struct rv_rl_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_buckets_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_RL_BUCKETS);
+	__type(key, struct rv_rl6_key);
+	__type(value, struct rv_rl_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rl_buckets_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_IFACES);
+	__type(key, __u32); /* ifindex */
+	__type(value, struct rv_iface_mac);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} iface_mac_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_tunnel_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tunnel_config_map SEC(".maps");
+
+static __always_inline void rv_count_drop(__u32 reason)
+{
+	struct rv_drop_stats *d = bpf_map_lookup_elem(&drop_stats_map, &reason);
+
+	if (d)
+		d->packets++;
+}
+
+#endif /* RV_MAPS_H */

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * tc_nat (TCX egress): a NAT VIP's reply, on its way back to the client,
+ * gets the VIP back as its source. xdp_ingress recorded the translation in
+ * nat_reverse_map when it rewrote the request.
+ *
+ * The skb checksum helpers are used rather than XDP's arithmetic: a reply
+ * forwarded from a backend may be CHECKSUM_PARTIAL (GSO), and
+ * bpf_l4_csum_replace() knows how to fix that state too.
+ */
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Enough for Ethernet, two tags, IPv6 with a few extension headers and
+ * TCP; pulling the whole skb would linearise GSO packets. */
+#define RV_TC_PULL_LEN 256
+
+#define RV_IPV4_CSUM_OFF 10
+#define RV_IPV4_SADDR_OFF 12
+#define RV_IPV6_SADDR_OFF 8
+#define RV_TCP_CSUM_OFF 16
+#define RV_UDP_CSUM_OFF 6
+
+static __always_inline int rv_l4_csum_off(__u8 proto)
+{
+	return proto == RV_IPPROTO_TCP ? RV_TCP_CSUM_OFF : RV_UDP_CSUM_OFF;
+}
+
+static __always_inline __u64 rv_l4_flags(__u8 proto, __u64 size)
+{
+	/* UDP over IPv4 may have no checksum: leave a 0 alone, and send a
+	 * computed 0 as 0xffff. */
+	return size | (proto == RV_IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
+}
+
+/* Source address (and checksums) of a v4 or v6 packet. */
+static __always_inline int rv_snat_addr(struct __sk_buff *skb,
+					const struct rv_pkt *pkt,
+					const __be32 *vip, int l4)
+{
+	int csum_off = pkt->l4_off + rv_l4_csum_off(pkt->proto);
+	__u64 l4_flags = rv_l4_flags(pkt->proto, 4) | BPF_F_PSEUDO_HDR;
+	int i;
+
+	if (pkt->family == RV_FAMILY_V4) {
+		if (l4 && bpf_l4_csum_replace(skb, csum_off, pkt->saddr[0], vip[0],
+					      l4_flags))
+			return -1;
+		if (bpf_l3_csum_replace(skb, pkt->l3_off + RV_IPV4_CSUM_OFF,
+					pkt->saddr[0], vip[0], 4))
+			return -1;
+		return bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV4_SADDR_OFF,
+					   vip, 4, 0);
+	}
+	if (l4) {
+#pragma unroll
+		for (i = 0; i < 4; i++)
+			if (bpf_l4_csum_replace(skb, csum_off, pkt->saddr[i],
+						vip[i], l4_flags))
+				return -1;
+	}
+	return bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV6_SADDR_OFF, vip, 16,
+				   0);
+}
+
+static __always_inline int rv_snat_port(struct __sk_buff *skb,
+					const struct rv_pkt *pkt, __be16 port)
+{
+	int csum_off = pkt->l4_off + rv_l4_csum_off(pkt->proto);
+
+	if (bpf_l4_csum_replace(skb, csum_off, pkt->sport, port,
+				rv_l4_flags(pkt->proto, 2)))
+		return -1;
+	/* Source port is the first field of both TCP and UDP headers. */
+	return bpf_skb_store_bytes(skb, pkt->l4_off, &port, 2, 0);
+}
+
+static __always_inline void rv_frag_rev_record(const struct rv_pkt *pkt,
+					       const __be32 *vip, __u32 svc_id)
+{
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_frag_key k = {
+			.saddr = pkt->saddr[0],
+			.daddr = pkt->daddr[0],
+			.id = (__be16)pkt->frag_id,
+			.proto = pkt->proto,
+		};
+		struct rv_frag_rev_value v = { .vip_addr = vip[0], .svc_id = svc_id };
+
+		bpf_map_update_elem(&frag_rev_map, &k, &v, BPF_ANY);
+	} else {
+		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag_rev6_value v = { .svc_id = svc_id };
+
+		rv_addr6_copy(k.saddr, pkt->saddr);
+		rv_addr6_copy(k.daddr, pkt->daddr);
+		rv_addr6_copy(v.vip_addr, vip);
+		bpf_map_update_elem(&frag_rev_map6, &k, &v, BPF_ANY);
+	}
+}
+
+/* A later fragment of a reply: only the address changes; the first
+ * fragment's L4 checksum already accounts for it. */
+static __always_inline int rv_reply_later_frag(struct __sk_buff *skb,
+					       const struct rv_pkt *pkt)
+{
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_frag_key k = {
+			.saddr = pkt->saddr[0],
+			.daddr = pkt->daddr[0],
+			.id = (__be16)pkt->frag_id,
+			.proto = pkt->proto,
+		};
+		struct rv_frag_rev_value *v = bpf_map_lookup_elem(&frag_rev_map, &k);
+		__be32 vip[4] = {};
+
+		if (!v)
+			return RV_TCX_NEXT;
+		vip[0] = v->vip_addr;
+		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT : RV_TCX_PASS;
+	} else {
+		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag_rev6_value *v;
+		__be32 vip[4];
+
+		rv_addr6_copy(k.saddr, pkt->saddr);
+		rv_addr6_copy(k.daddr, pkt->daddr);
+		v = bpf_map_lookup_elem(&frag_rev_map6, &k);
+		if (!v)
+			return RV_TCX_NEXT;
+		rv_addr6_copy(vip, v->vip_addr);
+		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT : RV_TCX_PASS;
+	}
+}
+
+static __always_inline int rv_reply(struct __sk_buff *skb, struct rv_pkt *pkt)
+{
+	__be32 vip[4] = {};
+	__be16 vip_port;
+	__u32 svc_id;
+
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_nat_key k = {
+			.backend_addr = pkt->saddr[0],
+			.client_addr = pkt->daddr[0],
+			.backend_port = pkt->sport,
+			.client_port = pkt->dport,
+			.proto = pkt->proto,
+		};
+		struct rv_nat_value *v = bpf_map_lookup_elem(&nat_reverse_map, &k);
+
+		if (!v)
+			return RV_TCX_NEXT;
+		vip[0] = v->vip_addr;
+		vip_port = v->vip_port;
+		svc_id = v->svc_id;
+	} else {
+		struct rv_nat6_key k = {
+			.backend_port = pkt->sport,
+			.client_port = pkt->dport,
+			.proto = pkt->proto,
+		};
+		struct rv_nat6_value *v;
+
+		rv_addr6_copy(k.backend_addr, pkt->saddr);
+		rv_addr6_copy(k.client_addr, pkt->daddr);
+		v = bpf_map_lookup_elem(&nat_reverse_map6, &k);
+		if (!v)
+			return RV_TCX_NEXT;
+		rv_addr6_copy(vip, v->vip_addr);
+		vip_port = v->vip_port;
+		svc_id = v->svc_id;
+	}
+	if (pkt->flags & RV_PKT_FRAG)
+		rv_frag_rev_record(pkt, vip, svc_id);
+	if (rv_snat_port(skb, pkt, vip_port) || rv_snat_addr(skb, pkt, vip, 1))
+		return RV_TCX_NEXT;
+	return RV_TCX_PASS;
+}
+
+SEC("tcx/egress")
+int tc_nat(struct __sk_buff *skb)
+{
+	struct rv_pkt pkt = {};
+	void *data, *data_end;
+	__u32 pull = skb->len < RV_TC_PULL_LEN ? skb->len : RV_TC_PULL_LEN;
+	int ret;
+
+	/* Headers may sit in a fragment page; a failed pull only means the
+	 * parser below sees less and passes the packet on. */
+	bpf_skb_pull_data(skb, pull);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ret = rv_parse(data, data_end, &pkt);
+	if (ret)
+		return RV_TCX_NEXT;
+	if (pkt.flags & RV_PKT_LATER_FRAG)
+		return rv_reply_later_frag(skb, &pkt);
+	if (pkt.proto != RV_IPPROTO_TCP && pkt.proto != RV_IPPROTO_UDP)
+		return RV_TCX_NEXT;
+	return rv_reply(skb, &pkt);
+}

@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * xdp_ingress: parse, match a VIP, rate-limit, pick a backend, forward.
+ * Helpers return a verdict or a negative RV_DROP_* reason; only this file
+ * turns a reason into XDP_DROP and counts it.
+ */
+#include "lib/btf_enums.h"
+#include "lib/common.h"
+#include "lib/csum.h"
+#include "lib/fwd.h"
+#include "lib/hash.h"
+#include "lib/icmp.h"
+#include "lib/lb.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/ratelimit.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Frame length for the byte counters; computed from the pointers so the
+ * verifier never sees a packet pointer spilled as a 32-bit scalar. */
+static __always_inline __u64 rv_xdp_len(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	return data_end - data;
+}
+
+/* What a forward step needs beyond the packet. */
+struct rv_target {
+	__u32 svc_id;
+	__u32 backend_id;
+	__u32 hash;
+	__u8 new_flow;
+	__u8 pad[3];
+};
+
+static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
+					  const __be32 *baddr, __be16 bport,
+					  const struct rv_target *t)
+{
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_nat_key k = {
+			.backend_addr = baddr[0],
+			.client_addr = pkt->saddr[0],
+			.backend_port = bport,
+			.client_port = pkt->sport,
+			.proto = pkt->proto,
+		};
+		struct rv_nat_value v = {
+			.vip_addr = pkt->daddr[0],
+			.vip_port = pkt->dport,
+			.svc_id = t->svc_id,
+		};
+
+		/* An established flow finds its entry; only a new flow, or
+		 * one whose entry the LRU let go, pays for the insert. */
+		if (!t->new_flow && bpf_map_lookup_elem(&nat_reverse_map, &k))
+			return;
+		bpf_map_update_elem(&nat_reverse_map, &k, &v, BPF_ANY);
+	} else {
+		struct rv_nat6_key k = {
+			.backend_port = bport,
+			.client_port = pkt->sport,
+			.proto = pkt->proto,
+		};
+		struct rv_nat6_value v = {
+			.vip_port = pkt->dport,
+			.svc_id = t->svc_id,
+		};
+
+		rv_addr6_copy(k.backend_addr, baddr);
+		rv_addr6_copy(k.client_addr, pkt->saddr);
+		rv_addr6_copy(v.vip_addr, pkt->daddr);
+		if (!t->new_flow && bpf_map_lookup_elem(&nat_reverse_map6, &k))
+			return;
+		bpf_map_update_elem(&nat_reverse_map6, &k, &v, BPF_ANY);
+	}
+}
+
+/* Load the backend's address, port and MAC whatever the family. */
+struct rv_be {
+	__be32 addr[4];
+	__be16 port;
+	__u8 mac[6];
+};
+
+static __always_inline int rv_backend_get(__u8 family, __u32 id, struct rv_be *be)
+{
+	if (family == RV_FAMILY_V4) {
+		struct rv_backend *b = bpf_map_lookup_elem(&backend_map, &id);
+
+		if (!b || !b->addr)
+			return -RV_DROP_NO_BACKEND;
+		be->addr[0] = b->addr;
+		be->port = b->port;
+		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
+	} else {
+		struct rv_backend6 *b = bpf_map_lookup_elem(&backend_map6, &id);
+
+		if (!b || rv_addr6_is_zero(b->addr))
+			return -RV_DROP_NO_BACKEND;
+		rv_addr6_copy(be->addr, b->addr);
+		be->port = b->port;
+		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
+	}
+	return 0;
+}
+
+static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
+				      const struct rv_service *svc,
+				      const struct rv_target *t)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct rv_be be = {};
+	__be16 bport;
+	int ret;
+
+	ret = rv_backend_get(pkt->family, t->backend_id, &be);
+	if (ret)
+		return ret;
+
+	switch (svc->mode) {
+	case RV_MODE_NAT:
+		bport = be.port ? be.port : pkt->dport;
+		ret = rv_nat_forward(data, data_end, pkt, be.addr, bport);
+		if (ret)
+			return ret;
+		if (!(pkt->flags & RV_PKT_LATER_FRAG))
+			rv_nat_record(pkt, be.addr, bport, t);
+		return RV_XDP_PASS;
+	case RV_MODE_DSR:
+		return rv_dsr_forward(ctx, be.mac);
+	case RV_MODE_L3DSR:
+		if (pkt->family == RV_FAMILY_V4)
+			return rv_l3dsr_v4(ctx, pkt, be.addr[0], t->hash);
+		return rv_l3dsr_v6(ctx, pkt, be.addr, t->hash);
+	default:
+		return -RV_DROP_NO_SERVICE;
+	}
+}
+
+/* A fragment without ports follows the choice its first fragment made. */
+static __always_inline int rv_later_fragment(struct xdp_md *ctx,
+					     struct rv_pkt *pkt)
+{
+	struct rv_target t = {};
+	struct rv_frag_value *fv;
+	struct rv_service *svc;
+
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_frag_key k = {
+			.saddr = pkt->saddr[0],
+			.daddr = pkt->daddr[0],
+			.id = (__be16)pkt->frag_id,
+			.proto = pkt->proto,
+		};
+
+		fv = bpf_map_lookup_elem(&frag_map, &k);
+	} else {
+		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+
+		rv_addr6_copy(k.saddr, pkt->saddr);
+		rv_addr6_copy(k.daddr, pkt->daddr);
+		fv = bpf_map_lookup_elem(&frag_map6, &k);
+	}
+	if (!fv) {
+		rv_count_drop(RV_DROP_FRAG_NO_FIRST);
+		return RV_XDP_PASS;
+	}
+	svc = rv_service_get(fv->svc_id, pkt->family);
+	if (!svc)
+		return -RV_DROP_NO_SERVICE;
+	t.svc_id = fv->svc_id;
+	t.backend_id = fv->backend_id;
+	t.hash = rv_flow_hash(pkt->saddr, pkt->family, 0, 0, pkt->proto, 1);
+	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+	return rv_forward(ctx, pkt, svc, &t);
+}
+
+static __always_inline void rv_frag_record(const struct rv_pkt *pkt,
+					   const struct rv_target *t)
+{
+	struct rv_frag_value v = { .svc_id = t->svc_id, .backend_id = t->backend_id };
+
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_frag_key k = {
+			.saddr = pkt->saddr[0],
+			.daddr = pkt->daddr[0],
+			.id = (__be16)pkt->frag_id,
+			.proto = pkt->proto,
+		};
+
+		bpf_map_update_elem(&frag_map, &k, &v, BPF_ANY);
+	} else {
+		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+
+		rv_addr6_copy(k.saddr, pkt->saddr);
+		rv_addr6_copy(k.daddr, pkt->daddr);
+		bpf_map_update_elem(&frag_map6, &k, &v, BPF_ANY);
+	}
+}
+
+static __always_inline void rv_count_vip_no_backend(__u32 svc_id)
+{
+	struct rv_vip_stats *s = bpf_map_lookup_elem(&stats_map, &svc_id);
+
+	if (s)
+		s->no_backend++;
+}
+
+static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct rv_icmp_quote q = {};
+	struct rv_flow f = {};
+	struct rv_target t = {};
+	struct rv_service *svc;
+	struct rv_be be = {};
+	int is_new, ret;
+
+	if (rv_icmp_quote(data, data_end, pkt, &f, &q))
+		return RV_XDP_PASS;
+	t.svc_id = rv_vip_lookup(f.family, q.vip, f.vport, f.proto);
+	if (!t.svc_id)
+		return RV_XDP_PASS;
+	svc = rv_service_get(t.svc_id, f.family);
+	if (!svc)
+		return -RV_DROP_NO_SERVICE;
+	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 0, &is_new);
+	if (!t.backend_id) {
+		rv_count_vip_no_backend(t.svc_id);
+		return -RV_DROP_NO_HEALTHY_BACKEND;
+	}
+	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+	if (svc->mode != RV_MODE_NAT) {
+		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
+				      f.proto, 0);
+		return rv_forward(ctx, pkt, svc, &t);
+	}
+	ret = rv_backend_get(f.family, t.backend_id, &be);
+	if (ret)
+		return ret;
+	ret = rv_icmp_nat(data, data_end, pkt, &q, be.addr,
+			  be.port ? be.port : f.vport);
+	return ret ? ret : RV_XDP_PASS;
+}
+
+static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct rv_target t = {};
+	struct rv_service *svc;
+	struct rv_flow f = {};
+	int ret, is_new;
+
+	ret = rv_parse(data, data_end, pkt);
+	if (ret < 0)
+		return ret;
+	if (ret == RV_PARSE_PASS)
+		return RV_XDP_PASS;
+	if (pkt->flags & RV_PKT_LATER_FRAG)
+		return rv_later_fragment(ctx, pkt);
+	if (pkt->flags & RV_PKT_ICMP_ERR)
+		return rv_icmp_error(ctx, pkt);
+	if (pkt->proto != RV_IPPROTO_TCP && pkt->proto != RV_IPPROTO_UDP)
+		return RV_XDP_PASS;
+
+	t.svc_id = rv_vip_lookup(pkt->family, pkt->daddr, pkt->dport, pkt->proto);
+	if (!t.svc_id)
+		return RV_XDP_PASS;
+	svc = rv_service_get(t.svc_id, pkt->family);
+	if (!svc)
+		return -RV_DROP_NO_SERVICE;
+
+	if (pkt->flags & RV_PKT_TCP_SYN) {
+		ret = rv_rate_limit(pkt, t.svc_id, svc);
+		if (ret) {
+			struct rv_vip_stats *s =
+				bpf_map_lookup_elem(&stats_map, &t.svc_id);
+
+			if (s)
+				s->rate_limited++;
+			return ret;
+		}
+	}
+
+	rv_addr6_copy(f.caddr, pkt->saddr);
+	f.cport = pkt->sport;
+	f.vport = pkt->dport;
+	f.proto = pkt->proto;
+	f.family = pkt->family;
+	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 1, &is_new);
+	if (!t.backend_id) {
+		rv_count_vip_no_backend(t.svc_id);
+		return -RV_DROP_NO_HEALTHY_BACKEND;
+	}
+	t.new_flow = is_new;
+	if (svc->mode == RV_MODE_L3DSR)
+		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
+				      f.proto, 0);
+	if (pkt->flags & RV_PKT_FRAG)
+		rv_frag_record(pkt, &t);
+	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+	return rv_forward(ctx, pkt, svc, &t);
+}
+
+SEC("xdp")
+int xdp_ingress(struct xdp_md *ctx)
+{
+	struct rv_pkt pkt = {};
+	int ret = rv_process(ctx, &pkt);
+
+	if (ret < 0) {
+		rv_count_drop(-ret);
+		return RV_XDP_DROP;
+	}
+	return ret;
+}

@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The one definition of everything that crosses the kernel boundary: map
+ * keys and values, enums, capacities and drop reasons. The BPF programs
+ * include it directly; Rust sees the same types through the BTF-generated
+ * skeleton `types` module. Pinned maps outlive upgrades, so any change to a
+ * layout here is an ABI change: bump RV_ABI_VERSION and plan a migration
+ * (tests/abi_layout.rs snapshots every size and offset).
+ *
+ * Rules: fixed-width types only, explicit padding, no bool, no bitfields,
+ * byte order in the type (__be*) or the field name.
+ */
+#ifndef RIVORA_ABI_H
+#define RIVORA_ABI_H
+
+/*
+ * Enums instead of #defines: only enums reach BTF, and so Rust and
+ * bpftool. Each enum carries a final sentinel so that Rust can check
+ * exhaustiveness against the C side.
+ */
+enum rv_abi {
+	/* Layout version of the pinned maps; stored in rv_meta. */
+	RV_ABI_VERSION = 1,
+};
+
+enum rv_limits {
+	RV_MAX_VIPS = 4096,
+	RV_MAX_BACKENDS = 8192,
+	RV_MAGLEV_DEFAULT_SIZE = 65537,
+	RV_MAX_AFFINITY = 65536,
+	RV_MAX_NAT = 65536,
+	RV_MAX_FRAGS = 16384,
+	RV_MAX_RL_BUCKETS = 65536,
+	RV_MAX_IFACES = 256,
+	/* Maglev probe window: how many slots past the hashed one a lookup
+	 * may step over draining or down backends before giving up. */
+	RV_MAGLEV_PROBES = 8,
+	/* IPv6 extension headers stepped over before giving up. */
+	RV_MAX_EXT_HDRS = 6,
+	/* Service ids start at 1; 0 scopes the node-wide rate-limit buckets. */
+	RV_RL_NODE_SVC = 0,
+};
+
+enum rv_mode {
+	RV_MODE_NONE = 0,
+	RV_MODE_NAT = 1,
+	RV_MODE_DSR = 2,
+	RV_MODE_L3DSR = 3,
+	RV_MODE_MAX,
+};
+
+enum rv_affinity {
+	RV_AFFINITY_NONE = 0,
+	RV_AFFINITY_CLIENT_IP = 1,
+	RV_AFFINITY_MAX,
+};
+
+enum rv_health {
+	RV_HEALTH_HEALTHY = 0,
+	RV_HEALTH_DRAINING = 1,
+	RV_HEALTH_DOWN = 2,
+	RV_HEALTH_MAX,
+};
+
+enum rv_family {
+	RV_FAMILY_NONE = 0,
+	RV_FAMILY_V4 = 4,
+	RV_FAMILY_V6 = 6,
+};
+
+/* rv_service.flags */
+enum rv_service_flags {
+	RV_SVC_F_ACTIVE = 1 << 0,
+	RV_SVC_F_RATE_LIMIT = 1 << 1,
+	RV_SVC_F_PORT_RANGE = 1 << 2,
+};
+
+/*
+ * Why a packet was dropped; the index into drop_stats_map. Rust maps each
+ * to a metric label with an exhaustive match, so a new reason must be
+ * named there before it builds.
+ */
+enum rv_drop_reason {
+	RV_DROP_NONE = 0,
+	RV_DROP_MALFORMED_L2 = 1,
+	RV_DROP_MALFORMED_IPV4 = 2,
+	RV_DROP_MALFORMED_IPV6 = 3,
+	RV_DROP_MALFORMED_L4 = 4,
+	RV_DROP_RATE_LIMITED = 5,
+	RV_DROP_NO_HEALTHY_BACKEND = 6,
+	RV_DROP_NO_SERVICE = 7,
+	RV_DROP_NO_BACKEND = 8,
+	/* A later fragment with no record of its first: counted, but handed
+	 * to the kernel rather than dropped, since without ports it cannot
+	 * be told from a fragment of traffic that is not rivora's. */
+	RV_DROP_FRAG_NO_FIRST = 9,
+	RV_DROP_FIB_UNREACHABLE = 10,
+	RV_DROP_HEADROOM = 11,
+	RV_DROP_NO_IFACE_MAC = 12,
+	RV_DROP_NO_TUNNEL_SRC = 13,
+	RV_DROP_MAX,
+};
+
+/* vip_map: exact (address, port, protocol) match. */
+struct rv_vip_key {
+	__be32 addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct rv_vip6_key {
+	__be32 addr[4];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct rv_vip_value {
+	__u32 svc_id;
+};
+
+/*
+ * vip_range_map: LPM trie. The trie matches bytes in order after
+ * prefixlen, so the protocol comes first, then the address, then the
+ * port: a port range is stored as the prefix blocks that cover it.
+ */
+struct rv_vip_range_key {
+	__u32 prefixlen;
+	__u8 proto;
+	__u8 pad[3];
+	__be32 addr;
+	__be16 port;
+	__u16 pad2;
+};
+
+struct rv_vip_range6_key {
+	__u32 prefixlen;
+	__u8 proto;
+	__u8 pad[3];
+	__be32 addr[4];
+	__be16 port;
+	__u16 pad2;
+};
+
+/* service_config_map: indexed by service id. */
+struct rv_service {
+	__u8 mode;     /* enum rv_mode */
+	__u8 affinity; /* enum rv_affinity */
+	__u8 family;   /* enum rv_family */
+	__u8 proto;
+	__u32 flags; /* enum rv_service_flags */
+	__u32 slice_start;
+	__u32 slice_len;
+	__u32 backend_count;
+	__u32 affinity_timeout_s;
+};
+
+/* maglev_table: one shared array; each service owns a slice. */
+struct rv_maglev_slot {
+	__u32 backend_id;
+};
+
+struct rv_backend {
+	__be32 addr;
+	__be16 port; /* 0: keep the destination port */
+	__u8 mac[6];
+};
+
+struct rv_backend6 {
+	__be32 addr[4];
+	__be16 port;
+	__u8 mac[6];
+};
+
+struct rv_backend_health {
+	__u8 state; /* enum rv_health */
+	__u8 pad[3];
+};
+
+/*
+ * connection_affinity_map: the flow as the client sent it, scoped by
+ * service. ClientIP affinity zeroes the ports and protocol.
+ */
+struct rv_flow_key {
+	__u32 svc_id;
+	__be32 saddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_flow6_key {
+	__u32 svc_id;
+	__be32 saddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_affinity_value {
+	__u32 backend_id;
+	__u32 pad;
+	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
+};
+
+/*
+ * nat_reverse_map: keyed by the reply as the backend sends it (backend
+ * to client), holding the VIP to restore as its source.
+ */
+struct rv_nat_key {
+	__be32 backend_addr;
+	__be32 client_addr;
+	__be16 backend_port;
+	__be16 client_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_nat6_key {
+	__be32 backend_addr[4];
+	__be32 client_addr[4];
+	__be16 backend_port;
+	__be16 client_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_nat_value {
+	__be32 vip_addr;
+	__be16 vip_port;
+	__u16 pad;
+	__u32 svc_id;
+};
+
+struct rv_nat6_value {
+	__be32 vip_addr[4];
+	__be16 vip_port;
+	__u16 pad;
+	__u32 svc_id;
+};
+
+/*
+ * frag_map: a datagram's fragments by (source, destination, id, proto),
+ * holding the first fragment's decision. frag_rev_map is the same for
+ * NAT replies, holding the VIP to restore.
+ */
+struct rv_frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct rv_frag6_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_frag_value {
+	__u32 svc_id;
+	__u32 backend_id;
+};
+
+struct rv_frag_rev_value {
+	__be32 vip_addr;
+	__u32 svc_id;
+};
+
+struct rv_frag_rev6_value {
+	__be32 vip_addr[4];
+	__u32 svc_id;
+};
+
+/* stats_map (per-CPU): indexed by service id. */
+struct rv_vip_stats {
+	__u64 packets;
+	__u64 bytes;
+	__u64 rate_limited;
+	__u64 no_backend;
+};
+
+/* drop_stats_map (per-CPU): indexed by enum rv_drop_reason. */
+struct rv_drop_stats {
+	__u64 packets;
+};
+
+/* rl_config_map (one entry, node-wide) and svc_rl_config_map (per service). */
+struct rv_rl_config {
+	__u32 enabled;
+	__u32 rate_per_sec; /* SYNs per second per source */
+	__u32 burst;
+	__u32 pad;
+};
+
+struct rv_rl_key {
+	__u32 svc_id; /* RV_RL_NODE_SVC (0) for the node-wide bucket */
+	__be32 saddr;
+};
+
+struct rv_rl6_key {
+	__u32 svc_id;
+	__be32 saddr[4];
+};
+
+struct rv_rl_bucket {
+	__u64 tokens_milli; /* tokens x 1000, for sub-token refill */
+	__u64 last_ns;
+};
+
+struct rv_iface_mac {
+	__u8 mac[6];
+	__u8 pad[2];
+};
+
+struct rv_tunnel_config {
+	__be32 src4;
+	__be32 src6[4];
+};
+
+/* meta_map: what wrote the pinned maps, read back on adoption. */
+struct rv_meta {
+	__u32 abi_version;
+	__u32 maglev_size;
+};
+
+#endif /* RIVORA_ABI_H */

@@ -1,0 +1,138 @@
+//! The kernel ABI as Rust sees it: the skeleton's BTF-generated types
+//! (their one definition is `include/rivora/abi.h`), plus constructors,
+//! byte-order helpers and metric labels around them.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub use crate::bpf::xdp_ingress::types::{
+    rv_affinity, rv_affinity_value, rv_backend, rv_backend6, rv_backend_health, rv_drop_reason,
+    rv_drop_stats, rv_family, rv_flow6_key, rv_flow_key, rv_frag6_key, rv_frag_key,
+    rv_frag_rev6_value, rv_frag_rev_value, rv_frag_value, rv_health, rv_iface_mac, rv_limits,
+    rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_value,
+    rv_rl6_key, rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags,
+    rv_tunnel_config, rv_vip6_key, rv_vip_key, rv_vip_range6_key, rv_vip_range_key, rv_vip_stats,
+    rv_vip_value,
+};
+
+/// Layout version of the pinned maps (`RV_ABI_VERSION`).
+pub const ABI_VERSION: u32 = crate::bpf::xdp_ingress::types::rv_abi::RV_ABI_VERSION.0;
+pub const MAX_VIPS: u32 = rv_limits::RV_MAX_VIPS.0;
+pub const MAX_BACKENDS: u32 = rv_limits::RV_MAX_BACKENDS.0;
+pub const MAGLEV_DEFAULT_SIZE: u32 = rv_limits::RV_MAGLEV_DEFAULT_SIZE.0;
+pub const MAGLEV_PROBES: u32 = rv_limits::RV_MAGLEV_PROBES.0;
+
+/// Network-order 32-bit word from an IPv4 address, as the kernel stores
+/// `__be32`: the in-memory bytes are the address octets.
+pub fn be32(addr: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(addr.octets())
+}
+
+pub fn ipv4_from_be32(v: u32) -> Ipv4Addr {
+    Ipv4Addr::from(v.to_ne_bytes())
+}
+
+/// `__be32[4]` from an IPv6 address.
+pub fn be32x4(addr: Ipv6Addr) -> [u32; 4] {
+    let o = addr.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
+}
+
+pub fn ipv6_from_be32x4(v: [u32; 4]) -> Ipv6Addr {
+    let mut o = [0u8; 16];
+    for (i, w) in v.iter().enumerate() {
+        o[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    Ipv6Addr::from(o)
+}
+
+/// `__be16` from a host-order port.
+pub fn be16(port: u16) -> u16 {
+    port.to_be()
+}
+
+pub fn port_from_be16(v: u16) -> u16 {
+    u16::from_be(v)
+}
+
+pub fn ip_family(addr: IpAddr) -> u8 {
+    match addr {
+        IpAddr::V4(_) => rv_family::RV_FAMILY_V4.0 as u8,
+        IpAddr::V6(_) => rv_family::RV_FAMILY_V6.0 as u8,
+    }
+}
+
+/// Every drop reason the datapath counts, in `drop_stats_map` order.
+pub const DROP_REASONS: &[rv_drop_reason] = &[
+    rv_drop_reason::RV_DROP_NONE,
+    rv_drop_reason::RV_DROP_MALFORMED_L2,
+    rv_drop_reason::RV_DROP_MALFORMED_IPV4,
+    rv_drop_reason::RV_DROP_MALFORMED_IPV6,
+    rv_drop_reason::RV_DROP_MALFORMED_L4,
+    rv_drop_reason::RV_DROP_RATE_LIMITED,
+    rv_drop_reason::RV_DROP_NO_HEALTHY_BACKEND,
+    rv_drop_reason::RV_DROP_NO_SERVICE,
+    rv_drop_reason::RV_DROP_NO_BACKEND,
+    rv_drop_reason::RV_DROP_FRAG_NO_FIRST,
+    rv_drop_reason::RV_DROP_FIB_UNREACHABLE,
+    rv_drop_reason::RV_DROP_HEADROOM,
+    rv_drop_reason::RV_DROP_NO_IFACE_MAC,
+    rv_drop_reason::RV_DROP_NO_TUNNEL_SRC,
+];
+
+/// The metric label of a drop reason. Exhaustive over the C enum: a
+/// reason added in `abi.h` without a label here fails `drop_labels_cover_enum`.
+pub fn drop_reason_label(r: rv_drop_reason) -> Option<&'static str> {
+    Some(match r {
+        rv_drop_reason::RV_DROP_NONE => "none",
+        rv_drop_reason::RV_DROP_MALFORMED_L2 => "malformed_l2",
+        rv_drop_reason::RV_DROP_MALFORMED_IPV4 => "malformed_ipv4",
+        rv_drop_reason::RV_DROP_MALFORMED_IPV6 => "malformed_ipv6",
+        rv_drop_reason::RV_DROP_MALFORMED_L4 => "malformed_l4",
+        rv_drop_reason::RV_DROP_RATE_LIMITED => "rate_limited",
+        rv_drop_reason::RV_DROP_NO_HEALTHY_BACKEND => "no_healthy_backend",
+        rv_drop_reason::RV_DROP_NO_SERVICE => "no_service",
+        rv_drop_reason::RV_DROP_NO_BACKEND => "no_backend",
+        rv_drop_reason::RV_DROP_FRAG_NO_FIRST => "frag_no_first",
+        rv_drop_reason::RV_DROP_FIB_UNREACHABLE => "fib_unreachable",
+        rv_drop_reason::RV_DROP_HEADROOM => "headroom",
+        rv_drop_reason::RV_DROP_NO_IFACE_MAC => "no_iface_mac",
+        rv_drop_reason::RV_DROP_NO_TUNNEL_SRC => "no_tunnel_src",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_labels_cover_enum() {
+        let max = rv_drop_reason::RV_DROP_MAX.0;
+        assert_eq!(
+            DROP_REASONS.len() as u32,
+            max,
+            "DROP_REASONS lists every reason"
+        );
+        for (i, r) in DROP_REASONS.iter().enumerate() {
+            assert_eq!(r.0, i as u32);
+            assert!(
+                drop_reason_label(*r).is_some(),
+                "reason {} has no label",
+                r.0
+            );
+        }
+        assert!(drop_reason_label(rv_drop_reason(max)).is_none());
+    }
+
+    #[test]
+    fn address_round_trips() {
+        let a: Ipv4Addr = "10.1.2.3".parse().unwrap();
+        assert_eq!(be32(a).to_ne_bytes(), [10, 1, 2, 3]);
+        assert_eq!(ipv4_from_be32(be32(a)), a);
+        let b: Ipv6Addr = "fd00::1:2".parse().unwrap();
+        assert_eq!(ipv6_from_be32x4(be32x4(b)), b);
+        assert_eq!(be16(80).to_ne_bytes(), [0, 80]);
+    }
+}

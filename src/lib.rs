@@ -1,0 +1,6 @@
+//! Rivora: an eBPF layer-4 load balancer. XDP in, TCX out, weighted
+//! Maglev, NAT / DSR / L3 DSR.
+
+pub mod abi;
+pub mod bpf;
+pub mod dataplane;
