@@ -1,0 +1,75 @@
+//! `make bench`: measures, prints a table, writes target/bench/results.json
+//! (one flat object of "metric_key": number). Each area adds its keys in its
+//! own module.
+
+mod writer;
+mod xdp;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+/// Metric key to value, printed and written in key order.
+#[derive(Default)]
+pub struct Results {
+    values: BTreeMap<String, f64>,
+    notes: Vec<String>,
+}
+
+impl Results {
+    pub fn set(&mut self, key: &str, value: f64) {
+        println!("  {key:<40} {value:>12.3}");
+        self.values.insert(key.to_string(), value);
+    }
+
+    /// A line printed with the table (not in the JSON): what a figure means.
+    pub fn note(&mut self, line: impl Into<String>) {
+        self.notes.push(line.into());
+    }
+}
+
+/// Median of a non-empty sample.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() -> Result<()> {
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
+    let out_dir = PathBuf::from("target/bench");
+    fs::create_dir_all(&out_dir).context("creating target/bench")?;
+    let path = out_dir.join("results.json");
+    // Areas run one by one; keys from an earlier run of an area not run now
+    // are kept, so `rivora-bench xdp` refreshes only its own figures.
+    let mut results = Results::default();
+    if let Ok(old) = fs::read_to_string(&path) {
+        if let Ok(map) = serde_json::from_str::<BTreeMap<String, f64>>(&old) {
+            results.values = map;
+        }
+    }
+
+    if want("xdp") {
+        println!("xdp_ingress / tc_nat per-packet cost (BPF_PROG_TEST_RUN)");
+        xdp::run(&mut results).context("xdp bench")?;
+    }
+    if want("writer") {
+        println!("map writer and Maglev");
+        writer::run(&mut results).context("writer bench")?;
+    }
+
+    for n in &results.notes {
+        println!("{n}");
+    }
+    let json = serde_json::to_string_pretty(&results.values).context("encoding results")?;
+    fs::write(&path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
