@@ -1,8 +1,10 @@
 //! The dataplane: the only code that touches libbpf-rs and the BPF maps.
 
+pub mod attach;
 pub mod loader;
 pub mod maps;
 
+pub use attach::{AttachPoint, AttachedLink, XdpMode};
 pub use loader::{Datapath, LoadOptions, DEFAULT_PIN_DIR};
 pub use maps::Maps;
 
@@ -14,6 +16,12 @@ pub enum DataplaneError {
     Load(String),
     #[error("pinned maps have layout version {pinned}, this binary writes version {binary}: see README \"Upgrading\" for the migration")]
     AbiMismatch { pinned: u32, binary: u32 },
+    #[error("attaching {what}: {source}")]
+    Attach {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("map {map}: {op}: {source}")]
     Map {
         map: &'static str,
