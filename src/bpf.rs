@@ -22,3 +22,10 @@ pub mod xdp_ingress {
 pub mod tc_nat {
     include!(concat!(env!("OUT_DIR"), "/tc_nat.skel.rs"));
 }
+
+/// Benchmark wrappers (restore the packet, tail-call the program under
+/// test); used by `rivora-bench` only.
+#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, unused)]
+pub mod bench {
+    include!(concat!(env!("OUT_DIR"), "/bench.skel.rs"));
+}

@@ -98,6 +98,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_AFFINITY);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_flow_key);
 	__type(value, struct rv_affinity_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -106,6 +107,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_AFFINITY);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_flow6_key);
 	__type(value, struct rv_affinity_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -114,6 +116,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_NAT);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_nat_key);
 	__type(value, struct rv_nat_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -122,6 +125,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_NAT);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_nat6_key);
 	__type(value, struct rv_nat6_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -130,6 +134,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_frag_key);
 	__type(value, struct rv_frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -138,6 +143,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_frag6_key);
 	__type(value, struct rv_frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -146,6 +152,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_frag_key);
 	__type(value, struct rv_frag_rev_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -154,6 +161,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_frag6_key);
 	__type(value, struct rv_frag_rev6_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -194,6 +202,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_RL_BUCKETS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_rl_key);
 	__type(value, struct rv_rl_bucket);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -202,6 +211,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RV_MAX_RL_BUCKETS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_rl6_key);
 	__type(value, struct rv_rl_bucket);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
