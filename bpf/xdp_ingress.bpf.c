@@ -32,7 +32,7 @@ struct rv_target {
 	__u32 svc_id;
 	__u32 backend_id;
 	__u32 hash;
-	__u8 new_flow;
+	__u8 pick; /* RV_PICK_* */
 	__u8 pad[3];
 };
 
@@ -54,9 +54,13 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 			.svc_id = t->svc_id,
 		};
 
-		/* An established flow finds its entry; only a new flow, or
-		 * one whose entry the LRU let go, pays for the insert. */
-		if (!t->new_flow && bpf_map_lookup_elem(&nat_reverse_map, &k))
+		/* A new flow inserts its entry. An established one checks it
+		 * only when its affinity time is refreshed (once a second):
+		 * an entry the LRU let go comes back within a second, and
+		 * the per-packet path carries no second table lookup. */
+		if (!(t->pick & RV_PICK_NEW) &&
+		    (!(t->pick & RV_PICK_REFRESHED) ||
+		     bpf_map_lookup_elem(&nat_reverse_map, &k)))
 			return;
 		bpf_map_update_elem(&nat_reverse_map, &k, &v, BPF_ANY);
 	} else {
@@ -73,7 +77,9 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 		rv_addr6_copy(k.backend_addr, baddr);
 		rv_addr6_copy(k.client_addr, pkt->saddr);
 		rv_addr6_copy(v.vip_addr, pkt->daddr);
-		if (!t->new_flow && bpf_map_lookup_elem(&nat_reverse_map6, &k))
+		if (!(t->pick & RV_PICK_NEW) &&
+		    (!(t->pick & RV_PICK_REFRESHED) ||
+		     bpf_map_lookup_elem(&nat_reverse_map6, &k)))
 			return;
 		bpf_map_update_elem(&nat_reverse_map6, &k, &v, BPF_ANY);
 	}
@@ -220,7 +226,7 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 	struct rv_target t = {};
 	struct rv_service *svc;
 	struct rv_be be = {};
-	int is_new, ret;
+	int pick, ret;
 
 	if (rv_icmp_quote(data, data_end, pkt, &f, &q))
 		return RV_XDP_PASS;
@@ -230,7 +236,7 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 	svc = rv_service_get(t.svc_id, f.family);
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
-	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 0, &is_new);
+	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 0, &pick);
 	if (!t.backend_id) {
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
@@ -256,7 +262,7 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	struct rv_target t = {};
 	struct rv_service *svc;
 	struct rv_flow f = {};
-	int ret, is_new;
+	int ret, pick;
 
 	ret = rv_parse(data, data_end, pkt);
 	if (ret < 0)
@@ -294,12 +300,12 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	f.vport = pkt->dport;
 	f.proto = pkt->proto;
 	f.family = pkt->family;
-	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 1, &is_new);
+	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 1, &pick);
 	if (!t.backend_id) {
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
-	t.new_flow = is_new;
+	t.pick = pick;
 	if (svc->mode == RV_MODE_L3DSR)
 		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
 				      f.proto, 0);

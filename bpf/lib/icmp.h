@@ -43,6 +43,11 @@ static __always_inline int rv_icmp_quote(void *data, void *data_end,
 			return RV_PARSE_PASS;
 		if (in->saddr != pkt->daddr[0])
 			return RV_PARSE_PASS;
+		/* A quoted later fragment has no L4 header: the bytes past
+		 * its IP header are payload, not ports, and must be neither
+		 * matched against a VIP nor rewritten. */
+		if (in->frag_off & bpf_htons(RV_IP_OFFSET))
+			return RV_PARSE_PASS;
 		f->proto = in->protocol;
 		f->caddr[0] = in->daddr;
 		q->vip[0] = in->saddr;

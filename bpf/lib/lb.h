@@ -130,9 +130,15 @@ static __always_inline void rv_flow_key6(struct rv_flow6_key *k, __u32 svc_id,
 	}
 }
 
+/* rv_pick_backend() outcome flags. */
+#define RV_PICK_NEW 0x1	    /* a new choice was made and remembered */
+#define RV_PICK_REFRESHED 0x2 /* a remembered choice had its time refreshed */
+
 /*
  * Is a remembered choice still good? A down backend never is; a draining
- * one keeps the flows it has. ClientIP affinity also expires.
+ * one keeps the flows it has. ClientIP affinity also expires. Returns 0
+ * when unusable, else 1, or 1 | RV_PICK_REFRESHED when the entry's time
+ * was refreshed (at most once a second per flow).
  */
 static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 					      const struct rv_service *svc,
@@ -144,35 +150,43 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 	    now - a->last_seen_ns >
 		    (__u64)svc->affinity_timeout_s * RV_NSEC_PER_SEC)
 		return 0;
-	if (now - a->last_seen_ns > RV_AFFINITY_TOUCH_NS)
+	if (now - a->last_seen_ns > RV_AFFINITY_TOUCH_NS) {
 		a->last_seen_ns = now;
+		return 1 | RV_PICK_REFRESHED;
+	}
 	return 1;
 }
 
 /*
  * The backend for a flow: its remembered one if still usable, else the
  * Maglev choice, remembered when `record` is set (ICMP errors look up
- * but never create state). *is_new tells the caller a new choice was
- * made. Returns a backend id, or 0 when nothing healthy is left.
+ * but never create state). *pick gets RV_PICK_* flags: whether a new
+ * choice was made, or an old one refreshed. Returns a backend id, or 0
+ * when nothing healthy is left.
  */
 static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 					     const struct rv_service *svc,
 					     const struct rv_flow *f, int record,
-					     int *is_new)
+					     int *pick)
 {
 	struct rv_affinity_value *a, fresh = {};
 	__u64 now = bpf_ktime_get_ns();
 	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
 	__u32 backend_id;
 
-	*is_new = 0;
+	int usable;
+
+	*pick = 0;
 	if (f->family == RV_FAMILY_V4) {
 		struct rv_flow_key k = {};
 
 		rv_flow_key4(&k, svc_id, svc, f);
 		a = bpf_map_lookup_elem(&connection_affinity_map, &k);
-		if (a && rv_affinity_usable(a, svc, now))
+		usable = a ? rv_affinity_usable(a, svc, now) : 0;
+		if (usable) {
+			*pick = usable & RV_PICK_REFRESHED;
 			return a->backend_id;
+		}
 		backend_id = rv_maglev_pick(
 			svc, rv_flow_hash(f->caddr, f->family, f->cport,
 					  f->vport, f->proto, addr_only));
@@ -186,8 +200,11 @@ static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 
 		rv_flow_key6(&k, svc_id, svc, f);
 		a = bpf_map_lookup_elem(&connection_affinity_map6, &k);
-		if (a && rv_affinity_usable(a, svc, now))
+		usable = a ? rv_affinity_usable(a, svc, now) : 0;
+		if (usable) {
+			*pick = usable & RV_PICK_REFRESHED;
 			return a->backend_id;
+		}
 		backend_id = rv_maglev_pick(
 			svc, rv_flow_hash(f->caddr, f->family, f->cport,
 					  f->vport, f->proto, addr_only));
@@ -198,7 +215,7 @@ static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 		bpf_map_update_elem(&connection_affinity_map6, &k, &fresh,
 				    BPF_ANY);
 	}
-	*is_new = 1;
+	*pick = RV_PICK_NEW;
 	return backend_id;
 }
 

@@ -69,6 +69,10 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 				       struct rv_pkt *pkt)
 {
 	__u32 off = pkt->l4_off;
+	/* Headers end where the IP packet does, not where the frame does:
+	 * bytes past ip_len are Ethernet padding (or junk), and a header
+	 * completed by them is a truncated one. */
+	__u32 ip_end = pkt->l3_off + pkt->ip_len;
 
 	if (pkt->flags & RV_PKT_LATER_FRAG)
 		return 0;
@@ -76,7 +80,7 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 	if (pkt->proto == RV_IPPROTO_TCP) {
 		struct tcphdr *th = rv_hdr(struct tcphdr, data, data_end, off);
 
-		if (!th || th->doff < 5)
+		if (!th || th->doff < 5 || off + th->doff * 4 > ip_end)
 			return -RV_DROP_MALFORMED_L4;
 		pkt->sport = th->source;
 		pkt->dport = th->dest;
@@ -87,7 +91,7 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 	if (pkt->proto == RV_IPPROTO_UDP) {
 		struct udphdr *uh = rv_hdr(struct udphdr, data, data_end, off);
 
-		if (!uh)
+		if (!uh || off + sizeof(*uh) > ip_end)
 			return -RV_DROP_MALFORMED_L4;
 		pkt->sport = uh->source;
 		pkt->dport = uh->dest;
@@ -96,7 +100,7 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 	if (pkt->proto == RV_IPPROTO_ICMP) {
 		struct icmphdr *ih = rv_hdr(struct icmphdr, data, data_end, off);
 
-		if (!ih)
+		if (!ih || off + sizeof(*ih) > ip_end)
 			return -RV_DROP_MALFORMED_L4;
 		if (ih->type == RV_ICMP_DEST_UNREACH)
 			pkt->flags |= RV_PKT_ICMP_ERR;
@@ -105,7 +109,7 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 	if (pkt->proto == RV_IPPROTO_ICMPV6) {
 		struct icmp6hdr *ih = rv_hdr(struct icmp6hdr, data, data_end, off);
 
-		if (!ih)
+		if (!ih || off + sizeof(*ih) > ip_end)
 			return -RV_DROP_MALFORMED_L4;
 		if (ih->icmp6_type == RV_ICMPV6_DEST_UNREACH ||
 		    ih->icmp6_type == RV_ICMPV6_PKT_TOOBIG)
@@ -178,7 +182,9 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 			struct ipv6_opt_hdr *oh =
 				rv_hdr(struct ipv6_opt_hdr, data, data_end, off);
 
-			if (!oh)
+			/* Every extension header is at least 8 bytes, and
+			 * inside payload_len (not merely inside the frame). */
+			if (!oh || off + 8 > pkt->l3_off + pkt->ip_len)
 				return -RV_DROP_MALFORMED_IPV6;
 			nh = oh->nexthdr;
 			off += (oh->hdrlen + 1) * 8;
@@ -188,7 +194,7 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 			struct frag_hdr *fh =
 				rv_hdr(struct frag_hdr, data, data_end, off);
 
-			if (!fh)
+			if (!fh || off + sizeof(*fh) > pkt->l3_off + pkt->ip_len)
 				return -RV_DROP_MALFORMED_IPV6;
 			pkt->flags |= RV_PKT_FRAG;
 			pkt->frag_hdr_off = off;
