@@ -194,7 +194,7 @@ int tc_nat(struct __sk_buff *skb)
 	bpf_skb_pull_data(skb, pull);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	ret = rv_parse(data, data_end, &pkt);
+	ret = rv_parse(data, data_end, &pkt, 0);
 	if (ret)
 		return RV_TCX_NEXT;
 	if (pkt.flags & RV_PKT_LATER_FRAG)

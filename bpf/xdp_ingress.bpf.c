@@ -141,11 +141,26 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
 		return rv_dsr_forward(ctx, be.mac);
 	case RV_MODE_L3DSR:
 		if (pkt->family == RV_FAMILY_V4)
-			return rv_l3dsr_v4(ctx, pkt, be.addr[0], t->hash);
+			return rv_l3dsr_v4(ctx, pkt, be.addr[0]);
 		return rv_l3dsr_v6(ctx, pkt, be.addr, t->hash);
 	default:
 		return -RV_DROP_NO_SERVICE;
 	}
+}
+
+/* Forward, and count the packet for its VIP only when it went out: a
+ * packet dropped on the way is counted under its drop reason alone. */
+static __always_inline int rv_forward_counted(struct xdp_md *ctx,
+					      struct rv_pkt *pkt,
+					      const struct rv_service *svc,
+					      const struct rv_target *t)
+{
+	__u64 len = rv_xdp_len(ctx);
+	int ret = rv_forward(ctx, pkt, svc, t);
+
+	if (ret >= 0)
+		rv_count_vip(t->svc_id, len);
+	return ret;
 }
 
 /* A fragment without ports follows the choice its first fragment made. */
@@ -182,8 +197,7 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 	t.svc_id = fv->svc_id;
 	t.backend_id = fv->backend_id;
 	t.hash = rv_flow_hash(pkt->saddr, pkt->family, 0, 0, pkt->proto, 1);
-	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
-	return rv_forward(ctx, pkt, svc, &t);
+	return rv_forward_counted(ctx, pkt, svc, &t);
 }
 
 static __always_inline void rv_frag_record(const struct rv_pkt *pkt,
@@ -241,18 +255,20 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
-	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
 	if (svc->mode != RV_MODE_NAT) {
 		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
 				      f.proto, 0);
-		return rv_forward(ctx, pkt, svc, &t);
+		return rv_forward_counted(ctx, pkt, svc, &t);
 	}
 	ret = rv_backend_get(f.family, t.backend_id, &be);
 	if (ret)
 		return ret;
 	ret = rv_icmp_nat(data, data_end, pkt, &q, be.addr,
 			  be.port ? be.port : f.vport);
-	return ret ? ret : RV_XDP_PASS;
+	if (ret)
+		return ret;
+	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+	return RV_XDP_PASS;
 }
 
 static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
@@ -264,7 +280,7 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	struct rv_flow f = {};
 	int ret, pick;
 
-	ret = rv_parse(data, data_end, pkt);
+	ret = rv_parse(data, data_end, pkt, 1);
 	if (ret < 0)
 		return ret;
 	if (ret == RV_PARSE_PASS)
@@ -311,8 +327,7 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 				      f.proto, 0);
 	if (pkt->flags & RV_PKT_FRAG)
 		rv_frag_record(pkt, &t);
-	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
-	return rv_forward(ctx, pkt, svc, &t);
+	return rv_forward_counted(ctx, pkt, svc, &t);
 }
 
 SEC("xdp")

@@ -160,7 +160,7 @@ static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
 static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 				       const struct rv_pkt *pkt,
-				       __be32 backend, __u32 hash)
+				       __be32 backend)
 {
 	struct bpf_fib_lookup p = {};
 	struct rv_tunnel_config *tc;
@@ -209,8 +209,11 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	outer->ihl = 5;
 	outer->tos = tos;
 	outer->tot_len = bpf_htons(tot_len);
-	/* Outer id from the flow hash: stable per flow, varied across them. */
-	outer->id = (__be16)hash;
+	/* RFC 6864: an atomic datagram's id means nothing, so DF packets
+	 * carry 0; one that may be fragmented on the way needs an id not
+	 * reused within the reassembly window, and a random one is that
+	 * without shared state (the flow hash would repeat per packet). */
+	outer->id = df ? 0 : (__be16)bpf_get_prandom_u32();
 	outer->frag_off = df;
 	outer->ttl = RV_TUNNEL_TTL;
 	outer->protocol = RV_IPPROTO_IPIP;
@@ -227,14 +230,19 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 {
 	struct bpf_fib_lookup p = {};
 	struct rv_tunnel_config *tc;
-	struct ipv6hdr *outer;
+	struct ipv6hdr *outer, *inner;
 	void *data, *data_end;
-	__u32 zero = 0;
+	__u32 zero = 0, tclass;
 	int rc, ret;
 
 	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
 	if (!tc || rv_addr6_is_zero(tc->src6))
 		return -RV_DROP_NO_TUNNEL_SRC;
+	inner = rv_hdr(struct ipv6hdr, (void *)(long)ctx->data,
+		       (void *)(long)ctx->data_end, pkt->l3_off);
+	if (!inner)
+		return -RV_DROP_MALFORMED_IPV6;
+	tclass = (bpf_ntohl(*(__be32 *)inner) >> 20) & 0xff;
 
 	p.family = RV_AF_INET6;
 	p.l4_protocol = RV_IPPROTO_IPV6;
@@ -256,9 +264,11 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 	outer = rv_hdr(struct ipv6hdr, data, data_end, pkt->l2_len);
 	if (!outer)
 		return -RV_DROP_HEADROOM;
-	/* Version 6, traffic class 0, and the flow hash as flow label so
-	 * that ECMP between here and the backend keeps a flow on one path. */
-	*(__be32 *)outer = bpf_htonl(0x60000000 | (hash & 0xfffff));
+	/* Version 6, the inner traffic class (as IPv4 copies TOS), and the
+	 * flow hash as flow label so that ECMP between here and the backend
+	 * keeps a flow on one path. */
+	*(__be32 *)outer = bpf_htonl(0x60000000 | (tclass << 20) |
+				     (hash & 0xfffff));
 	outer->payload_len = bpf_htons(pkt->ip_len);
 	outer->nexthdr = RV_IPPROTO_IPV6;
 	outer->hop_limit = RV_TUNNEL_TTL;

@@ -120,7 +120,7 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 }
 
 static __always_inline int rv_parse_ipv4(void *data, void *data_end,
-					 struct rv_pkt *pkt)
+					 struct rv_pkt *pkt, int whole)
 {
 	struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
 	__u32 ihl_len, tot_len;
@@ -134,8 +134,11 @@ static __always_inline int rv_parse_ipv4(void *data, void *data_end,
 	 * these too, so dropping them here changes nothing but the count. */
 	if (iph->version != 4 || ihl_len < sizeof(*iph) || tot_len < ihl_len)
 		return -RV_DROP_MALFORMED_IPV4;
-	if (data + pkt->l3_off + ihl_len > data_end ||
-	    data + pkt->l3_off + tot_len > data_end)
+	if (data + pkt->l3_off + ihl_len > data_end)
+		return -RV_DROP_MALFORMED_IPV4;
+	/* XDP sees the whole frame; an skb's linear part may end before
+	 * its payload does (GSO, paged data), so tc only needs headers. */
+	if (whole && data + pkt->l3_off + tot_len > data_end)
 		return -RV_DROP_MALFORMED_IPV4;
 
 	pkt->family = RV_FAMILY_V4;
@@ -155,7 +158,7 @@ static __always_inline int rv_parse_ipv4(void *data, void *data_end,
 }
 
 static __always_inline int rv_parse_ipv6(void *data, void *data_end,
-					 struct rv_pkt *pkt)
+					 struct rv_pkt *pkt, int whole)
 {
 	struct ipv6hdr *ip6h = rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
 	__u32 off;
@@ -167,7 +170,7 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 	if (ip6h->version != 6)
 		return -RV_DROP_MALFORMED_IPV6;
 	pkt->ip_len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
-	if (data + pkt->l3_off + pkt->ip_len > data_end)
+	if (whole && data + pkt->l3_off + pkt->ip_len > data_end)
 		return -RV_DROP_MALFORMED_IPV6;
 	pkt->family = RV_FAMILY_V6;
 	__builtin_memcpy(pkt->saddr, &ip6h->saddr, 16);
@@ -224,9 +227,10 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 	return 0;
 }
 
-/* Parse from L2 to L4. */
+/* Parse from L2 to L4. `whole`: the buffer holds the entire packet (XDP),
+ * so an IP length past its end is a truncated packet; tc passes 0. */
 static __always_inline int rv_parse(void *data, void *data_end,
-				    struct rv_pkt *pkt)
+				    struct rv_pkt *pkt, int whole)
 {
 	__be16 proto = rv_parse_l2(data, data_end, pkt);
 	int ret;
@@ -235,9 +239,9 @@ static __always_inline int rv_parse(void *data, void *data_end,
 		return -RV_DROP_MALFORMED_L2;
 	pkt->l3_off = pkt->l2_len;
 	if (proto == bpf_htons(RV_ETH_P_IP))
-		ret = rv_parse_ipv4(data, data_end, pkt);
+		ret = rv_parse_ipv4(data, data_end, pkt, whole);
 	else if (proto == bpf_htons(RV_ETH_P_IPV6))
-		ret = rv_parse_ipv6(data, data_end, pkt);
+		ret = rv_parse_ipv6(data, data_end, pkt, whole);
 	else
 		return RV_PARSE_PASS;
 	if (ret)

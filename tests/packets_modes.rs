@@ -1,0 +1,656 @@
+//! The three forwarding modes through xdp_ingress, and tc_nat's reply
+//! translation (issue 2, proof 1): NAT (IPv4 and IPv6, TCP and UDP, port
+//! translation and port keeping), DSR, and L3 DSR (IPIP, IPv6-in-IPv6)
+//! with the FIB lookup answering, not answering and refusing, plus the
+//! per-VIP counters.
+//!
+//! Every case asserts the verdict and every output byte against a frame
+//! built independently with etherparse, the output's checksums with
+//! etherparse's calculators, and the map state the run leaves.
+
+mod common;
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+
+use common::fixtures::*;
+use common::netns::Netns;
+use common::*;
+use etherparse::{IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header};
+use rivora::abi::*;
+
+const CLIENT4: &str = "10.250.0.10";
+const CLIENT6: &str = "fd00:fa::10";
+const VIP4: &str = "10.0.0.100";
+const VIP6: &str = "fd00::100";
+const IFACE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xee];
+
+fn backend(id: u32, addr: &str, port: u16) -> Be {
+    Be {
+        id,
+        addr: ip(addr),
+        port,
+        mac: be_mac(id),
+    }
+}
+
+/// NAT services: (svc, VIP, port, proto, backend address, backend port).
+const NAT_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
+    (1, VIP4, 80, PROTO_TCP, "10.1.0.1", 8080),
+    (2, VIP4, 53, PROTO_UDP, "10.1.0.2", 5353),
+    (3, VIP4, 81, PROTO_TCP, "10.1.0.3", 0),
+    (4, VIP4, 54, PROTO_UDP, "10.1.0.4", 0),
+    (5, VIP6, 80, PROTO_TCP, "fd00:1::5", 8080),
+    (6, VIP6, 53, PROTO_UDP, "fd00:1::6", 5353),
+    (7, VIP6, 81, PROTO_TCP, "fd00:1::7", 0),
+    (8, VIP6, 54, PROTO_UDP, "fd00:1::8", 0),
+];
+
+fn nat_setup(t: &TestDp) -> Vec<Be> {
+    NAT_SERVICES
+        .iter()
+        .map(|&(svc, vip, port, proto, addr, bport)| {
+            let be = backend(svc, addr, bport);
+            add_service(
+                t,
+                svc,
+                rv_mode::RV_MODE_NAT,
+                Some((ip(vip), port, proto)),
+                be,
+            );
+            be
+        })
+        .collect()
+}
+
+fn request(svc: u32, sport: u16) -> Frame {
+    let &(_, vip, port, proto, _, _) = NAT_SERVICES
+        .iter()
+        .find(|s| s.0 == svc)
+        .expect("a NAT service");
+    match (vip == VIP4, proto) {
+        (true, PROTO_TCP) => Frame::tcp4(CLIENT4, sport, vip, port),
+        (true, _) => Frame::udp4(CLIENT4, sport, vip, port),
+        (false, PROTO_TCP) => Frame::tcp6(CLIENT6, sport, vip, port),
+        (false, _) => Frame::udp6(CLIENT6, sport, vip, port),
+    }
+}
+
+/// NAT in both directions: each request rewritten to its backend (port
+/// translated, or kept when the backend's port is 0), the flow recorded in
+/// nat_reverse_map and the affinity map, then the backend's reply turned
+/// back into the VIP's by tc_nat. A second, established packet of each
+/// flow takes the same path without a new entry.
+#[test]
+fn nat_forward_and_tc_nat_reply() {
+    let t = TestDp::new();
+    let bes = nat_setup(&t);
+    let mut flows = Vec::new();
+    for (i, &(svc, _, _, proto, _, _)) in NAT_SERVICES.iter().enumerate() {
+        let sport = 50000 + i as u16;
+        flows.push((format!("svc {svc}"), svc, request(svc, sport)));
+        if proto == PROTO_UDP && svc <= 4 {
+            // UDP over IPv4 without a checksum: 0 stays 0 both ways.
+            flows.push((
+                format!("svc {svc}, UDP checksum 0"),
+                svc,
+                request(svc, sport + 100).udp_zero_csum(),
+            ));
+        }
+    }
+    let mut bytes = [0u64; 9];
+    let mut packets = [0u64; 9];
+    for (desc, svc, f) in &flows {
+        let be = bes[*svc as usize - 1];
+        let want = nat_of(f, &be);
+        for (n, f) in [f.clone(), f.clone().established(2).payload(b"data")]
+            .iter()
+            .enumerate()
+        {
+            let desc = format!("{desc}, packet {}", n + 1);
+            let input = f.build();
+            let want = if n == 0 { want.clone() } else { nat_of(f, &be) };
+            let out = run_case(
+                &t,
+                &Case {
+                    desc: desc.clone(),
+                    input: input.clone(),
+                    want: want.build(),
+                    verdict: XDP_PASS,
+                    drop: None,
+                },
+            );
+            packets[*svc as usize] += 1;
+            bytes[*svc as usize] += input.len() as u64;
+            if matches!(
+                f.l4,
+                L4::Udp {
+                    zero_csum: true,
+                    ..
+                }
+            ) {
+                let at = f.l4_off() + 6;
+                assert_eq!(&out[at..at + 2], &[0, 0], "{desc}: UDP checksum stays 0");
+            }
+            assert_nat_entry(&t, &desc, f, &be, *svc);
+            assert_eq!(affinity_of(&t, *svc, f), Some(be.id), "{desc}: affinity");
+        }
+
+        // The backend answers; tc_nat restores the VIP as the source.
+        let reply = want.reply();
+        let (v, out) = t.run_tc(&reply.build());
+        assert_eq!(v, TCX_PASS, "{desc}: reply verdict");
+        let restored = reply.from(f.dst_ip(), f.dport());
+        assert_bytes(&format!("{desc}, reply"), &out, &restored.build());
+        assert_checksums(&out);
+        if matches!(
+            f.l4,
+            L4::Udp {
+                zero_csum: true,
+                ..
+            }
+        ) {
+            let at = f.l4_off() + 6;
+            assert_eq!(&out[at..at + 2], &[0, 0], "{desc}: reply checksum stays 0");
+        }
+    }
+    assert_eq!(nat_entries(&t), flows.len(), "one NAT entry per flow");
+    for svc in 1..=8u32 {
+        let s = t.vip_stats(svc);
+        assert_eq!(
+            (s.packets, s.bytes),
+            (packets[svc as usize], bytes[svc as usize]),
+            "svc {svc} stats"
+        );
+    }
+}
+
+/// Replies tc_nat has no entry for leave as they came (TCX_NEXT).
+#[test]
+fn tc_nat_leaves_unknown_replies_untouched() {
+    let t = TestDp::new();
+    let bes = nat_setup(&t);
+    let f4 = request(1, 51000);
+    let f6 = request(5, 51000);
+    for (svc, f) in [(1, &f4), (5, &f6)] {
+        let (v, _) = t.run_xdp(&f.build());
+        assert_eq!(v, XDP_PASS);
+        assert_nat_entry(&t, "setup", f, &bes[svc as usize - 1], svc);
+    }
+    let r4 = nat_of(&f4, &bes[0]).reply();
+    let r6 = nat_of(&f6, &bes[4]).reply();
+    let other4: IpAddr = ip("10.250.0.11");
+    let other6: IpAddr = ip("fd00:fa::11");
+    let cases = [
+        (
+            "IPv4: another client port",
+            r4.clone().to(f4.src_ip(), 51001),
+        ),
+        ("IPv4: another client", r4.clone().to(other4, 51000)),
+        (
+            "IPv4: another backend port",
+            r4.clone().from(bes[0].addr, 8081),
+        ),
+        (
+            "IPv4: the backend's VIP-port, not its own",
+            r4.clone().from(bes[0].addr, 80),
+        ),
+        (
+            "IPv6: another client port",
+            r6.clone().to(f6.src_ip(), 51001),
+        ),
+        ("IPv6: another client", r6.clone().to(other6, 51000)),
+        (
+            "IPv6: another backend",
+            r6.clone().from(ip("fd00:1::99"), 8080),
+        ),
+        ("IPv4: the request itself", f4.clone()),
+        ("IPv6: the request itself", f6.clone()),
+    ];
+    for (desc, f) in cases {
+        let pkt = f.build();
+        let (v, out) = t.run_tc(&pkt);
+        assert_eq!(v, TCX_NEXT, "{desc}: verdict");
+        assert_bytes(desc, &out, &pkt);
+    }
+    // The same 5-tuple over UDP: the protocol is part of the key.
+    let mut udp = Frame::udp4("10.1.0.1", 8080, CLIENT4, 51000);
+    udp.src_mac = r4.src_mac;
+    udp.dst_mac = r4.dst_mac;
+    let pkt = udp.build();
+    let (v, out) = t.run_tc(&pkt);
+    assert_eq!(v, TCX_NEXT, "UDP with a TCP flow's tuple");
+    assert_bytes("UDP with a TCP flow's tuple", &out, &pkt);
+    assert_eq!(nat_entries(&t), 2, "tc_nat creates no entries");
+}
+
+/// DSR: the backend holds the VIP; only the MACs change (source from
+/// iface_mac_map, destination the backend's), out the way it came.
+#[test]
+fn dsr_rewrites_the_macs_only() {
+    let t = TestDp::new();
+    let dsr = rv_mode::RV_MODE_DSR;
+    let list = [
+        (11, VIP4, 443, PROTO_TCP, "10.1.0.11"),
+        (12, VIP4, 443, PROTO_UDP, "10.1.0.12"),
+        (13, VIP6, 443, PROTO_TCP, "fd00:1::13"),
+        (14, VIP6, 443, PROTO_UDP, "fd00:1::14"),
+    ];
+    for &(svc, vip, port, proto, addr) in &list {
+        add_service(
+            &t,
+            svc,
+            dsr,
+            Some((ip(vip), port, proto)),
+            backend(svc, addr, 0),
+        );
+    }
+    t.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
+    let frames = [
+        (11, Frame::tcp4(CLIENT4, 52000, VIP4, 443)),
+        (12, Frame::udp4(CLIENT4, 52000, VIP4, 443)),
+        (13, Frame::tcp6(CLIENT6, 52000, VIP6, 443)),
+        (14, Frame::udp6(CLIENT6, 52000, VIP6, 443)),
+        (
+            11,
+            Frame::tcp4(CLIENT4, 52001, VIP4, 443).vlan(Vlan::Dot1q(12)),
+        ),
+        (
+            14,
+            Frame::udp6(CLIENT6, 52001, VIP6, 443).vlan(Vlan::QinQ(1, 2)),
+        ),
+    ];
+    for (svc, f) in &frames {
+        let desc = format!("DSR svc {svc}, {:?}", f.vlan);
+        let want = f.clone().macs(IFACE_MAC, be_mac(*svc)).build();
+        let input = f.build();
+        let out = run_case(
+            &t,
+            &Case {
+                desc: desc.clone(),
+                input: input.clone(),
+                want,
+                verdict: XDP_TX,
+                drop: None,
+            },
+        );
+        // Nothing but the 12 MAC bytes moved.
+        assert_eq!(out[12..], input[12..], "{desc}: past the MACs");
+        assert_eq!(affinity_of(&t, *svc, f), Some(*svc), "{desc}: affinity");
+    }
+    assert_eq!(nat_entries(&t), 0, "DSR keeps no NAT state");
+    assert_eq!(t.vip_stats(11).packets, 2);
+    assert_eq!(t.vip_stats(14).packets, 2);
+
+    // Without the interface's MAC there is no source to send from.
+    t.maps
+        .iface_mac_map
+        .remove(&TEST_RUN_IFINDEX)
+        .expect("iface_mac_map");
+    for (svc, f) in &frames[..4] {
+        let f = f.clone().from(f.src_ip(), 52100);
+        run_case(
+            &t,
+            &Case::dropped(
+                &format!("DSR svc {svc} without an iface MAC"),
+                f.build(),
+                rv_drop_reason::RV_DROP_NO_IFACE_MAC,
+            ),
+        );
+    }
+}
+
+/// Enter a network namespace on this thread for the guard's lifetime
+/// (BPF_PROG_TEST_RUN's ingress device and bpf_fib_lookup's routing are
+/// the calling thread's namespace's). The skeleton is not Send, so the
+/// thread moves rather than the program.
+struct InNetns {
+    home: File,
+}
+
+impl InNetns {
+    fn enter(ns: &Netns) -> Self {
+        let home = File::open("/proc/thread-self/ns/net").expect("own netns");
+        let target = File::open(format!("/run/netns/{}", ns.name)).expect("netns");
+        // SAFETY: setns on this thread only; both fds are valid.
+        let rc = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        Self { home }
+    }
+}
+
+impl Drop for InNetns {
+    fn drop(&mut self) {
+        // SAFETY: as above; back to the namespace the thread came from.
+        let rc = unsafe { libc::setns(self.home.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns back: {}", std::io::Error::last_os_error());
+    }
+}
+
+const VETH_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x01];
+const GW_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x02];
+const TUN4: &str = "10.250.0.1";
+const TUN6: &str = "fd00:fa:ff::1";
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A namespace whose routing gives each L3 DSR outcome a backend prefix:
+/// 10.1/16 and fd00:1::/64 through a resolved gateway, 10.2/16 and
+/// fd00:2::/64 through one with no neighbour entry, 10.3/16 and
+/// fd00:3::/64 unreachable. Returns the namespace and veth0's ifindex.
+fn l3dsr_netns() -> (Netns, u32) {
+    let ns = Netns::new(&unique("rvmodes"));
+    ns.exec(&format!(
+        "ip link add veth0 address {} type veth peer name veth1 && \
+         ip link set veth0 up && ip link set veth1 up && \
+         ip addr add {TUN4}/24 dev veth0 && \
+         ip -6 addr add {TUN6}/64 dev veth0 nodad && \
+         ip neigh add 10.250.0.2 lladdr {gw} dev veth0 nud permanent && \
+         ip -6 neigh add fd00:fa:ff::2 lladdr {gw} dev veth0 nud permanent && \
+         ip route add 10.1.0.0/16 via 10.250.0.2 && \
+         ip route add 10.2.0.0/16 via 10.250.0.3 && \
+         ip route add unreachable 10.3.0.0/16 && \
+         ip -6 route add fd00:1::/64 via fd00:fa:ff::2 && \
+         ip -6 route add fd00:2::/64 via fd00:fa:ff::3 && \
+         ip -6 route add unreachable fd00:3::/64 && \
+         sysctl -qw net.ipv4.ip_forward=1 && \
+         sysctl -qw net.ipv6.conf.all.forwarding=1",
+        mac_str(VETH_MAC),
+        gw = mac_str(GW_MAC),
+    ));
+    let line = ns.exec("ip -o link show veth0");
+    let ifindex = line
+        .split(':')
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("veth0 ifindex");
+    (ns, ifindex)
+}
+
+/// L3 DSR services: (svc, VIP, port, proto, backend).
+const L3DSR_SERVICES: &[(u32, &str, u16, u8, &str)] = &[
+    (21, VIP4, 80, PROTO_TCP, "10.1.0.21"),
+    (22, VIP4, 53, PROTO_UDP, "10.1.0.22"),
+    (23, VIP4, 81, PROTO_TCP, "10.2.0.23"),
+    (24, VIP4, 82, PROTO_TCP, "10.3.0.24"),
+    (25, VIP6, 80, PROTO_TCP, "fd00:1::25"),
+    (26, VIP6, 53, PROTO_UDP, "fd00:1::26"),
+    (27, VIP6, 81, PROTO_TCP, "fd00:2::27"),
+    (28, VIP6, 82, PROTO_TCP, "fd00:3::28"),
+];
+
+fn l3dsr_setup(t: &TestDp) {
+    for &(svc, vip, port, proto, addr) in L3DSR_SERVICES {
+        add_service(
+            t,
+            svc,
+            rv_mode::RV_MODE_L3DSR,
+            Some((ip(vip), port, proto)),
+            backend(svc, addr, 0),
+        );
+    }
+    t.tunnel(TUN4.parse().unwrap(), TUN6.parse().unwrap());
+}
+
+fn l3dsr_request(svc: u32, sport: u16) -> Frame {
+    let &(_, vip, port, proto, _) = L3DSR_SERVICES
+        .iter()
+        .find(|s| s.0 == svc)
+        .expect("an L3 DSR service");
+    match (vip == VIP4, proto) {
+        (true, PROTO_TCP) => Frame::tcp4(CLIENT4, sport, vip, port),
+        (true, _) => Frame::udp4(CLIENT4, sport, vip, port),
+        (false, PROTO_TCP) => Frame::tcp6(CLIENT6, sport, vip, port),
+        (false, _) => Frame::udp6(CLIENT6, sport, vip, port),
+    }
+}
+
+/// The encapsulated frame L3 DSR must produce: `l2` (the MACs it should
+/// carry), the outer header (source from tunnel_config_map, TTL/hop limit
+/// 64, IPv4 id or IPv6 flow label from the flow hash, TOS and DF from the
+/// inner IPv4 header), then the original IP packet byte for byte.
+fn encapsulated(f: &Frame, backend: IpAddr, macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+    let input = f.build();
+    let mut out = f.clone().macs(macs.0, macs.1).build()[..f.l3_off()].to_vec();
+    let inner = &input[f.l3_off()..];
+    let hash = flow_hash(f.src_ip(), f.sport(), f.dport(), f.proto(), false);
+    match backend {
+        IpAddr::V4(b) => {
+            let src: Ipv4Addr = TUN4.parse().unwrap();
+            let mut h = Ipv4Header::new(
+                inner.len() as u16,
+                64,
+                IpNumber::IPV4,
+                src.octets(),
+                b.octets(),
+            )
+            .expect("outer IPv4");
+            // The inner header carries DF: an atomic datagram, whose id
+            // is 0 (RFC 6864).
+            h.identification = 0;
+            h.dont_fragment = true; // the inner header's DF
+            h.header_checksum = h.calc_header_checksum();
+            h.write(&mut out).expect("outer IPv4");
+        }
+        IpAddr::V6(b) => {
+            let src: Ipv6Addr = TUN6.parse().unwrap();
+            Ipv6Header {
+                traffic_class: 0,
+                flow_label: Ipv6FlowLabel::try_new(hash & 0xfffff).unwrap(),
+                payload_length: inner.len() as u16,
+                next_header: IpNumber::IPV6,
+                hop_limit: 64,
+                source: src.octets(),
+                destination: b.octets(),
+            }
+            .write(&mut out)
+            .expect("outer IPv6");
+        }
+    }
+    out.extend_from_slice(inner);
+    out
+}
+
+/// L3 DSR with every FIB outcome, for IPv4 (IPIP) and IPv6
+/// (IPv6-in-IPv6), in a namespace of its own.
+#[test]
+fn l3dsr_encapsulates_and_follows_the_fib() {
+    let t = TestDp::new();
+    l3dsr_setup(&t);
+    let (ns, veth) = l3dsr_netns();
+    let _in = InNetns::enter(&ns);
+    let backend_of = |svc: u32| ip(L3DSR_SERVICES.iter().find(|s| s.0 == svc).unwrap().4);
+    let mut sport = 53000;
+
+    // The lookup answers: the frame goes out of veth0 to the gateway.
+    // Without a context the ingress device is lo, so it is redirected;
+    // arriving on veth0 itself, it is sent back out with XDP_TX.
+    for svc in [21, 22, 25, 26] {
+        for vlan in [Vlan::None, Vlan::Dot1q(5), Vlan::QinQ(6, 7)] {
+            sport += 1;
+            let f = l3dsr_request(svc, sport).vlan(vlan);
+            let input = f.build();
+            let want = encapsulated(&f, backend_of(svc), (VETH_MAC, GW_MAC));
+            let desc = format!("L3 DSR svc {svc}, {vlan:?}, lookup answers");
+            let before = drop_counts(&t);
+            let (v, out) = try_run_xdp(&t, &input, None).expect("test_run");
+            assert_eq!(v, XDP_REDIRECT, "{desc}: from lo, verdict");
+            assert_bytes(&desc, &out, &want);
+            assert_eq!(
+                assert_checksums(&out),
+                if f.dst_ip().is_ipv4() { 3 } else { 1 }
+            );
+            assert_eq!(
+                out[out.len() - (input.len() - f.l3_off())..],
+                input[f.l3_off()..]
+            );
+
+            let mut md = xdp_md(input.len(), veth);
+            let (v, out) = try_run_xdp(&t, &input, Some(&mut md)).expect("test_run with ctx");
+            assert_eq!(v, XDP_TX, "{desc}: from veth0, verdict");
+            assert_bytes(&format!("{desc}, from veth0"), &out, &want);
+            assert_eq!(drop_counts(&t), before, "{desc}: nothing dropped");
+            assert_eq!(affinity_of(&t, svc, &f), Some(svc), "{desc}: affinity");
+        }
+    }
+
+    // No neighbour entry for the gateway: the kernel gets the encapsulated
+    // packet (MACs as they came) and resolves it.
+    for svc in [23, 27] {
+        sport += 1;
+        let f = l3dsr_request(svc, sport);
+        let want = encapsulated(&f, backend_of(svc), (f.src_mac, f.dst_mac));
+        let out = run_case(
+            &t,
+            &Case {
+                desc: format!("L3 DSR svc {svc}, no neighbour"),
+                input: f.build(),
+                want,
+                verdict: XDP_PASS,
+                drop: None,
+            },
+        );
+        assert_checksums(&out);
+    }
+
+    // An unreachable route: dropped, counted, not encapsulated.
+    for svc in [24, 28] {
+        sport += 1;
+        let f = l3dsr_request(svc, sport);
+        run_case(
+            &t,
+            &Case::dropped(
+                &format!("L3 DSR svc {svc}, unreachable"),
+                f.build(),
+                rv_drop_reason::RV_DROP_FIB_UNREACHABLE,
+            ),
+        );
+    }
+    assert_eq!(nat_entries(&t), 0, "L3 DSR keeps no NAT state");
+    assert_eq!(t.vip_stats(21).packets, 6, "two runs per shape");
+}
+
+/// Without an outer source address configured, L3 DSR cannot build the
+/// outer header: dropped and counted, for each family on its own.
+#[test]
+fn l3dsr_without_a_tunnel_source_is_dropped() {
+    let t = TestDp::new();
+    l3dsr_setup(&t);
+    let (ns, _) = l3dsr_netns();
+    let _in = InNetns::enter(&ns);
+    let no_src = rv_drop_reason::RV_DROP_NO_TUNNEL_SRC;
+
+    // No IPv6 source: IPv6 drops, IPv4 still encapsulates.
+    t.tunnel(TUN4.parse().unwrap(), Ipv6Addr::UNSPECIFIED);
+    let f6 = l3dsr_request(25, 54000);
+    run_case(&t, &Case::dropped("IPv6 without src6", f6.build(), no_src));
+    let f4 = l3dsr_request(21, 54000);
+    let (v, _) = t.run_xdp(&f4.build());
+    assert_eq!(v, XDP_REDIRECT, "IPv4 with src4 still forwarded");
+
+    // No IPv4 source: IPv4 drops, IPv6 encapsulates.
+    t.tunnel(Ipv4Addr::UNSPECIFIED, TUN6.parse().unwrap());
+    run_case(&t, &Case::dropped("IPv4 without src4", f4.build(), no_src));
+    let (v, _) = t.run_xdp(&f6.build());
+    assert_eq!(v, XDP_REDIRECT, "IPv6 with src6 still forwarded");
+
+    // No entry at all (the array's zeroed slot).
+    t.tunnel(Ipv4Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED);
+    for (desc, f) in [("IPv4, no tunnel", &f4), ("IPv6, no tunnel", &f6)] {
+        run_case(&t, &Case::dropped(desc, f.build(), no_src));
+    }
+}
+
+/// stats_map counts each VIP's packets and frame bytes, per VIP, on
+/// every CPU summed; traffic that is not a VIP's is not counted.
+#[test]
+fn per_vip_stats_count_packets_and_bytes() {
+    let t = TestDp::new();
+    let _bes = nat_setup(&t);
+    add_service(
+        &t,
+        11,
+        rv_mode::RV_MODE_DSR,
+        Some((ip(VIP4), 443, PROTO_TCP)),
+        backend(11, "10.1.0.11", 0),
+    );
+    t.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
+    let sends: Vec<(u32, Frame)> = vec![
+        (1, request(1, 55000)),
+        (1, request(1, 55000).established(2).payload(&[7; 300])),
+        (
+            1,
+            request(1, 55001).vlan(Vlan::QinQ(1, 2)).payload(&[1; 1000]),
+        ),
+        (6, request(6, 55000).payload(&[0; 64])),
+        (6, request(6, 55000).payload(&[0; 1])),
+        (11, Frame::tcp4(CLIENT4, 55000, VIP4, 443).payload(b"")),
+    ];
+    let mut want = std::collections::HashMap::<u32, (u64, u64)>::new();
+    for (svc, f) in &sends {
+        let pkt = f.build();
+        let (v, _) = t.run_xdp(&pkt);
+        assert!(v == XDP_PASS || v == XDP_TX, "svc {svc}: forwarded");
+        let e = want.entry(*svc).or_default();
+        e.0 += 1;
+        e.1 += pkt.len() as u64;
+    }
+    // Not a VIP's: not counted anywhere.
+    for f in [
+        Frame::tcp4(CLIENT4, 55000, "10.0.0.1", 80),
+        Frame::udp6(CLIENT6, 55000, VIP6, 9),
+    ] {
+        let (v, _) = t.run_xdp(&f.build());
+        assert_eq!(v, XDP_PASS);
+    }
+    for svc in [1u32, 2, 3, 4, 5, 6, 7, 8, 11] {
+        let s = t.vip_stats(svc);
+        let (p, b) = want.get(&svc).copied().unwrap_or_default();
+        assert_eq!((s.packets, s.bytes), (p, b), "svc {svc}: packets, bytes");
+        assert_eq!((s.rate_limited, s.no_backend), (0, 0), "svc {svc}: drops");
+    }
+}
+
+/// An outer IPv4 header that may be fragmented on the way (inner DF clear)
+/// needs an id not reused within the reassembly window (RFC 6864): the
+/// flow's packets must not all carry one id. With DF the id is 0.
+#[test]
+fn l3dsr_outer_id_varies_unless_atomic() {
+    let t = TestDp::new();
+    l3dsr_setup(&t);
+    let (ns, _veth) = l3dsr_netns();
+    let _in = InNetns::enter(&ns);
+    let outer_id = |df: bool| -> u16 {
+        let mut h = Ipv4Header::new(8 + 4, 64, IpNumber::UDP, ip4(CLIENT4), ip4(VIP4)).expect("ipv4");
+        h.dont_fragment = df;
+        let mut pkt = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ip(etherparse::IpHeaders::Ipv4(h, Default::default()))
+            .udp(40123, 53)
+            .write(&mut pkt, b"ping")
+            .expect("packet");
+        let (v, out) = t.run_xdp(&pkt);
+        assert!(v == XDP_TX || v == XDP_REDIRECT, "encapsulated and sent: verdict {v}");
+        let (outer, _) = Ipv4Header::from_slice(&out[14..]).expect("outer IPv4");
+        assert_eq!(outer.protocol, IpNumber::IPV4);
+        assert_eq!(outer.dont_fragment, df, "DF copied from the inner header");
+        assert_eq!(outer.header_checksum, outer.calc_header_checksum());
+        outer.identification
+    };
+    for _ in 0..4 {
+        assert_eq!(outer_id(true), 0, "an atomic datagram carries id 0");
+    }
+    let ids: Vec<u16> = (0..4).map(|_| outer_id(false)).collect();
+    // Four equal random ids: odds of 1 in 2^48.
+    assert!(ids.iter().any(|&i| i != ids[0]), "outer ids of one flow all equal: {ids:?}");
+}
+
+fn ip4(s: &str) -> [u8; 4] {
+    s.parse::<Ipv4Addr>().expect("an IPv4 constant").octets()
+}
