@@ -46,6 +46,9 @@ fn main() {
             "-mcpu=v3".to_string(),
             "-Wall".to_string(),
             "-Werror".to_string(),
+            // The kernel is built this way too: BPF code reads headers through
+            // more than one pointer type (a struct, then its 16-bit words).
+            "-fno-strict-aliasing".to_string(),
             format!("-I{}", include.display()),
             format!("-I{}", bpf_dir.display()),
         ];

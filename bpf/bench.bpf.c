@@ -16,9 +16,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define RV_TC_ACT_SHOT 2
 
 struct rv_bench_pkt {
-	__u32 len;     /* a multiple of 8, at most RV_BENCH_MAX */
-	__u32 vary;    /* non-zero: every run is a new flow */
-	__u32 ip_off;  /* where to write the varying source address word */
+	__u32 len;	/* a multiple of 8, at most RV_BENCH_MAX */
+	__u32 vary;	/* non-zero: every run is a new flow */
+	__u32 ip_off;	/* where to write the varying source address word */
 	__u32 port_off; /* where to write the varying source port */
 	__u8 bytes[RV_BENCH_MAX];
 };

@@ -46,8 +46,8 @@ static __always_inline int rv_snat_addr(struct __sk_buff *skb,
 	int i;
 
 	if (pkt->family == RV_FAMILY_V4) {
-		if (l4 && bpf_l4_csum_replace(skb, csum_off, pkt->saddr[0], vip[0],
-					      l4_flags))
+		if (l4 && bpf_l4_csum_replace(skb, csum_off, pkt->saddr[0],
+					      vip[0], l4_flags))
 			return -1;
 		if (bpf_l3_csum_replace(skb, pkt->l3_off + RV_IPV4_CSUM_OFF,
 					pkt->saddr[0], vip[0], 4))
@@ -62,8 +62,8 @@ static __always_inline int rv_snat_addr(struct __sk_buff *skb,
 						vip[i], l4_flags))
 				return -1;
 	}
-	return bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV6_SADDR_OFF, vip, 16,
-				   0);
+	return bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV6_SADDR_OFF, vip,
+				   16, 0);
 }
 
 static __always_inline int rv_snat_port(struct __sk_buff *skb,
@@ -88,11 +88,13 @@ static __always_inline void rv_frag_rev_record(const struct rv_pkt *pkt,
 			.id = (__be16)pkt->frag_id,
 			.proto = pkt->proto,
 		};
-		struct rv_frag_rev_value v = { .vip_addr = vip[0], .svc_id = svc_id };
+		struct rv_frag_rev_value v = { .vip_addr = vip[0],
+					       .svc_id = svc_id };
 
 		bpf_map_update_elem(&frag_rev_map, &k, &v, BPF_ANY);
 	} else {
-		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag6_key k = { .id = pkt->frag_id,
+					  .proto = pkt->proto };
 		struct rv_frag_rev6_value v = { .svc_id = svc_id };
 
 		rv_addr6_copy(k.saddr, pkt->saddr);
@@ -114,15 +116,18 @@ static __always_inline int rv_reply_later_frag(struct __sk_buff *skb,
 			.id = (__be16)pkt->frag_id,
 			.proto = pkt->proto,
 		};
-		struct rv_frag_rev_value *v = bpf_map_lookup_elem(&frag_rev_map, &k);
+		struct rv_frag_rev_value *v =
+			bpf_map_lookup_elem(&frag_rev_map, &k);
 		__be32 vip[4] = {};
 
 		if (!v)
 			return RV_TCX_NEXT;
 		vip[0] = v->vip_addr;
-		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT : RV_TCX_PASS;
+		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT
+						      : RV_TCX_PASS;
 	} else {
-		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag6_key k = { .id = pkt->frag_id,
+					  .proto = pkt->proto };
 		struct rv_frag_rev6_value *v;
 		__be32 vip[4];
 
@@ -132,7 +137,8 @@ static __always_inline int rv_reply_later_frag(struct __sk_buff *skb,
 		if (!v)
 			return RV_TCX_NEXT;
 		rv_addr6_copy(vip, v->vip_addr);
-		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT : RV_TCX_PASS;
+		return rv_snat_addr(skb, pkt, vip, 0) ? RV_TCX_NEXT
+						      : RV_TCX_PASS;
 	}
 }
 
@@ -150,7 +156,8 @@ static __always_inline int rv_reply(struct __sk_buff *skb, struct rv_pkt *pkt)
 			.client_port = pkt->dport,
 			.proto = pkt->proto,
 		};
-		struct rv_nat_value *v = bpf_map_lookup_elem(&nat_reverse_map, &k);
+		struct rv_nat_value *v =
+			bpf_map_lookup_elem(&nat_reverse_map, &k);
 
 		if (!v)
 			return RV_TCX_NEXT;

@@ -92,7 +92,8 @@ struct rv_be {
 	__u8 mac[6];
 };
 
-static __always_inline int rv_backend_get(__u8 family, __u32 id, struct rv_be *be)
+static __always_inline int rv_backend_get(__u8 family, __u32 id,
+					  struct rv_be *be)
 {
 	if (family == RV_FAMILY_V4) {
 		struct rv_backend *b = bpf_map_lookup_elem(&backend_map, &id);
@@ -181,7 +182,8 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 
 		fv = bpf_map_lookup_elem(&frag_map, &k);
 	} else {
-		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag6_key k = { .id = pkt->frag_id,
+					  .proto = pkt->proto };
 
 		rv_addr6_copy(k.saddr, pkt->saddr);
 		rv_addr6_copy(k.daddr, pkt->daddr);
@@ -203,7 +205,8 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 static __always_inline void rv_frag_record(const struct rv_pkt *pkt,
 					   const struct rv_target *t)
 {
-	struct rv_frag_value v = { .svc_id = t->svc_id, .backend_id = t->backend_id };
+	struct rv_frag_value v = { .svc_id = t->svc_id,
+				   .backend_id = t->backend_id };
 
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_frag_key k = {
@@ -215,7 +218,8 @@ static __always_inline void rv_frag_record(const struct rv_pkt *pkt,
 
 		bpf_map_update_elem(&frag_map, &k, &v, BPF_ANY);
 	} else {
-		struct rv_frag6_key k = { .id = pkt->frag_id, .proto = pkt->proto };
+		struct rv_frag6_key k = { .id = pkt->frag_id,
+					  .proto = pkt->proto };
 
 		rv_addr6_copy(k.saddr, pkt->saddr);
 		rv_addr6_copy(k.daddr, pkt->daddr);
@@ -292,7 +296,8 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	if (pkt->proto != RV_IPPROTO_TCP && pkt->proto != RV_IPPROTO_UDP)
 		return RV_XDP_PASS;
 
-	t.svc_id = rv_vip_lookup(pkt->family, pkt->daddr, pkt->dport, pkt->proto);
+	t.svc_id =
+		rv_vip_lookup(pkt->family, pkt->daddr, pkt->dport, pkt->proto);
 	if (!t.svc_id)
 		return RV_XDP_PASS;
 	svc = rv_service_get(t.svc_id, pkt->family);

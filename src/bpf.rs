@@ -25,7 +25,26 @@ pub mod tc_nat {
 
 /// Benchmark wrappers (restore the packet, tail-call the program under
 /// test); used by `rivora-bench` only.
-#[allow(clippy::all, non_camel_case_types, non_upper_case_globals, dead_code, unused)]
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    unused
+)]
 pub mod bench {
     include!(concat!(env!("OUT_DIR"), "/bench.skel.rs"));
+}
+
+/// The backend-side L3 DSR decapsulator and the trivial xdp_pass program
+/// (see `crate::decap`). Its maps are its own and are not pinned.
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    unused
+)]
+pub mod decap {
+    include!(concat!(env!("OUT_DIR"), "/decap.skel.rs"));
 }

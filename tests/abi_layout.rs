@@ -28,37 +28,195 @@ macro_rules! layout {
 fn snapshot() -> String {
     let mut s = String::new();
     writeln!(s, "abi_version={ABI_VERSION}").unwrap();
-    layout!(s, rv_vip_key { addr, port, proto, pad });
-    layout!(s, rv_vip6_key { addr, port, proto, pad });
+    layout!(
+        s,
+        rv_vip_key {
+            addr,
+            port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_vip6_key {
+            addr,
+            port,
+            proto,
+            pad
+        }
+    );
     layout!(s, rv_vip_value { svc_id });
-    layout!(s, rv_vip_range_key { prefixlen, proto, pad, addr, port, pad2 });
-    layout!(s, rv_vip_range6_key { prefixlen, proto, pad, addr, port, pad2 });
-    layout!(s, rv_service { mode, affinity, family, proto, flags, slice_start, slice_len, backend_count, affinity_timeout_s });
+    layout!(
+        s,
+        rv_vip_range_key {
+            prefixlen,
+            proto,
+            pad,
+            addr,
+            port,
+            pad2
+        }
+    );
+    layout!(
+        s,
+        rv_vip_range6_key {
+            prefixlen,
+            proto,
+            pad,
+            addr,
+            port,
+            pad2
+        }
+    );
+    layout!(
+        s,
+        rv_service {
+            mode,
+            affinity,
+            family,
+            proto,
+            flags,
+            slice_start,
+            slice_len,
+            backend_count,
+            affinity_timeout_s
+        }
+    );
     layout!(s, rv_maglev_slot { backend_id });
     layout!(s, rv_backend { addr, port, mac });
     layout!(s, rv_backend6 { addr, port, mac });
     layout!(s, rv_backend_health { state, pad });
-    layout!(s, rv_flow_key { svc_id, saddr, sport, dport, proto, pad });
-    layout!(s, rv_flow6_key { svc_id, saddr, sport, dport, proto, pad });
-    layout!(s, rv_affinity_value { backend_id, pad, last_seen_ns });
-    layout!(s, rv_nat_key { backend_addr, client_addr, backend_port, client_port, proto, pad });
-    layout!(s, rv_nat6_key { backend_addr, client_addr, backend_port, client_port, proto, pad });
-    layout!(s, rv_nat_value { vip_addr, vip_port, pad, svc_id });
-    layout!(s, rv_nat6_value { vip_addr, vip_port, pad, svc_id });
-    layout!(s, rv_frag_key { saddr, daddr, id, proto, pad });
-    layout!(s, rv_frag6_key { saddr, daddr, id, proto, pad });
+    layout!(
+        s,
+        rv_flow_key {
+            svc_id,
+            saddr,
+            sport,
+            dport,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_flow6_key {
+            svc_id,
+            saddr,
+            sport,
+            dport,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_affinity_value {
+            backend_id,
+            pad,
+            last_seen_ns
+        }
+    );
+    layout!(
+        s,
+        rv_nat_key {
+            backend_addr,
+            client_addr,
+            backend_port,
+            client_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_nat6_key {
+            backend_addr,
+            client_addr,
+            backend_port,
+            client_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_nat_value {
+            vip_addr,
+            vip_port,
+            pad,
+            svc_id
+        }
+    );
+    layout!(
+        s,
+        rv_nat6_value {
+            vip_addr,
+            vip_port,
+            pad,
+            svc_id
+        }
+    );
+    layout!(
+        s,
+        rv_frag_key {
+            saddr,
+            daddr,
+            id,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_frag6_key {
+            saddr,
+            daddr,
+            id,
+            proto,
+            pad
+        }
+    );
     layout!(s, rv_frag_value { svc_id, backend_id });
     layout!(s, rv_frag_rev_value { vip_addr, svc_id });
     layout!(s, rv_frag_rev6_value { vip_addr, svc_id });
-    layout!(s, rv_vip_stats { packets, bytes, rate_limited, no_backend });
+    layout!(
+        s,
+        rv_vip_stats {
+            packets,
+            bytes,
+            rate_limited,
+            no_backend
+        }
+    );
     layout!(s, rv_drop_stats { packets });
-    layout!(s, rv_rl_config { enabled, rate_per_sec, burst, pad });
+    layout!(
+        s,
+        rv_rl_config {
+            enabled,
+            rate_per_sec,
+            burst,
+            pad
+        }
+    );
     layout!(s, rv_rl_key { svc_id, saddr });
     layout!(s, rv_rl6_key { svc_id, saddr });
-    layout!(s, rv_rl_bucket { tokens_milli, last_ns });
+    layout!(
+        s,
+        rv_rl_bucket {
+            tokens_milli,
+            last_ns
+        }
+    );
     layout!(s, rv_iface_mac { mac, pad });
     layout!(s, rv_tunnel_config { src4, src6 });
-    layout!(s, rv_meta { abi_version, maglev_size });
+    layout!(
+        s,
+        rv_meta {
+            abi_version,
+            maglev_size
+        }
+    );
     s
 }
 

@@ -801,7 +801,11 @@ fn fragments_l3dsr(t: &TestDp, fam: Fam) {
         let (v, out) = t.run_xdp(pkt);
         assert_eq!(v, XDP_PASS, "{fam:?} L3 DSR fragment {i}");
         let hash = if i == 0 { first_hash } else { later_hash };
-        assert_eq!(out, encap(pkt, b1, hash, &out), "{fam:?} L3 DSR fragment {i}");
+        assert_eq!(
+            out,
+            encap(pkt, b1, hash, &out),
+            "{fam:?} L3 DSR fragment {i}"
+        );
     }
     assert_eq!(
         frag_entry(t, client, s.vip, 0x5678, PROTO_UDP),

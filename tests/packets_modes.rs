@@ -627,7 +627,8 @@ fn l3dsr_outer_id_varies_unless_atomic() {
     let (ns, _veth) = l3dsr_netns();
     let _in = InNetns::enter(&ns);
     let outer_id = |df: bool| -> u16 {
-        let mut h = Ipv4Header::new(8 + 4, 64, IpNumber::UDP, ip4(CLIENT4), ip4(VIP4)).expect("ipv4");
+        let mut h =
+            Ipv4Header::new(8 + 4, 64, IpNumber::UDP, ip4(CLIENT4), ip4(VIP4)).expect("ipv4");
         h.dont_fragment = df;
         let mut pkt = Vec::new();
         etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
@@ -636,7 +637,10 @@ fn l3dsr_outer_id_varies_unless_atomic() {
             .write(&mut pkt, b"ping")
             .expect("packet");
         let (v, out) = t.run_xdp(&pkt);
-        assert!(v == XDP_TX || v == XDP_REDIRECT, "encapsulated and sent: verdict {v}");
+        assert!(
+            v == XDP_TX || v == XDP_REDIRECT,
+            "encapsulated and sent: verdict {v}"
+        );
         let (outer, _) = Ipv4Header::from_slice(&out[14..]).expect("outer IPv4");
         assert_eq!(outer.protocol, IpNumber::IPV4);
         assert_eq!(outer.dont_fragment, df, "DF copied from the inner header");
@@ -648,7 +652,10 @@ fn l3dsr_outer_id_varies_unless_atomic() {
     }
     let ids: Vec<u16> = (0..4).map(|_| outer_id(false)).collect();
     // Four equal random ids: odds of 1 in 2^48.
-    assert!(ids.iter().any(|&i| i != ids[0]), "outer ids of one flow all equal: {ids:?}");
+    assert!(
+        ids.iter().any(|&i| i != ids[0]),
+        "outer ids of one flow all equal: {ids:?}"
+    );
 }
 
 fn ip4(s: &str) -> [u8; 4] {

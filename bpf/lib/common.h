@@ -53,10 +53,10 @@
 
 /* Bounds check for a header of type T at offset off; the verifier needs
  * to see the comparison against data_end in the same function. */
-#define rv_hdr(T, data, data_end, off)                                         \
-	({                                                                     \
-		T *__h = (T *)((void *)(data) + (off));                        \
-		((void *)(__h + 1) > (void *)(data_end)) ? (T *)0 : __h;       \
+#define rv_hdr(T, data, data_end, off)                                   \
+	({                                                               \
+		T *__h = (T *)((void *)(data) + (off));                  \
+		((void *)(__h + 1) > (void *)(data_end)) ? (T *)0 : __h; \
 	})
 
 static __always_inline void rv_addr6_copy(__be32 *dst, const __be32 *src)

@@ -19,7 +19,8 @@ static __always_inline int rv_nat_l4_dst(void *data, void *data_end,
 					 const __be32 *addr_to, __be16 port_to)
 {
 	if (pkt->proto == RV_IPPROTO_TCP) {
-		struct tcphdr *th = rv_hdr(struct tcphdr, data, data_end, pkt->l4_off);
+		struct tcphdr *th =
+			rv_hdr(struct tcphdr, data, data_end, pkt->l4_off);
 
 		if (!th)
 			return -RV_DROP_MALFORMED_L4;
@@ -30,15 +31,18 @@ static __always_inline int rv_nat_l4_dst(void *data, void *data_end,
 		rv_csum_replace2(&th->check, th->dest, port_to);
 		th->dest = port_to;
 	} else if (pkt->proto == RV_IPPROTO_UDP) {
-		struct udphdr *uh = rv_hdr(struct udphdr, data, data_end, pkt->l4_off);
+		struct udphdr *uh =
+			rv_hdr(struct udphdr, data, data_end, pkt->l4_off);
 
 		if (!uh)
 			return -RV_DROP_MALFORMED_L4;
 		if (uh->check || pkt->family == RV_FAMILY_V6) {
 			if (pkt->family == RV_FAMILY_V4)
-				rv_csum_replace4(&uh->check, addr_from[0], addr_to[0]);
+				rv_csum_replace4(&uh->check, addr_from[0],
+						 addr_to[0]);
 			else
-				rv_csum_replace16(&uh->check, addr_from, addr_to);
+				rv_csum_replace16(&uh->check, addr_from,
+						  addr_to);
 			rv_csum_replace2(&uh->check, uh->dest, port_to);
 			rv_udp_csum_fixup(&uh->check);
 		}
@@ -55,7 +59,8 @@ static __always_inline int rv_nat_forward(void *data, void *data_end,
 					  const __be32 *baddr, __be16 bport)
 {
 	if (pkt->family == RV_FAMILY_V4) {
-		struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
+		struct iphdr *iph =
+			rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
 
 		if (!iph)
 			return -RV_DROP_MALFORMED_IPV4;
@@ -159,8 +164,7 @@ static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
 
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
 static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
-				       const struct rv_pkt *pkt,
-				       __be32 backend)
+				       const struct rv_pkt *pkt, __be32 backend)
 {
 	struct bpf_fib_lookup p = {};
 	struct rv_tunnel_config *tc;
@@ -267,8 +271,8 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 	/* Version 6, the inner traffic class (as IPv4 copies TOS), and the
 	 * flow hash as flow label so that ECMP between here and the backend
 	 * keeps a flow on one path. */
-	*(__be32 *)outer = bpf_htonl(0x60000000 | (tclass << 20) |
-				     (hash & 0xfffff));
+	*(__be32 *)outer =
+		bpf_htonl(0x60000000 | (tclass << 20) | (hash & 0xfffff));
 	outer->payload_len = bpf_htons(pkt->ip_len);
 	outer->nexthdr = RV_IPPROTO_IPV6;
 	outer->hop_limit = RV_TUNNEL_TTL;

@@ -37,7 +37,8 @@ static __always_inline int rv_icmp_quote(void *data, void *data_end,
 
 	q->inner_l3 = pkt->l4_off + RV_ICMP_HDR_LEN;
 	if (pkt->family == RV_FAMILY_V4) {
-		struct iphdr *in = rv_hdr(struct iphdr, data, data_end, q->inner_l3);
+		struct iphdr *in =
+			rv_hdr(struct iphdr, data, data_end, q->inner_l3);
 
 		if (!in || in->ihl < 5)
 			return RV_PARSE_PASS;
@@ -95,9 +96,12 @@ static __always_inline int rv_icmp_nat(void *data, void *data_end,
 	__u8 proto;
 
 	if (pkt->family == RV_FAMILY_V4) {
-		struct iphdr *outer = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
-		struct icmphdr *ih = rv_hdr(struct icmphdr, data, data_end, pkt->l4_off);
-		struct iphdr *in = rv_hdr(struct iphdr, data, data_end, q->inner_l3);
+		struct iphdr *outer =
+			rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
+		struct icmphdr *ih =
+			rv_hdr(struct icmphdr, data, data_end, pkt->l4_off);
+		struct iphdr *in =
+			rv_hdr(struct iphdr, data, data_end, q->inner_l3);
 		__u16 old_icheck;
 
 		if (!outer || !ih || !in)
@@ -117,7 +121,8 @@ static __always_inline int rv_icmp_nat(void *data, void *data_end,
 			rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
 		struct icmp6hdr *ih =
 			rv_hdr(struct icmp6hdr, data, data_end, pkt->l4_off);
-		struct ipv6hdr *in = rv_hdr(struct ipv6hdr, data, data_end, q->inner_l3);
+		struct ipv6hdr *in =
+			rv_hdr(struct ipv6hdr, data, data_end, q->inner_l3);
 
 		if (!outer || !ih || !in)
 			return -RV_DROP_MALFORMED_L4;
@@ -133,12 +138,14 @@ static __always_inline int rv_icmp_nat(void *data, void *data_end,
 	/* The quoted L4 checksum, where the quote is long enough to hold it
 	 * (RFC 792 promises only 8 bytes: TCP's checksum is past them). */
 	if (proto == RV_IPPROTO_UDP) {
-		struct udphdr *uh = rv_hdr(struct udphdr, data, data_end, q->inner_l4);
+		struct udphdr *uh =
+			rv_hdr(struct udphdr, data, data_end, q->inner_l4);
 
 		if (uh && (uh->check || pkt->family == RV_FAMILY_V6))
 			l4csum = &uh->check;
 	} else {
-		struct tcphdr *th = rv_hdr(struct tcphdr, data, data_end, q->inner_l4);
+		struct tcphdr *th =
+			rv_hdr(struct tcphdr, data, data_end, q->inner_l4);
 
 		if (th)
 			l4csum = &th->check;

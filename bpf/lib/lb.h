@@ -19,7 +19,9 @@ static __always_inline __u32 rv_vip_lookup(__u8 family, const __be32 *addr,
 	struct rv_vip_value *v;
 
 	if (family == RV_FAMILY_V4) {
-		struct rv_vip_key k = { .addr = addr[0], .port = port, .proto = proto };
+		struct rv_vip_key k = { .addr = addr[0],
+					.port = port,
+					.proto = proto };
 		struct rv_vip_range_key rk = {
 			.prefixlen = 8 * (sizeof(rk) - sizeof(rk.prefixlen) -
 					  sizeof(rk.pad2)),
@@ -55,7 +57,8 @@ static __always_inline __u32 rv_vip_lookup(__u8 family, const __be32 *addr,
 static __always_inline struct rv_service *rv_service_get(__u32 svc_id,
 							 __u8 family)
 {
-	struct rv_service *svc = bpf_map_lookup_elem(&service_config_map, &svc_id);
+	struct rv_service *svc =
+		bpf_map_lookup_elem(&service_config_map, &svc_id);
 
 	if (!svc || !(svc->flags & RV_SVC_F_ACTIVE) || svc->family != family ||
 	    svc->slice_len == 0)
@@ -93,7 +96,8 @@ static __always_inline __u32 rv_maglev_pick(const struct rv_service *svc,
 #pragma unroll
 	for (i = 0; i < RV_MAGLEV_PROBES; i++) {
 		__u32 slot = svc->slice_start + idx;
-		struct rv_maglev_slot *s = bpf_map_lookup_elem(&maglev_table, &slot);
+		struct rv_maglev_slot *s =
+			bpf_map_lookup_elem(&maglev_table, &slot);
 
 		if (s && s->backend_id &&
 		    rv_backend_state(s->backend_id) == RV_HEALTH_HEALTHY)
@@ -131,7 +135,7 @@ static __always_inline void rv_flow_key6(struct rv_flow6_key *k, __u32 svc_id,
 }
 
 /* rv_pick_backend() outcome flags. */
-#define RV_PICK_NEW 0x1	    /* a new choice was made and remembered */
+#define RV_PICK_NEW 0x1	      /* a new choice was made and remembered */
 #define RV_PICK_REFRESHED 0x2 /* a remembered choice had its time refreshed */
 
 /*
@@ -166,8 +170,8 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
  */
 static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 					     const struct rv_service *svc,
-					     const struct rv_flow *f, int record,
-					     int *pick)
+					     const struct rv_flow *f,
+					     int record, int *pick)
 {
 	struct rv_affinity_value *a, fresh = {};
 	__u64 now = bpf_ktime_get_ns();
@@ -194,7 +198,8 @@ static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 			return backend_id;
 		fresh.backend_id = backend_id;
 		fresh.last_seen_ns = now;
-		bpf_map_update_elem(&connection_affinity_map, &k, &fresh, BPF_ANY);
+		bpf_map_update_elem(&connection_affinity_map, &k, &fresh,
+				    BPF_ANY);
 	} else {
 		struct rv_flow6_key k = {};
 

@@ -14,10 +14,10 @@
 #define RV_PARSE_PASS 1
 
 /* rv_pkt.flags */
-#define RV_PKT_FRAG 0x01	/* part of a fragmented datagram */
-#define RV_PKT_LATER_FRAG 0x02	/* a fragment with no L4 header */
-#define RV_PKT_ICMP_ERR 0x04	/* an ICMP error we may steer */
-#define RV_PKT_TCP_SYN 0x08	/* SYN without ACK */
+#define RV_PKT_FRAG 0x01       /* part of a fragmented datagram */
+#define RV_PKT_LATER_FRAG 0x02 /* a fragment with no L4 header */
+#define RV_PKT_ICMP_ERR 0x04   /* an ICMP error we may steer */
+#define RV_PKT_TCP_SYN 0x08    /* SYN without ACK */
 
 struct rv_pkt {
 	__u32 l2_len; /* Ethernet plus VLAN tags */
@@ -98,7 +98,8 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 		return 0;
 	}
 	if (pkt->proto == RV_IPPROTO_ICMP) {
-		struct icmphdr *ih = rv_hdr(struct icmphdr, data, data_end, off);
+		struct icmphdr *ih =
+			rv_hdr(struct icmphdr, data, data_end, off);
 
 		if (!ih || off + sizeof(*ih) > ip_end)
 			return -RV_DROP_MALFORMED_L4;
@@ -107,7 +108,8 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 		return 0;
 	}
 	if (pkt->proto == RV_IPPROTO_ICMPV6) {
-		struct icmp6hdr *ih = rv_hdr(struct icmp6hdr, data, data_end, off);
+		struct icmp6hdr *ih =
+			rv_hdr(struct icmp6hdr, data, data_end, off);
 
 		if (!ih || off + sizeof(*ih) > ip_end)
 			return -RV_DROP_MALFORMED_L4;
@@ -160,7 +162,8 @@ static __always_inline int rv_parse_ipv4(void *data, void *data_end,
 static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 					 struct rv_pkt *pkt, int whole)
 {
-	struct ipv6hdr *ip6h = rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
+	struct ipv6hdr *ip6h =
+		rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
 	__u32 off;
 	__u8 nh;
 	int i;
@@ -182,8 +185,8 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 	for (i = 0; i < RV_MAX_EXT_HDRS; i++) {
 		if (nh == RV_IPPROTO_HOPOPTS || nh == RV_IPPROTO_DSTOPTS ||
 		    nh == RV_IPPROTO_ROUTING) {
-			struct ipv6_opt_hdr *oh =
-				rv_hdr(struct ipv6_opt_hdr, data, data_end, off);
+			struct ipv6_opt_hdr *oh = rv_hdr(struct ipv6_opt_hdr,
+							 data, data_end, off);
 
 			/* Every extension header is at least 8 bytes, and
 			 * inside payload_len (not merely inside the frame). */
@@ -197,7 +200,8 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 			struct frag_hdr *fh =
 				rv_hdr(struct frag_hdr, data, data_end, off);
 
-			if (!fh || off + sizeof(*fh) > pkt->l3_off + pkt->ip_len)
+			if (!fh ||
+			    off + sizeof(*fh) > pkt->l3_off + pkt->ip_len)
 				return -RV_DROP_MALFORMED_IPV6;
 			pkt->flags |= RV_PKT_FRAG;
 			pkt->frag_hdr_off = off;

@@ -38,8 +38,7 @@ static __always_inline int rv_rl_take(struct rv_rl_bucket *b,
 }
 
 /* Returns 0 to let the SYN through, -RV_DROP_RATE_LIMITED to drop it. */
-static __always_inline int rv_rate_limit(const struct rv_pkt *pkt,
-					 __u32 svc_id,
+static __always_inline int rv_rate_limit(const struct rv_pkt *pkt, __u32 svc_id,
 					 const struct rv_service *svc)
 {
 	const struct rv_rl_config *cfg;
@@ -58,7 +57,8 @@ static __always_inline int rv_rate_limit(const struct rv_pkt *pkt,
 
 	now = bpf_ktime_get_ns();
 	if (pkt->family == RV_FAMILY_V4) {
-		struct rv_rl_key key = { .svc_id = scope, .saddr = pkt->saddr[0] };
+		struct rv_rl_key key = { .svc_id = scope,
+					 .saddr = pkt->saddr[0] };
 
 		b = bpf_map_lookup_elem(&rl_buckets_map, &key);
 		if (b)

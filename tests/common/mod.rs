@@ -3,6 +3,7 @@
 //! through the dataplane's typed map access.
 #![allow(dead_code)]
 
+pub mod lab;
 pub mod netns;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
