@@ -125,6 +125,8 @@ pub enum CheckerError {
 /// less than a thread each). Dropping the checker stops every probe.
 pub struct HealthChecker<K: TargetKey = SocketAddr> {
     runtime: Handle,
+    /// Origin of every target's probe phase (see [`first_probe_at`]).
+    epoch: Instant,
     events: mpsc::UnboundedSender<HealthEvent<K>>,
     observer: Option<Observer<K>>,
     targets: HashMap<K, Running>,
@@ -183,6 +185,7 @@ impl<K: TargetKey> HealthChecker<K> {
         let (tx, rx) = mpsc::unbounded_channel();
         let checker = Self {
             runtime,
+            epoch: Instant::now(),
             events: tx,
             observer,
             targets: HashMap::new(),
@@ -245,6 +248,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     r.task = spawn_target(
                         &self.runtime,
                         &t,
+                        self.epoch,
                         Arc::clone(&r.cell),
                         generation,
                         self.events.clone(),
@@ -265,6 +269,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     let task = spawn_target(
                         &self.runtime,
                         &t,
+                        self.epoch,
                         Arc::clone(&cell),
                         0,
                         self.events.clone(),
@@ -326,24 +331,50 @@ impl<K: TargetKey> Drop for HealthChecker<K> {
     }
 }
 
-/// The delay before a target's first probe: a deterministic point in
-/// `[0, interval)` derived from its key, so that thousands of targets
-/// added by one config apply spread over the interval instead of probing
-/// in lockstep, and a restart of the daemon keeps the same spread.
-pub fn first_probe_delay<K: Hash>(key: &K, interval: Duration) -> Duration {
+/// Granularity of probe phases. Targets whose phases fall in one slot are
+/// probed in the same timer wakeup: with 1,000 targets every second that is
+/// about 100 wakeups a second instead of 1,000, and the wakeups (context
+/// switches), not the probes, were most of the checker's CPU.
+pub const PROBE_SLOT: Duration = Duration::from_millis(10);
+
+/// Where in its interval a target is probed: a deterministic slot in
+/// `[0, interval)` derived from its key, so that thousands of targets added
+/// by one config apply spread over the interval instead of probing in
+/// lockstep, and a restarted daemon keeps the same spread.
+pub fn probe_phase<K: Hash>(key: &K, interval: Duration) -> Duration {
     // DefaultHasher::new() has fixed keys: stable within one build, which
     // is all the spread needs.
     let mut h = DefaultHasher::new();
     key.hash(&mut h);
-    let nanos = interval.as_nanos().max(1);
-    let offset = u128::from(h.finish()) % nanos;
-    // offset < interval, which fits a Duration.
-    Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
+    let slot = PROBE_SLOT.as_nanos();
+    let slots = (interval.as_nanos() / slot).max(1);
+    let offset = (u128::from(h.finish()) % slots) * slot;
+    // offset < interval (or 0), which fits a Duration's u64 nanoseconds
+    // for any interval a spec can hold.
+    Duration::from_nanos(u64::try_from(offset).unwrap_or(0))
+}
+
+/// The first probe time at or after `now` that lies `phase` into an
+/// interval counted from `epoch`. Counting every target from the checker's
+/// one epoch keeps targets of equal interval and phase in the same wakeup,
+/// including targets added or restarted later.
+pub fn first_probe_at(
+    epoch: Instant,
+    now: Instant,
+    interval: Duration,
+    phase: Duration,
+) -> Instant {
+    let iv = interval.as_nanos().max(1);
+    let into = now.saturating_duration_since(epoch).as_nanos() % iv;
+    let wait = (phase.as_nanos() % iv + iv - into) % iv;
+    // wait < interval, which fits a Duration.
+    now + Duration::from_nanos(u64::try_from(wait).unwrap_or(0))
 }
 
 fn spawn_target<K: TargetKey>(
     runtime: &Handle,
     t: &ProbeTarget<K>,
+    epoch: Instant,
     cell: Arc<Mutex<Cell>>,
     generation: u64,
     events: mpsc::UnboundedSender<HealthEvent<K>>,
@@ -351,14 +382,14 @@ fn spawn_target<K: TargetKey>(
 ) -> JoinHandle<()> {
     let prober = Prober::new(t.probe_addr(), t.spec.clone());
     let key = t.key.clone();
-    let first = Instant::now() + first_probe_delay(&key, t.spec.interval);
     let interval = t.spec.interval;
+    let first = first_probe_at(epoch, Instant::now(), interval, probe_phase(&key, interval));
     runtime.spawn(async move {
         let mut ticker = tokio::time::interval_at(first, interval);
         // A probe never outlasts the interval (timeout < interval), but a
-        // stalled runtime could still miss ticks: then probe once and keep
-        // the spacing, rather than firing a burst to catch up.
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // stalled runtime could still miss ticks: then skip them rather
+        // than fire a burst to catch up, and stay on the phase grid.
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
             ticker.tick().await;
             let obs = prober.probe().await;
@@ -397,25 +428,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn first_probe_delay_is_within_the_interval_and_spread() {
+    fn probe_phases_are_slotted_within_the_interval_and_spread() {
         let iv = Duration::from_secs(1);
-        let delays: Vec<Duration> = (0..1000u16)
-            .map(|p| first_probe_delay(&SocketAddr::from(([127, 0, 0, 1], 20000 + p)), iv))
+        let phases: Vec<Duration> = (0..1000u16)
+            .map(|p| probe_phase(&SocketAddr::from(([127, 0, 0, 1], 20000 + p)), iv))
             .collect();
-        assert!(delays.iter().all(|d| *d < iv));
+        assert!(phases.iter().all(|d| *d < iv));
+        assert!(phases
+            .iter()
+            .all(|d| d.as_nanos() % PROBE_SLOT.as_nanos() == 0));
         // Deterministic per key.
         let k = SocketAddr::from(([10, 0, 0, 1], 80));
-        assert_eq!(first_probe_delay(&k, iv), first_probe_delay(&k, iv));
+        assert_eq!(probe_phase(&k, iv), probe_phase(&k, iv));
         // Spread: each tenth of the interval gets a fair share (expected
         // 100 of 1000; a lockstep or clustered hash would fail this).
         let mut buckets = [0u32; 10];
-        for d in &delays {
+        for d in &phases {
             buckets[(d.as_millis() / 100) as usize] += 1;
         }
         assert!(
             buckets.iter().all(|&b| (50..=150).contains(&b)),
             "{buckets:?}"
         );
+        // An interval shorter than a slot: every phase is 0.
+        assert_eq!(probe_phase(&k, Duration::from_millis(3)), Duration::ZERO);
+    }
+
+    #[test]
+    fn first_probe_lands_on_the_phase_grid() {
+        let ms = Duration::from_millis;
+        let epoch = Instant::now();
+        let iv = ms(1000);
+        // 2.3 s after the epoch, phase 500 ms: next is 2.5 s.
+        assert_eq!(
+            first_probe_at(epoch, epoch + ms(2300), iv, ms(500)),
+            epoch + ms(2500)
+        );
+        // Phase already passed in this interval: the next one, 3.2 s.
+        assert_eq!(
+            first_probe_at(epoch, epoch + ms(2300), iv, ms(200)),
+            epoch + ms(3200)
+        );
+        // Exactly on the phase: now.
+        assert_eq!(
+            first_probe_at(epoch, epoch + ms(2200), iv, ms(200)),
+            epoch + ms(2200)
+        );
+        assert_eq!(first_probe_at(epoch, epoch, iv, ms(0)), epoch);
     }
 
     #[test]

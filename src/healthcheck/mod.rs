@@ -36,8 +36,8 @@ pub mod spec;
 pub mod state;
 
 pub use checker::{
-    first_probe_delay, CheckerError, HealthChecker, HealthEvent, Observer, ProbeTarget, TargetDiff,
-    TargetKey, TargetStatus,
+    first_probe_at, probe_phase, CheckerError, HealthChecker, HealthEvent, Observer, ProbeTarget,
+    TargetDiff, TargetKey, TargetStatus,
 };
 pub use probe::{Observation, ProbeError, ProbeOk, ProbeResult, Prober};
 pub use spec::{resolve, HealthCheckOverride, HealthCheckSpec, ProbeKind, SpecError, StatusRange};
