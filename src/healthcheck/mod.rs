@@ -9,6 +9,10 @@
 //!   runtime the caller owns, a diffing [`HealthChecker::set_targets`], and
 //!   [`HealthEvent`]s on an mpsc channel. The dataplane's reconciler owns
 //!   the checker and turns events into `backend_health_map` writes.
+//!   Each target is probed at a fixed phase of its interval, derived from
+//!   its key and rounded to [`PROBE_SLOT`]: spread over the interval, yet
+//!   batched into shared timer wakeups (most of the checker's CPU at scale
+//!   is wakeups, not probes).
 //!
 //! # Initial state: healthy
 //!
@@ -37,8 +41,11 @@ pub mod state;
 
 pub use checker::{
     first_probe_at, probe_phase, CheckerError, HealthChecker, HealthEvent, Observer, ProbeTarget,
-    TargetDiff, TargetKey, TargetStatus,
+    TargetDiff, TargetKey, TargetStatus, PROBE_SLOT,
 };
 pub use probe::{Observation, ProbeError, ProbeOk, ProbeResult, Prober};
-pub use spec::{resolve, HealthCheckOverride, HealthCheckSpec, ProbeKind, SpecError, StatusRange};
+pub use spec::{
+    format_duration, parse_duration, resolve, DurationError, HealthCheckOverride, HealthCheckSpec,
+    ProbeKind, SpecError, StatusRange, StatusRangeError,
+};
 pub use state::{HealthState, RiseFall};

@@ -342,14 +342,30 @@ impl fmt::Display for StatusRange {
     }
 }
 
+/// A status code entry that is not a code, a range or a class.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{input:?} is not a status code, a range \"200-299\" or a class \"2xx\"")]
+pub struct StatusRangeError {
+    pub input: String,
+}
+
+/// A duration that is not a number followed by `ms`, `s` or `m`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{input:?} is not a duration like \"500ms\", \"2s\" or \"1m\"")]
+pub struct DurationError {
+    pub input: String,
+}
+
 impl FromStr for StatusRange {
-    type Err = String;
+    type Err = StatusRangeError;
 
     /// Parses only the shape; whether the codes are real status codes is
     /// [`HealthCheckSpec::validate`]'s job, so it can name the list index.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, StatusRangeError> {
         let s = s.trim();
-        let bad = || format!("{s:?} is not a status code, a range \"200-299\" or a class \"2xx\"");
+        let bad = || StatusRangeError {
+            input: s.to_string(),
+        };
         if let Some(class) = s.strip_suffix("xx").or_else(|| s.strip_suffix("XX")) {
             let d: u16 = class.parse().map_err(|_| bad())?;
             if class.len() != 1 {
@@ -396,11 +412,13 @@ impl<'de> Deserialize<'de> for StatusRange {
 }
 
 /// Durations in config: `"500ms"`, `"2s"`, `"1m"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let bad = || format!("{s:?} is not a duration like \"500ms\", \"2s\" or \"1m\"");
+    let bad = || DurationError {
+        input: s.to_string(),
+    };
     let n: u64 = num.parse().map_err(|_| bad())?;
     let ms_per = match unit {
         "ms" => 1,
