@@ -2,6 +2,7 @@
 //! (one flat object of "metric_key": number). Each area adds its keys in its
 //! own module.
 
+mod health;
 mod writer;
 mod xdp;
 
@@ -42,6 +43,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
+    // The health bench re-executes this binary as its backend servers, so
+    // that the servers' CPU is not charged to the checker.
+    if std::env::var_os(health::SERVER_ENV).is_some() {
+        return health::serve_child();
+    }
     let only: Vec<String> = std::env::args().skip(1).collect();
     let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
     let out_dir = PathBuf::from("target/bench");
@@ -63,6 +69,10 @@ fn main() -> Result<()> {
     if want("writer") {
         println!("map writer and Maglev");
         writer::run(&mut results).context("writer bench")?;
+    }
+    if want("health") {
+        println!("health checker");
+        health::run(&mut results).context("health bench")?;
     }
 
     for n in &results.notes {
