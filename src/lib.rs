@@ -4,3 +4,4 @@
 pub mod abi;
 pub mod bpf;
 pub mod dataplane;
+pub mod maglev;
