@@ -5,3 +5,4 @@ pub mod abi;
 pub mod bpf;
 pub mod dataplane;
 pub mod maglev;
+pub mod model;

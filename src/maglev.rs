@@ -217,7 +217,10 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
     // 1/w after its last, so a backend of weight 2 claims twice as often
     // as one of weight 1 and turns interleave evenly. Passes are fixed
     // point (2^64 / w), ties go to the earlier backend.
-    let stride: Vec<u128> = weights.iter().map(|w| (1u128 << 64) / u128::from(*w)).collect();
+    let stride: Vec<u128> = weights
+        .iter()
+        .map(|w| (1u128 << 64) / u128::from(*w))
+        .collect();
     let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..order.len())
         .filter(|i| target[*i] > 0)
         .map(|i| Reverse((stride[i] / 2, i)))
@@ -323,7 +326,11 @@ mod tests {
         for en in &e {
             let got = t.iter().filter(|id| **id == en.id).count() as f64;
             let want = size as f64 * en.weight as f64 / total as f64;
-            assert!((got - want).abs() < 1.0, "id {} got {got} want {want}", en.id);
+            assert!(
+                (got - want).abs() < 1.0,
+                "id {} got {got} want {want}",
+                en.id
+            );
         }
     }
 
