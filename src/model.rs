@@ -542,6 +542,9 @@ impl NodeSettings {
     }
 }
 
+/// A port range already claimed on one (address, protocol).
+type RangeSeen = (u16, u16, VipKey);
+
 /// Everything the dataplane should hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
@@ -559,7 +562,7 @@ impl DesiredState {
         self.node.validate()?;
         let mut keys = BTreeSet::new();
         // (addr, proto) -> ranges seen, to find overlaps.
-        let mut ranges: BTreeMap<(IpAddr, Protocol), Vec<(u16, u16, VipKey)>> = BTreeMap::new();
+        let mut ranges: BTreeMap<(IpAddr, Protocol), Vec<RangeSeen>> = BTreeMap::new();
         for vip in &self.vips {
             vip.validate()?;
             vip.check_resolved()?;
