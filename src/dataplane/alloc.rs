@@ -219,8 +219,7 @@ impl SliceAllocator {
     /// Each candidate window [a, a+len) is tried: the slices overlapping
     /// it must each fit in free space outside the window (a moved slice
     /// never overlaps its old run, since the copy is written while the old
-    /// one still forwards); what they vacate outside the window becomes
-    /// free for the next move.
+    /// one still forwards).
     pub fn plan_compaction(&self, len: u32, live: &[(u32, Slice)]) -> Option<Vec<Move>> {
         if len == 0 || len > self.size || self.free_total() < len {
             return None;
@@ -278,20 +277,9 @@ impl SliceAllocator {
                 from: *from,
                 to,
             });
-            // What the moved slice leaves outside the window is free for
-            // the next move; the inside stays held.
-            if from.start < window.start {
-                sim.free(Slice {
-                    start: from.start,
-                    len: window.start - from.start,
-                });
-            }
-            if from.end() > window.end() {
-                sim.free(Slice {
-                    start: window.end(),
-                    len: from.end() - window.end(),
-                });
-            }
+            // What the moved slice vacates is not reused within the plan:
+            // old slices become free only after a grace period, which the
+            // writer waits for once, after all the moves.
         }
         Some(plan)
     }

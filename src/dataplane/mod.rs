@@ -53,6 +53,8 @@ pub enum DataplaneError {
         #[source]
         source: Box<DataplaneError>,
     },
+    #[error("waiting for in-flight datapath runs (membarrier): {0}")]
+    GracePeriod(#[source] std::io::Error),
     #[error("slice allocator disagrees with the writer at slot {slice_start} (a bug)")]
     SliceBookkeeping { slice_start: u32 },
 }

@@ -38,6 +38,23 @@ pub trait MapStore {
     fn put_node(&mut self, node: &NodeImage, previous: &NodeImage) -> Result<(), DataplaneError>;
     /// Everything the maps hold, decoded.
     fn read(&self) -> Result<MapImage, DataplaneError>;
+    /// Wait until every program run that started before this call has
+    /// finished, so that what it may have read can be cleared.
+    fn synchronize(&mut self) -> Result<(), DataplaneError>;
+}
+
+/// MEMBARRIER_CMD_GLOBAL: the kernel runs synchronize_rcu(), and BPF
+/// programs run inside RCU read-side sections, so on return no program
+/// run still holds a pointer read before the call.
+const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
+
+fn synchronize_rcu() -> Result<(), DataplaneError> {
+    // SAFETY: membarrier(2) takes no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if r != 0 {
+        return Err(DataplaneError::GracePeriod(std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn rl_config(rl: Option<RateLimit>) -> rv_rl_config {
@@ -87,6 +104,10 @@ fn port_bits(prefixlen: u32, fixed: u32) -> Option<u8> {
 }
 
 impl MapStore for Maps {
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        synchronize_rcu()
+    }
+
     fn table_size(&self) -> u32 {
         self.maglev_table.max_entries()
     }
@@ -530,6 +551,10 @@ impl MemStore {
 }
 
 impl MapStore for MemStore {
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+
     fn table_size(&self) -> u32 {
         self.table_size
     }

@@ -39,7 +39,11 @@ fn vip(addr: &str, ports: Ports, backends: Vec<Backend>) -> Vip {
 
 /// The maps equal the rendering of the writer's VIPs; slices, service
 /// ids and backend ids are each used once.
-fn check<S: MapStore>(w: &Writer<S>) -> MapImage {
+/// Reclaims first: what a switch retired is cleared only after a grace
+/// period.
+fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
+    w.reclaim().unwrap();
+    assert_eq!(w.pending_reclaim(), 0);
     let live = w.read_maps().unwrap();
     let want = render::render(&w.specs(), w.node(), &w.allocations(), &|t| {
         w.health(t).unwrap_or(Health::Healthy)
@@ -91,21 +95,21 @@ fn create_update_remove() {
         vec![be("10.1.0.1", 8080, 1), be("10.1.0.2", 8080, 1)],
     );
     assert_eq!(w.upsert_vip(&v).unwrap(), Upsert::Created);
-    check(&w);
+    check(&mut w);
     assert_eq!(w.upsert_vip(&v).unwrap(), Upsert::Unchanged);
     v.backends.push(be("10.1.0.3", 8080, 2));
     assert_eq!(w.upsert_vip(&v).unwrap(), Upsert::Updated);
-    check(&w);
+    check(&mut w);
     v.backends.remove(0);
     v.rate_limit = Some(RateLimit {
         rate_per_sec: 100,
         burst: 10,
     });
     w.upsert_vip(&v).unwrap();
-    let img = check(&w);
+    let img = check(&mut w);
     assert_eq!(img.backends.len(), 2, "the dropped backend is cleared");
     assert!(w.remove_vip(&v.key()).unwrap());
-    let img = check(&w);
+    let img = check(&mut w);
     assert_eq!(img, MapImage::default());
     assert_eq!(w.free_slots(), TABLE);
 }
@@ -131,11 +135,11 @@ fn shared_backend_is_one_id_with_one_health() {
     assert_eq!(w.health(&t), Some(Health::Down));
     w.set_health(&t, Probe::Up).unwrap();
     assert_eq!(w.health(&t), Some(Health::Healthy));
-    check(&w);
+    check(&mut w);
     w.remove_vip(&a.key()).unwrap();
-    assert_eq!(check(&w).backends.len(), 1, "still listed by b");
+    assert_eq!(check(&mut w).backends.len(), 1, "still listed by b");
     w.remove_vip(&b.key()).unwrap();
-    assert!(check(&w).backends.is_empty());
+    assert!(check(&mut w).backends.is_empty());
 }
 
 #[test]
@@ -184,7 +188,7 @@ fn golden_dump() {
     };
     let r = w.reconcile(&desired).unwrap();
     assert!(r.failed.is_empty(), "{:?}", r.failed);
-    let img = check(&w);
+    let img = check(&mut w);
     let got = dump(&img);
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -215,7 +219,7 @@ fn invalid_state_is_rejected_whole() {
         matches!(err, DataplaneError::Invalid(ModelError::Vip { .. })),
         "{err}"
     );
-    assert_eq!(check(&w), MapImage::default(), "nothing written");
+    assert_eq!(check(&mut w), MapImage::default(), "nothing written");
     let mut dsr = vip("10.0.0.3", Ports::One(80), vec![be("10.1.0.1", 0, 1)]);
     dsr.mode = Mode::Dsr;
     let err = w.upsert_vip(&dsr).unwrap_err();
@@ -251,10 +255,8 @@ fn failed_writes_leave_old_state_forwarding() {
         w.upsert_vip(&old).unwrap();
         w.store_mut().fail_at = Some(k);
         let r1 = w.upsert_vip(&new);
-        // A failure after the switch leaves cleanup queued (the old
-        // slice stays reserved); it runs before the next change.
-        w.retry_cleanup().unwrap();
-        check(&w);
+        w.store_mut().fail_at = None;
+        check(&mut w);
         if r1.is_err() {
             let specs = w.specs();
             if specs == vec![old.clone()] {
@@ -263,9 +265,10 @@ fn failed_writes_leave_old_state_forwarding() {
                 assert_eq!(specs, vec![new.clone()], "old or new, never a mix");
             }
         }
+        w.store_mut().fail_at = Some(k);
         let r2 = w.upsert_vip(&fresh);
-        w.retry_cleanup().unwrap();
-        check(&w);
+        w.store_mut().fail_at = None;
+        check(&mut w);
         if r2.is_err() {
             assert!(!w.specs().contains(&fresh));
         }
@@ -275,7 +278,7 @@ fn failed_writes_leave_old_state_forwarding() {
         w.upsert_vip(&fresh).unwrap();
         w.remove_vip(&new.key()).unwrap();
         w.remove_vip(&fresh.key()).unwrap();
-        assert_eq!(check(&w), MapImage::default());
+        assert_eq!(check(&mut w), MapImage::default());
         assert_eq!(w.free_slots(), TABLE);
     }
     assert!(saw_old > 0, "some failures hit before the switch");
@@ -317,6 +320,7 @@ fn capacity_errors_hit_one_vip_only() {
     // Backend ids: 8,190 used, one left; removing a VIP frees two more
     // (and a service id), so a VIP needing four new ones fails whole.
     w.remove_vip(&vips[0].key()).unwrap();
+    w.reclaim().unwrap();
     let mut two_new = last.clone();
     two_new.backends = (1..=4).map(|i| be(&format!("10.9.0.{i}"), 0, 1)).collect();
     let before = w.read_maps().unwrap();
@@ -326,7 +330,7 @@ fn capacity_errors_hit_one_vip_only() {
         "{err}"
     );
     assert_eq!(w.read_maps().unwrap(), before);
-    check(&w);
+    check(&mut w);
 }
 
 #[test]
@@ -354,7 +358,7 @@ fn full_table_is_an_error_for_that_vip() {
     let mut v1 = vip("10.0.0.1", Ports::One(80), backends.clone());
     v1.backends[0].weight = 3;
     assert!(w.upsert_vip(&v1).is_err());
-    check(&w);
+    check(&mut w);
 }
 
 #[test]
@@ -377,11 +381,12 @@ fn fragmentation_is_handled_by_moving_slices() {
     for i in (1..=33).step_by(2) {
         w.remove_vip(&small(i).key()).unwrap();
     }
+    w.reclaim().unwrap();
     assert!(w.largest_free_run() < 160 && w.free_slots() >= 160);
     let five: Vec<Backend> = (1..=5).map(|i| be(&format!("10.2.0.{i}"), 0, 1)).collect();
     w.upsert_vip(&vip("10.0.1.1", Ports::One(80), five))
         .unwrap();
-    check(&w);
+    check(&mut w);
 }
 
 #[test]
@@ -413,7 +418,7 @@ fn restart_adopts_ids_and_writes_nothing() {
         port: 0,
     };
     w.set_drain(&t, true).unwrap();
-    let before = check(&w);
+    let before = check(&mut w);
     let ids_before = w.vips();
     let store = w.store().clone();
     drop(w);
@@ -425,14 +430,14 @@ fn restart_adopts_ids_and_writes_nothing() {
     let r = w.reconcile(&desired).unwrap();
     assert_eq!(r.removed, 0);
     assert_eq!(w.store().ops, ops, "same desired state: no map writes");
-    assert_eq!(check(&w), before);
+    assert_eq!(check(&mut w), before);
     let ids_after = w.vips();
     assert_eq!(ids_before, ids_after, "ids and slices kept");
 
     // A new VIP after adoption gets fresh ids.
     let extra = vip("10.0.0.77", Ports::One(80), vec![be("10.1.9.9", 0, 1)]);
     w.upsert_vip(&extra).unwrap();
-    check(&w);
+    check(&mut w);
 }
 
 #[test]
@@ -453,7 +458,7 @@ fn unclaimed_vips_pruned_only_on_request() {
     assert_eq!(w.read_maps().unwrap().matches.len(), 2);
     let pruned = w.prune_unclaimed().unwrap();
     assert_eq!(pruned, vec![Some(b.key())]);
-    check(&w);
+    check(&mut w);
     // The weight-0 backend of b was an orphan: gone too.
     assert_eq!(w.read_maps().unwrap().backends.len(), 1);
 }
@@ -571,7 +576,7 @@ proptest! {
                     prop_assert_eq!(before, after, "adoption keeps ids and slices");
                 }
             }
-            check(&w);
+            check(&mut w);
             let mut specs = w.specs();
             specs.sort_by_key(|v| v.key());
             let mut want: Vec<Vip> = desired.values().cloned().collect();
@@ -581,7 +586,7 @@ proptest! {
         for v in desired.values() {
             w.remove_vip(&v.key()).unwrap();
         }
-        let img = check(&w);
+        let img = check(&mut w);
         prop_assert_eq!(img, MapImage::default());
         prop_assert_eq!(w.free_slots(), table);
         prop_assert_eq!(w.free_backend_ids(), abi::MAX_BACKENDS - 1);

@@ -18,6 +18,16 @@
 //! VIP's old state forwarding (what was allocated for the new one is
 //! given back); after step 4 the new state is live and the error is
 //! still reported.
+//!
+//! Step 5 waits for a grace period: a program run that read the old
+//! service entry just before the switch may still read the old slice and
+//! the backends it names. The writer waits with membarrier (the kernel's
+//! synchronize_rcu, about 16 ms here), too slow to pay per update, so
+//! what an update or removal retires (old slices, backends no VIP lists,
+//! removed service ids) is queued and reclaimed in batches: at the end of
+//! every reconcile, whenever an allocation would otherwise fail, and on
+//! [`Writer::reclaim`]. Until then retired slices stay reserved and
+//! retired service ids unissued.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -94,14 +104,15 @@ pub enum Upsert {
     Unchanged,
 }
 
-/// Cleanup that failed after a commit point: retried before the next
-/// change. Until then the run stays reserved, so nothing new lands on
-/// slots that still hold old ids.
+/// Work retired by a switch, done after the next grace period. Retired
+/// slices stay reserved and retired service ids allocated until then.
 #[derive(Debug, Clone)]
 enum Cleanup {
     Slots(Slice),
     Backends(Vec<u32>),
     SvcRateLimit(u32),
+    /// Scrub flow state, then free the ids.
+    Services(BTreeSet<u32>),
 }
 
 /// The writer, generic over where the maps are ([`Maps`] for the pinned
@@ -243,12 +254,16 @@ impl<S: MapStore> Writer<S> {
         Ok(())
     }
 
-    /// Retry cleanup that failed after an earlier change had already
-    /// taken effect (clearing an old slice, freed backends). Every change
-    /// starts with this; callers may also retry on their own schedule.
-    pub fn retry_cleanup(&mut self) -> Result<(), DataplaneError> {
+    /// Reclaim what earlier changes retired: wait one grace period, then
+    /// clear old slices, freed backends and removed services' flow state,
+    /// and free them. Cheap when nothing is queued. Reconcile ends with
+    /// it; callers of upsert/remove should call it after a batch.
+    pub fn reclaim(&mut self) -> Result<(), DataplaneError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.store.synchronize()?;
         let pending = std::mem::take(&mut self.pending);
-        let mut result = Ok(());
         for (i, c) in pending.iter().enumerate() {
             let r = match c {
                 Cleanup::Slots(s) => {
@@ -265,7 +280,11 @@ impl<S: MapStore> Writer<S> {
                         .copied()
                         .filter(|id| self.backends.get(*id).is_none())
                         .collect();
-                    self.clear_backend_entries(&ids)
+                    if ids.is_empty() {
+                        Ok(())
+                    } else {
+                        self.clear_backend_entries(&ids)
+                    }
                 }
                 Cleanup::SvcRateLimit(svc) => {
                     if self
@@ -278,43 +297,41 @@ impl<S: MapStore> Writer<S> {
                         self.store.put_svc_rate_limit(*svc, None)
                     }
                 }
+                Cleanup::Services(svcs) => self.finish_removals(svcs),
             };
             if let Err(e) = r {
-                self.pending.extend(pending[i..].iter().cloned());
-                result = Err(e);
-                break;
+                // Kept for the next attempt (a finished service scrub
+                // freed its ids already and is not retried).
+                let keep = if matches!(c, Cleanup::Services(_)) {
+                    i + 1
+                } else {
+                    i
+                };
+                self.pending.extend(pending[keep..].iter().cloned());
+                return Err(e);
             }
         }
-        result
+        Ok(())
     }
 
-    /// Zero a slice no service references any more and free it; if the
-    /// write fails it stays reserved and queued.
-    fn release_slice(&mut self, s: Slice) -> Result<(), DataplaneError> {
-        match self.store.put_slots(s.start, &vec![0; s.len as usize]) {
-            Ok(()) => {
-                self.slices.free(s);
-                Ok(())
-            }
-            Err(e) => {
-                self.pending.push(Cleanup::Slots(s));
-                Err(e)
-            }
-        }
+    /// Work queued for the next reclaim (0 when the maps hold nothing
+    /// retired).
+    pub fn pending_reclaim(&self) -> usize {
+        self.pending.len()
     }
 
-    fn release_backend_entries(&mut self, ids: Vec<u32>) -> Result<(), DataplaneError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        self.clear_backend_entries(&ids).inspect_err(|_| {
+    fn release_slice(&mut self, s: Slice) {
+        self.pending.push(Cleanup::Slots(s));
+    }
+
+    fn release_backend_entries(&mut self, ids: Vec<u32>) {
+        if !ids.is_empty() {
             self.pending.push(Cleanup::Backends(ids));
-        })
+        }
     }
 
     /// Create or update one VIP. Claims it if it was adopted.
     pub fn upsert_vip(&mut self, vip: &Vip) -> Result<Upsert, DataplaneError> {
-        self.retry_cleanup()?;
         vip.validate()?;
         vip.check_resolved()?;
         self.node.check_vip(vip)?;
@@ -351,11 +368,11 @@ impl<S: MapStore> Writer<S> {
 
     /// Remove one VIP; false if there was none.
     pub fn remove_vip(&mut self, key: &VipKey) -> Result<bool, DataplaneError> {
-        self.retry_cleanup()?;
         let Some(svc) = self.by_key.get(key).copied() else {
             return Ok(false);
         };
-        self.remove_svc(svc, true)?;
+        self.remove_svc(svc)?;
+        self.pending.push(Cleanup::Services(BTreeSet::from([svc])));
         Ok(true)
     }
 
@@ -366,7 +383,6 @@ impl<S: MapStore> Writer<S> {
     /// is reported in the result and every other VIP is still applied.
     pub fn reconcile(&mut self, desired: &DesiredState) -> Result<ReconcileReport, DataplaneError> {
         desired.validate()?;
-        self.retry_cleanup()?;
         self.set_node(&desired.node)?;
         let mut report = ReconcileReport::default();
         let wanted: BTreeSet<VipKey> = desired.vips.iter().map(|v| v.key()).collect();
@@ -380,7 +396,7 @@ impl<S: MapStore> Writer<S> {
         let mut scrub = BTreeSet::new();
         for svc in gone {
             let key = self.vips.get(&svc).and_then(|v| v.key);
-            match self.remove_svc(svc, false) {
+            match self.remove_svc(svc) {
                 Ok(()) => {
                     scrub.insert(svc);
                     report.removed += 1;
@@ -394,7 +410,11 @@ impl<S: MapStore> Writer<S> {
                 }
             }
         }
-        self.finish_removals(&scrub)?;
+        if !scrub.is_empty() {
+            self.pending.push(Cleanup::Services(scrub));
+            // The removed VIPs' ids and slots may be needed right below.
+            self.reclaim()?;
+        }
         for vip in &desired.vips {
             match self.upsert_vip(vip) {
                 Ok(Upsert::Created) => report.created += 1,
@@ -403,7 +423,8 @@ impl<S: MapStore> Writer<S> {
                 Err(e) => report.failed.push((vip.key(), e)),
             }
         }
-        self.prune_orphan_backends()?;
+        self.prune_orphan_backends();
+        self.reclaim()?;
         Ok(report)
     }
 
@@ -411,7 +432,6 @@ impl<S: MapStore> Writer<S> {
     /// nothing lists). For sources that upsert VIP by VIP: call once every
     /// reconciler has finished its first full pass.
     pub fn prune_unclaimed(&mut self) -> Result<Vec<Option<VipKey>>, DataplaneError> {
-        self.retry_cleanup()?;
         let unclaimed: Vec<(u32, Option<VipKey>)> = self
             .vips
             .values()
@@ -421,12 +441,15 @@ impl<S: MapStore> Writer<S> {
         let mut scrub = BTreeSet::new();
         let mut out = Vec::new();
         for (svc, key) in unclaimed {
-            self.remove_svc(svc, false)?;
+            self.remove_svc(svc)?;
             scrub.insert(svc);
             out.push(key);
         }
-        self.finish_removals(&scrub)?;
-        self.prune_orphan_backends()?;
+        if !scrub.is_empty() {
+            self.pending.push(Cleanup::Services(scrub));
+        }
+        self.prune_orphan_backends();
+        self.reclaim()?;
         Ok(out)
     }
 
@@ -542,6 +565,14 @@ impl<S: MapStore> Writer<S> {
     /// Ids for a VIP's backends (one reference each), writing the entries
     /// of new ids. On error nothing is held.
     fn acquire_backends(&mut self, vip: &Vip) -> Result<Vec<u32>, DataplaneError> {
+        let new = vip
+            .backends
+            .iter()
+            .filter(|b| self.backends.id_of(&b.key()).is_none())
+            .count();
+        if new as u32 > self.backends.free_count() {
+            self.reclaim()?;
+        }
         let mut ids = Vec::with_capacity(vip.backends.len());
         let mut fresh: Vec<(u32, render::BackendEntry)> = Vec::new();
         for b in &vip.backends {
@@ -608,6 +639,12 @@ impl<S: MapStore> Writer<S> {
         if let Some(s) = self.slices.alloc(len) {
             return Ok(s);
         }
+        if !self.pending.is_empty() {
+            self.reclaim()?;
+            if let Some(s) = self.slices.alloc(len) {
+                return Ok(s);
+            }
+        }
         let full = |w: &Self| DataplaneError::MaglevTableFull {
             vip,
             needed: len,
@@ -627,6 +664,8 @@ impl<S: MapStore> Writer<S> {
         for mv in plan {
             self.move_slice(mv)?;
         }
+        // The vacated runs are free once no run can still read them.
+        self.reclaim()?;
         self.slices.alloc(len).ok_or_else(|| full(self))
     }
 
@@ -656,11 +695,15 @@ impl<S: MapStore> Writer<S> {
         if let Some(v) = self.vips.get_mut(&mv.svc_id) {
             v.image.service = service;
         }
-        self.release_slice(mv.from)
+        self.release_slice(mv.from);
+        Ok(())
     }
 
     fn create(&mut self, vip: &Vip) -> Result<(), DataplaneError> {
         let key = vip.key();
+        if self.svc_ids.free_count() == 0 {
+            self.reclaim()?;
+        }
         let svc = self
             .svc_ids
             .alloc()
@@ -824,18 +867,14 @@ impl<S: MapStore> Writer<S> {
             .filter(|id| self.backends.release(**id).is_some())
             .copied()
             .collect();
-        let mut cleanup = Ok(());
         if new_slice.is_some() && old_owned {
-            cleanup = cleanup.and(self.release_slice(old_slice));
+            self.release_slice(old_slice);
         }
         if old_rl.is_some() && image.rate_limit.is_none() {
-            let r = self.store.put_svc_rate_limit(svc, None);
-            if r.is_err() {
-                self.pending.push(Cleanup::SvcRateLimit(svc));
-            }
-            cleanup = cleanup.and(r);
+            self.pending.push(Cleanup::SvcRateLimit(svc));
         }
-        cleanup = cleanup.and(self.release_backend_entries(freed));
+        self.release_backend_entries(freed);
+        let mut cleanup = Ok(());
         // Match entries: the same for a VIP written by this writer; an
         // adopted one may hold different blocks.
         for m in &image.matches {
@@ -861,7 +900,7 @@ impl<S: MapStore> Writer<S> {
     /// Take a VIP out of the maps in reverse order. With `scrub`, its flow
     /// state goes and its id is freed now; without, the caller batches
     /// that through `finish_removals`.
-    fn remove_svc(&mut self, svc: u32, scrub: bool) -> Result<(), DataplaneError> {
+    fn remove_svc(&mut self, svc: u32) -> Result<(), DataplaneError> {
         let Some(cur) = self.vips.get(&svc).cloned() else {
             return Ok(());
         };
@@ -892,50 +931,43 @@ impl<S: MapStore> Writer<S> {
         }
         self.vips.remove(&svc);
         let freed = self.release_backends(&cur.backend_ids, false);
-        let mut cleanup = Ok(());
         if cur.image.rate_limit.is_some() {
-            let r = self.store.put_svc_rate_limit(svc, None);
-            if r.is_err() {
-                self.pending.push(Cleanup::SvcRateLimit(svc));
-            }
-            cleanup = cleanup.and(r);
+            self.pending.push(Cleanup::SvcRateLimit(svc));
         }
         if cur.slice_owned {
-            cleanup = cleanup.and(self.release_slice(cur.slice()));
+            self.release_slice(cur.slice());
         }
-        cleanup = cleanup.and(self.release_backend_entries(freed));
-        cleanup = cleanup.and(self.store.zero_stats(svc));
-        // The id stays allocated until finish_removals has scrubbed its
-        // flow state, so a new VIP never inherits it.
-        if scrub {
-            cleanup = cleanup.and(self.finish_removals(&BTreeSet::from([svc])));
-        }
-        cleanup.map_err(ctx)
+        self.release_backend_entries(freed);
+        // The service id stays allocated until its flow state is scrubbed
+        // (a queued Services cleanup), so a new VIP never inherits it.
+        self.store.zero_stats(svc).map_err(ctx)
     }
 
     /// Scrub the flow state of removed services in one pass over the LRU
-    /// maps, then free their ids. Ids are freed even if the scrub fails:
+    /// maps, then free their ids (and zero their counters once more, as
+    /// in-flight runs may have counted after the removal). Ids are freed even if the scrub fails:
     /// the VIP is gone either way, and holding its id would leak it.
     fn finish_removals(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
         if svcs.is_empty() {
             return Ok(());
         }
-        let r = self.store.scrub_flows(svcs);
+        let mut r = self.store.scrub_flows(svcs);
         for svc in svcs {
+            r = r.and(self.store.zero_stats(*svc));
             self.svc_ids.free(*svc);
         }
         r
     }
 
     /// Free adopted backends that no VIP lists.
-    fn prune_orphan_backends(&mut self) -> Result<(), DataplaneError> {
+    fn prune_orphan_backends(&mut self) {
         let freed: Vec<u32> = self
             .backends
             .prune_orphans()
             .into_iter()
             .map(|(id, _)| id)
             .collect();
-        self.release_backend_entries(freed)
+        self.release_backend_entries(freed);
     }
 }
 
