@@ -6,3 +6,5 @@ pub mod bpf;
 pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
+pub mod maglev;
+pub mod model;

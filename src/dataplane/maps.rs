@@ -3,6 +3,7 @@
 //! wants and back.
 
 use std::mem::size_of;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
@@ -124,6 +125,114 @@ impl PinnedMap {
 
     pub fn keys<K: Pod>(&self) -> Vec<K> {
         self.handle.keys().filter_map(|k| from_bytes(&k)).collect()
+    }
+
+    pub fn max_entries(&self) -> u32 {
+        self.handle.max_entries()
+    }
+
+    /// Write many entries in one syscall (BPF_MAP_UPDATE_BATCH). For an
+    /// array the entries become visible one by one, in order, like single
+    /// updates: callers must not rely on a batch being atomic.
+    pub fn put_batch<K: Pod, V: Pod>(
+        &self,
+        keys: &[K],
+        values: &[V],
+    ) -> Result<(), DataplaneError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        debug_assert_eq!(keys.len(), values.len());
+        let kb: Vec<u8> = keys
+            .iter()
+            .flat_map(|k| bytes_of(k).iter().copied())
+            .collect();
+        let vb: Vec<u8> = values
+            .iter()
+            .flat_map(|v| bytes_of(v).iter().copied())
+            .collect();
+        self.handle
+            .update_batch(&kb, &vb, keys.len() as u32, MapFlags::ANY, MapFlags::ANY)
+            .map_err(|source| DataplaneError::Map {
+                map: self.name,
+                op: "update batch",
+                source,
+            })
+    }
+
+    /// Every entry, read with BPF_MAP_LOOKUP_BATCH (arrays and hashes).
+    /// libbpf-rs's batch iterator ends quietly on an error, which would
+    /// make adoption see a partial map, so this calls libbpf directly and
+    /// reports every failure.
+    pub fn entries<K: Pod, V: Pod>(&self) -> Result<Vec<(K, V)>, DataplaneError> {
+        let err = |code: i32| DataplaneError::Map {
+            map: self.name,
+            op: "lookup batch",
+            source: libbpf_rs::Error::from_raw_os_error(code),
+        };
+        let count = self.handle.max_entries().max(1);
+        let mut keys = vec![K::default(); count as usize];
+        let mut values = vec![V::default(); count as usize];
+        // The batch cursor: a u32 bucket (hash) or key (array); 8 bytes
+        // leaves room either way.
+        let mut in_batch = [0u64; 1];
+        let mut out_batch = [0u64; 1];
+        let opts = libbpf_rs::libbpf_sys::bpf_map_batch_opts {
+            sz: size_of::<libbpf_rs::libbpf_sys::bpf_map_batch_opts>() as _,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let mut first = true;
+        loop {
+            let mut n = count;
+            // SAFETY: keys/values hold `count` elements of the map's key
+            // and value sizes (K and V are the map's ABI types); the
+            // cursors are 8 bytes, more than the kernel writes.
+            let ret = unsafe {
+                libbpf_rs::libbpf_sys::bpf_map_lookup_batch(
+                    self.handle.as_fd().as_raw_fd(),
+                    if first {
+                        std::ptr::null_mut()
+                    } else {
+                        in_batch.as_mut_ptr().cast()
+                    },
+                    out_batch.as_mut_ptr().cast(),
+                    keys.as_mut_ptr().cast(),
+                    values.as_mut_ptr().cast(),
+                    &mut n,
+                    &opts,
+                )
+            };
+            let done = match ret {
+                0 => false,
+                r if -r == libc::ENOENT => true,
+                r if -r == libc::EINTR => continue,
+                r => return Err(err(-r)),
+            };
+            out.extend(
+                keys[..n as usize]
+                    .iter()
+                    .copied()
+                    .zip(values[..n as usize].iter().copied()),
+            );
+            if done || n == 0 {
+                return Ok(out);
+            }
+            in_batch = out_batch;
+            first = false;
+        }
+    }
+
+    /// Every entry by key walk: for maps without batch operations (LPM
+    /// tries). An entry deleted between the walk and its lookup is skipped.
+    pub fn entries_by_walk<K: Pod, V: Pod>(&self) -> Result<Vec<(K, V)>, DataplaneError> {
+        let mut out = Vec::new();
+        for k in self.keys::<K>() {
+            if let Some(v) = self.get::<K, V>(&k)? {
+                out.push((k, v));
+            }
+        }
+        Ok(out)
     }
 
     /// Every CPU's value of a per-CPU map entry.

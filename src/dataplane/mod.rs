@@ -1,12 +1,25 @@
 //! The dataplane: the only code that touches libbpf-rs and the BPF maps.
 
+pub mod adopt;
+pub mod alloc;
 pub mod attach;
+pub mod dump;
 pub mod loader;
 pub mod maps;
+pub mod render;
+pub mod store;
+pub mod writer;
+
+#[cfg(test)]
+mod tests;
 
 pub use attach::{AttachPoint, AttachedLink, XdpMode};
 pub use loader::{Datapath, LoadOptions, DEFAULT_PIN_DIR};
 pub use maps::Maps;
+pub use store::{MapStore, MemStore};
+pub use writer::{Probe, ReconcileReport, Upsert, VipInfo, Writer};
+
+use crate::model::{ModelError, VipKey};
 
 /// What can go wrong below the reconciler. Sources (config, Kubernetes)
 /// never see these; the reconciler retries and reports them.
@@ -29,6 +42,29 @@ pub enum DataplaneError {
         #[source]
         source: libbpf_rs::Error,
     },
+    #[error(transparent)]
+    Invalid(#[from] ModelError),
+    #[error("VIP {vip}: all {capacity} service ids are in use")]
+    ServiceIdsExhausted { vip: VipKey, capacity: u32 },
+    #[error("VIP {vip}: all {capacity} backend ids are in use")]
+    BackendIdsExhausted { vip: VipKey, capacity: u32 },
+    #[error("VIP {vip}: no room for a {needed}-slot Maglev slice ({free} slots free, largest run {largest}, even after moving slices)")]
+    MaglevTableFull {
+        vip: VipKey,
+        needed: u32,
+        free: u32,
+        largest: u32,
+    },
+    #[error("VIP {vip}: {source}")]
+    Vip {
+        vip: VipKey,
+        #[source]
+        source: Box<DataplaneError>,
+    },
+    #[error("waiting for in-flight datapath runs (membarrier): {0}")]
+    GracePeriod(#[source] std::io::Error),
+    #[error("slice allocator disagrees with the writer at slot {slice_start} (a bug)")]
+    SliceBookkeeping { slice_start: u32 },
 }
 
 impl DataplaneError {

@@ -1,0 +1,421 @@
+//! Rendering: desired state plus allocations (ids, slice positions) to a
+//! map image, every entry each map should hold. Pure: no maps, no root,
+//! so it is what golden tests and property tests compare against.
+//!
+//! The image is decoded (addresses, ports in host order), so that it can
+//! be compared, dumped and read back from the live maps by the same code.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::abi;
+use crate::maglev;
+use crate::model::{
+    Affinity, BackendTarget, Mac, Mode, NodeSettings, Ports, RateLimit, Vip, VipKey,
+};
+
+/// backend_health_map states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Health {
+    Healthy,
+    Draining,
+    Down,
+}
+
+impl Health {
+    pub fn raw(self) -> u8 {
+        (match self {
+            Health::Healthy => abi::rv_health::RV_HEALTH_HEALTHY,
+            Health::Draining => abi::rv_health::RV_HEALTH_DRAINING,
+            Health::Down => abi::rv_health::RV_HEALTH_DOWN,
+        })
+        .0 as u8
+    }
+
+    /// Unknown values read as down, as the datapath treats them.
+    pub fn from_raw(v: u8) -> Self {
+        match u32::from(v) {
+            x if x == abi::rv_health::RV_HEALTH_HEALTHY.0 => Health::Healthy,
+            x if x == abi::rv_health::RV_HEALTH_DRAINING.0 => Health::Draining,
+            _ => Health::Down,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Draining => "draining",
+            Health::Down => "down",
+        }
+    }
+}
+
+/// A VIP match entry: exact (vip_map, vip_map6) or one prefix block of a
+/// port range (vip_range_map, vip_range_map6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MatchKey {
+    Exact {
+        addr: IpAddr,
+        port: u16,
+        proto: u8,
+    },
+    /// Ports `port ..= port + 2^(16 - port_bits) - 1`; `port` is aligned.
+    Range {
+        addr: IpAddr,
+        proto: u8,
+        port: u16,
+        port_bits: u8,
+    },
+}
+
+impl MatchKey {
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            MatchKey::Exact { addr, .. } | MatchKey::Range { addr, .. } => *addr,
+        }
+    }
+
+    /// The LPM prefix length of a range block: the protocol byte, the
+    /// three pad bytes and the address always count, then the port bits.
+    pub fn prefixlen(addr: IpAddr, port_bits: u8) -> u32 {
+        let fixed = match addr {
+            IpAddr::V4(_) => 8 + 24 + 32,
+            IpAddr::V6(_) => 8 + 24 + 128,
+        };
+        fixed + u32::from(port_bits)
+    }
+}
+
+/// Decompose an inclusive port range into the fewest aligned power-of-two
+/// blocks (base, prefix bits of the port), in ascending order.
+pub fn range_blocks(first: u16, last: u16) -> Vec<(u16, u8)> {
+    let mut out = Vec::new();
+    let mut lo = u32::from(first);
+    let hi = u32::from(last);
+    while lo <= hi {
+        // Largest k with lo aligned to 2^k and the block inside [lo, hi].
+        let mut k = if lo == 0 {
+            16
+        } else {
+            lo.trailing_zeros().min(16)
+        };
+        while lo + (1 << k) - 1 > hi {
+            k -= 1;
+        }
+        out.push((lo as u16, (16 - k) as u8));
+        lo += 1 << k;
+    }
+    out
+}
+
+/// Every match entry of a VIP.
+pub fn match_keys(key: &VipKey) -> Vec<MatchKey> {
+    let proto = key.proto.number();
+    match key.ports {
+        Ports::One(port) => vec![MatchKey::Exact {
+            addr: key.addr,
+            port,
+            proto,
+        }],
+        Ports::Range { first, last } => range_blocks(first, last)
+            .into_iter()
+            .map(|(port, port_bits)| MatchKey::Range {
+                addr: key.addr,
+                proto,
+                port,
+                port_bits,
+            })
+            .collect(),
+    }
+}
+
+/// service_config_map's value, field for field (raw, so that whatever the
+/// maps hold can be read back and compared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceEntry {
+    pub mode: u8,
+    pub affinity: u8,
+    pub family: u8,
+    pub proto: u8,
+    pub flags: u32,
+    pub slice_start: u32,
+    pub slice_len: u32,
+    pub backend_count: u32,
+    pub affinity_timeout_s: u32,
+}
+
+impl ServiceEntry {
+    pub fn is_active(&self) -> bool {
+        self.flags & abi::rv_service_flags::RV_SVC_F_ACTIVE.0 != 0
+    }
+
+    pub fn to_abi(&self) -> abi::rv_service {
+        abi::rv_service {
+            mode: self.mode,
+            affinity: self.affinity,
+            family: self.family,
+            proto: self.proto,
+            flags: self.flags,
+            slice_start: self.slice_start,
+            slice_len: self.slice_len,
+            backend_count: self.backend_count,
+            affinity_timeout_s: self.affinity_timeout_s,
+        }
+    }
+
+    pub fn from_abi(s: &abi::rv_service) -> Self {
+        Self {
+            mode: s.mode,
+            affinity: s.affinity,
+            family: s.family,
+            proto: s.proto,
+            flags: s.flags,
+            slice_start: s.slice_start,
+            slice_len: s.slice_len,
+            backend_count: s.backend_count,
+            affinity_timeout_s: s.affinity_timeout_s,
+        }
+    }
+}
+
+pub fn mode_raw(m: Mode) -> u8 {
+    (match m {
+        Mode::Nat => abi::rv_mode::RV_MODE_NAT,
+        Mode::Dsr => abi::rv_mode::RV_MODE_DSR,
+        Mode::L3Dsr => abi::rv_mode::RV_MODE_L3DSR,
+    })
+    .0 as u8
+}
+
+pub fn mode_from_raw(v: u8) -> Option<Mode> {
+    match u32::from(v) {
+        x if x == abi::rv_mode::RV_MODE_NAT.0 => Some(Mode::Nat),
+        x if x == abi::rv_mode::RV_MODE_DSR.0 => Some(Mode::Dsr),
+        x if x == abi::rv_mode::RV_MODE_L3DSR.0 => Some(Mode::L3Dsr),
+        _ => None,
+    }
+}
+
+/// backend_map / backend_map6 value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BackendEntry {
+    pub addr: IpAddr,
+    /// 0: the port the client connected to.
+    pub port: u16,
+    pub mac: [u8; 6],
+}
+
+/// Node-wide map contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeImage {
+    pub syn_rate_limit: Option<RateLimit>,
+    pub tunnel_src4: Option<Ipv4Addr>,
+    pub tunnel_src6: Option<Ipv6Addr>,
+    pub interface_macs: BTreeMap<u32, Mac>,
+}
+
+impl NodeImage {
+    pub fn from_settings(n: &NodeSettings) -> Self {
+        Self {
+            syn_rate_limit: n.syn_rate_limit,
+            tunnel_src4: n.tunnel_src4,
+            tunnel_src6: n.tunnel_src6,
+            interface_macs: n.interface_macs.clone(),
+        }
+    }
+}
+
+/// Every entry the maps should hold (arrays: every entry that is not the
+/// cleared value). Unallocated backend ids are cleared as "no backend,
+/// down" so that a stale affinity entry naming one re-picks instead of
+/// forwarding to nothing; they are not listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapImage {
+    pub matches: BTreeMap<MatchKey, u32>,
+    pub services: BTreeMap<u32, ServiceEntry>,
+    /// Non-empty Maglev slots: slot -> backend id.
+    pub slots: BTreeMap<u32, u32>,
+    pub backends: BTreeMap<u32, BackendEntry>,
+    pub health: BTreeMap<u32, Health>,
+    pub svc_rate_limits: BTreeMap<u32, RateLimit>,
+    pub node: NodeImage,
+}
+
+impl MapImage {
+    /// The slot contents of a service's slice, empty slots as 0.
+    pub fn slice_of(&self, svc: &ServiceEntry) -> Vec<u32> {
+        (svc.slice_start..svc.slice_start.saturating_add(svc.slice_len))
+            .map(|s| self.slots.get(&s).copied().unwrap_or(0))
+            .collect()
+    }
+}
+
+/// One VIP's own entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VipImage {
+    pub matches: Vec<MatchKey>,
+    pub service: ServiceEntry,
+    pub slots: Vec<u32>,
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// The slice contents of a VIP whose backends got `ids` (parallel to
+/// `vip.backends`): weighted Maglev over the slice length for this many
+/// backends.
+pub fn maglev_slots(vip: &Vip, ids: &[u32]) -> Vec<u32> {
+    let identities: Vec<Vec<u8>> = vip.backends.iter().map(|b| b.key().identity()).collect();
+    let entries: Vec<maglev::Entry<'_>> = vip
+        .backends
+        .iter()
+        .zip(ids)
+        .zip(&identities)
+        .map(|((b, id), ident)| maglev::Entry {
+            identity: ident,
+            weight: b.weight,
+            id: *id,
+        })
+        .collect();
+    maglev::populate(&entries, maglev::slice_size(vip.backends.len()))
+}
+
+/// The service entry for a VIP whose slice starts at `slice_start`.
+pub fn service_entry(vip: &Vip, slice_start: u32) -> ServiceEntry {
+    let mut flags = abi::rv_service_flags::RV_SVC_F_ACTIVE.0;
+    if vip.rate_limit.is_some() {
+        flags |= abi::rv_service_flags::RV_SVC_F_RATE_LIMIT.0;
+    }
+    if matches!(vip.ports, Ports::Range { .. }) {
+        flags |= abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0;
+    }
+    let (affinity, timeout) = match vip.affinity {
+        Affinity::None => (abi::rv_affinity::RV_AFFINITY_NONE.0 as u8, 0),
+        Affinity::ClientIp { timeout_s } => {
+            (abi::rv_affinity::RV_AFFINITY_CLIENT_IP.0 as u8, timeout_s)
+        }
+    };
+    ServiceEntry {
+        mode: mode_raw(vip.mode),
+        affinity,
+        family: abi::ip_family(vip.addr),
+        proto: vip.proto.number(),
+        flags,
+        slice_start,
+        slice_len: maglev::slice_size(vip.backends.len()),
+        backend_count: vip.backends.len() as u32,
+        affinity_timeout_s: timeout,
+    }
+}
+
+pub fn render_vip(vip: &Vip, slice_start: u32, ids: &[u32]) -> VipImage {
+    VipImage {
+        matches: match_keys(&vip.key()),
+        service: service_entry(vip, slice_start),
+        slots: maglev_slots(vip, ids),
+        rate_limit: vip.rate_limit,
+    }
+}
+
+pub fn backend_entry(b: &crate::model::Backend) -> BackendEntry {
+    BackendEntry {
+        addr: b.addr,
+        port: b.port,
+        mac: b.mac.map_or([0; 6], |m| m.0),
+    }
+}
+
+/// Where a VIP lives: its service id, slice start and backend ids
+/// (parallel to its backends).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub svc_id: u32,
+    pub slice_start: u32,
+    pub backend_ids: Vec<u32>,
+}
+
+/// The whole image for `vips` placed by `alloc`; `health` gives each
+/// backend target's state. VIPs without an allocation are skipped (the
+/// caller's allocations decide what exists).
+pub fn render(
+    vips: &[Vip],
+    node: &NodeSettings,
+    alloc: &BTreeMap<VipKey, Allocation>,
+    health: &dyn Fn(&BackendTarget) -> Health,
+) -> MapImage {
+    let mut img = MapImage {
+        node: NodeImage::from_settings(node),
+        ..Default::default()
+    };
+    for vip in vips {
+        let Some(a) = alloc.get(&vip.key()) else {
+            continue;
+        };
+        let v = render_vip(vip, a.slice_start, &a.backend_ids);
+        for m in v.matches {
+            img.matches.insert(m, a.svc_id);
+        }
+        for (i, id) in v.slots.iter().enumerate() {
+            if *id != 0 {
+                img.slots.insert(a.slice_start + i as u32, *id);
+            }
+        }
+        img.services.insert(a.svc_id, v.service);
+        if let Some(rl) = v.rate_limit {
+            img.svc_rate_limits.insert(a.svc_id, rl);
+        }
+        for (b, id) in vip.backends.iter().zip(&a.backend_ids) {
+            img.backends.insert(*id, backend_entry(b));
+            img.health.insert(*id, health(&b.key().target()));
+        }
+    }
+    img
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_blocks_are_minimal_and_cover() {
+        assert_eq!(range_blocks(80, 80), vec![(80, 16)]);
+        assert_eq!(range_blocks(0, 65535), vec![(0, 0)]);
+        assert_eq!(range_blocks(1, 65535).len(), 16);
+        assert_eq!(range_blocks(8000, 8003), vec![(8000, 14)]);
+        assert_eq!(range_blocks(1000, 1999).len(), 7);
+        for (first, last) in [
+            (1u16, 65535u16),
+            (1000, 1999),
+            (2, 65534),
+            (443, 443),
+            (30000, 32767),
+        ] {
+            let blocks = range_blocks(first, last);
+            let mut covered = 0u32;
+            let mut next = u32::from(first);
+            for (base, bits) in &blocks {
+                let size = 1u32 << (16 - bits);
+                assert_eq!(u32::from(*base), next, "contiguous, ascending");
+                assert_eq!(u32::from(*base) % size, 0, "aligned");
+                covered += size;
+                next += size;
+            }
+            assert_eq!(covered, u32::from(last) - u32::from(first) + 1);
+            assert!(blocks.len() <= 30);
+        }
+    }
+
+    #[test]
+    fn prefixlen_counts_proto_pad_addr_port() {
+        // The kernel looks up with the full key: 80 bits (v4), 176 (v6).
+        assert_eq!(MatchKey::prefixlen("10.0.0.1".parse().unwrap(), 16), 80);
+        assert_eq!(MatchKey::prefixlen("fd00::1".parse().unwrap(), 16), 176);
+        assert_eq!(MatchKey::prefixlen("10.0.0.1".parse().unwrap(), 0), 64);
+    }
+
+    #[test]
+    fn health_raw_round_trips() {
+        for h in [Health::Healthy, Health::Draining, Health::Down] {
+            assert_eq!(Health::from_raw(h.raw()), h);
+        }
+        assert_eq!(Health::from_raw(77), Health::Down);
+    }
+}

@@ -1,0 +1,699 @@
+//! The writer's view of the maps: the handful of operations it needs,
+//! over decoded image types. [`Maps`] implements it on the pinned maps;
+//! [`MemStore`] in memory, with the same capacities and optional injected
+//! failures, so that the writer's ordering, rollback and adoption are
+//! tested without root.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::abi::{self, *};
+use crate::dataplane::maps::Maps;
+use crate::dataplane::render::{BackendEntry, Health, MapImage, MatchKey, NodeImage, ServiceEntry};
+use crate::dataplane::DataplaneError;
+use crate::model::{Mac, RateLimit};
+
+/// Map operations in the writer's terms. Each call is one or a few map
+/// updates; the writer orders calls so that the datapath never sees a
+/// dangling reference.
+pub trait MapStore {
+    /// Slots in the Maglev table.
+    fn table_size(&self) -> u32;
+    fn put_backends(&mut self, entries: &[(u32, BackendEntry)]) -> Result<(), DataplaneError>;
+    /// Clear backend entries (both families).
+    fn clear_backends(&mut self, ids: &[u32]) -> Result<(), DataplaneError>;
+    fn put_health(&mut self, entries: &[(u32, Health)]) -> Result<(), DataplaneError>;
+    /// Write `ids` into consecutive slots from `start`.
+    fn put_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), DataplaneError>;
+    /// One service_config_map update (the default entry clears it).
+    fn put_service(&mut self, svc: u32, entry: &ServiceEntry) -> Result<(), DataplaneError>;
+    fn put_svc_rate_limit(&mut self, svc: u32, rl: Option<RateLimit>)
+        -> Result<(), DataplaneError>;
+    fn put_match(&mut self, m: &MatchKey, svc: u32) -> Result<(), DataplaneError>;
+    fn remove_match(&mut self, m: &MatchKey) -> Result<(), DataplaneError>;
+    fn zero_stats(&mut self, svc: u32) -> Result<(), DataplaneError>;
+    /// Forget flow state of these services: affinity, NAT reverse,
+    /// fragment and rate-limit bucket entries.
+    fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError>;
+    fn put_node(&mut self, node: &NodeImage, previous: &NodeImage) -> Result<(), DataplaneError>;
+    /// Everything the maps hold, decoded.
+    fn read(&self) -> Result<MapImage, DataplaneError>;
+    /// Wait until every program run that started before this call has
+    /// finished, so that what it may have read can be cleared.
+    fn synchronize(&mut self) -> Result<(), DataplaneError>;
+}
+
+/// MEMBARRIER_CMD_GLOBAL: the kernel runs synchronize_rcu(), and BPF
+/// programs run inside RCU read-side sections, so on return no program
+/// run still holds a pointer read before the call.
+const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
+
+fn synchronize_rcu() -> Result<(), DataplaneError> {
+    // SAFETY: membarrier(2) takes no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if r != 0 {
+        return Err(DataplaneError::GracePeriod(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn rl_config(rl: Option<RateLimit>) -> rv_rl_config {
+    match rl {
+        Some(r) => rv_rl_config {
+            enabled: 1,
+            rate_per_sec: r.rate_per_sec,
+            burst: r.burst,
+            pad: 0,
+        },
+        None => rv_rl_config::default(),
+    }
+}
+
+fn rl_from(c: &rv_rl_config) -> Option<RateLimit> {
+    (c.enabled != 0).then_some(RateLimit {
+        rate_per_sec: c.rate_per_sec,
+        burst: c.burst,
+    })
+}
+
+fn range_key4(addr: Ipv4Addr, proto: u8, port: u16, bits: u8) -> rv_vip_range_key {
+    rv_vip_range_key {
+        prefixlen: MatchKey::prefixlen(IpAddr::V4(addr), bits),
+        proto,
+        addr: abi::be32(addr),
+        port: abi::be16(port),
+        ..Default::default()
+    }
+}
+
+fn range_key6(addr: Ipv6Addr, proto: u8, port: u16, bits: u8) -> rv_vip_range6_key {
+    rv_vip_range6_key {
+        prefixlen: MatchKey::prefixlen(IpAddr::V6(addr), bits),
+        proto,
+        addr: abi::be32x4(addr),
+        port: abi::be16(port),
+        ..Default::default()
+    }
+}
+
+/// The port bits of a range block from its LPM prefix length; None when
+/// the prefix does not cover the whole address (not something rivora
+/// writes).
+fn port_bits(prefixlen: u32, fixed: u32) -> Option<u8> {
+    (prefixlen >= fixed && prefixlen <= fixed + 16).then(|| (prefixlen - fixed) as u8)
+}
+
+impl MapStore for Maps {
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        synchronize_rcu()
+    }
+
+    fn table_size(&self) -> u32 {
+        self.maglev_table.max_entries()
+    }
+
+    fn put_backends(&mut self, entries: &[(u32, BackendEntry)]) -> Result<(), DataplaneError> {
+        let (mut k4, mut v4, mut k6, mut v6) = (vec![], vec![], vec![], vec![]);
+        for (id, b) in entries {
+            match b.addr {
+                IpAddr::V4(a) => {
+                    k4.push(*id);
+                    v4.push(rv_backend {
+                        addr: abi::be32(a),
+                        port: abi::be16(b.port),
+                        mac: b.mac,
+                    });
+                }
+                IpAddr::V6(a) => {
+                    k6.push(*id);
+                    v6.push(rv_backend6 {
+                        addr: abi::be32x4(a),
+                        port: abi::be16(b.port),
+                        mac: b.mac,
+                    });
+                }
+            }
+        }
+        self.backend_map.put_batch(&k4, &v4)?;
+        self.backend_map6.put_batch(&k6, &v6)
+    }
+
+    fn clear_backends(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
+        self.backend_map
+            .put_batch(ids, &vec![rv_backend::default(); ids.len()])?;
+        self.backend_map6
+            .put_batch(ids, &vec![rv_backend6::default(); ids.len()])
+    }
+
+    fn put_health(&mut self, entries: &[(u32, Health)]) -> Result<(), DataplaneError> {
+        let keys: Vec<u32> = entries.iter().map(|e| e.0).collect();
+        let vals: Vec<rv_backend_health> = entries
+            .iter()
+            .map(|e| rv_backend_health {
+                state: e.1.raw(),
+                pad: [0; 3],
+            })
+            .collect();
+        self.backend_health_map.put_batch(&keys, &vals)
+    }
+
+    fn put_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), DataplaneError> {
+        let keys: Vec<u32> = (start..start + ids.len() as u32).collect();
+        let vals: Vec<rv_maglev_slot> = ids
+            .iter()
+            .map(|id| rv_maglev_slot { backend_id: *id })
+            .collect();
+        self.maglev_table.put_batch(&keys, &vals)
+    }
+
+    fn put_service(&mut self, svc: u32, entry: &ServiceEntry) -> Result<(), DataplaneError> {
+        self.service_config_map.put(&svc, &entry.to_abi())
+    }
+
+    fn put_svc_rate_limit(
+        &mut self,
+        svc: u32,
+        rl: Option<RateLimit>,
+    ) -> Result<(), DataplaneError> {
+        self.svc_rl_config_map.put(&svc, &rl_config(rl))
+    }
+
+    fn put_match(&mut self, m: &MatchKey, svc: u32) -> Result<(), DataplaneError> {
+        let v = rv_vip_value { svc_id: svc };
+        match *m {
+            MatchKey::Exact {
+                addr: IpAddr::V4(a),
+                port,
+                proto,
+            } => self.vip_map.put(
+                &rv_vip_key {
+                    addr: abi::be32(a),
+                    port: abi::be16(port),
+                    proto,
+                    pad: 0,
+                },
+                &v,
+            ),
+            MatchKey::Exact {
+                addr: IpAddr::V6(a),
+                port,
+                proto,
+            } => self.vip_map6.put(
+                &rv_vip6_key {
+                    addr: abi::be32x4(a),
+                    port: abi::be16(port),
+                    proto,
+                    pad: 0,
+                },
+                &v,
+            ),
+            MatchKey::Range {
+                addr: IpAddr::V4(a),
+                proto,
+                port,
+                port_bits,
+            } => self
+                .vip_range_map
+                .put(&range_key4(a, proto, port, port_bits), &v),
+            MatchKey::Range {
+                addr: IpAddr::V6(a),
+                proto,
+                port,
+                port_bits,
+            } => self
+                .vip_range_map6
+                .put(&range_key6(a, proto, port, port_bits), &v),
+        }
+    }
+
+    fn remove_match(&mut self, m: &MatchKey) -> Result<(), DataplaneError> {
+        match *m {
+            MatchKey::Exact {
+                addr: IpAddr::V4(a),
+                port,
+                proto,
+            } => self.vip_map.remove(&rv_vip_key {
+                addr: abi::be32(a),
+                port: abi::be16(port),
+                proto,
+                pad: 0,
+            }),
+            MatchKey::Exact {
+                addr: IpAddr::V6(a),
+                port,
+                proto,
+            } => self.vip_map6.remove(&rv_vip6_key {
+                addr: abi::be32x4(a),
+                port: abi::be16(port),
+                proto,
+                pad: 0,
+            }),
+            MatchKey::Range {
+                addr: IpAddr::V4(a),
+                proto,
+                port,
+                port_bits,
+            } => self
+                .vip_range_map
+                .remove(&range_key4(a, proto, port, port_bits)),
+            MatchKey::Range {
+                addr: IpAddr::V6(a),
+                proto,
+                port,
+                port_bits,
+            } => self
+                .vip_range_map6
+                .remove(&range_key6(a, proto, port, port_bits)),
+        }
+    }
+
+    fn zero_stats(&mut self, svc: u32) -> Result<(), DataplaneError> {
+        let ncpus = libbpf_rs::num_possible_cpus().map_err(|source| DataplaneError::Map {
+            map: "stats_map",
+            op: "count possible cpus",
+            source,
+        })?;
+        self.stats_map.zero_percpu::<u32, rv_vip_stats>(&svc, ncpus)
+    }
+
+    fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        if svcs.is_empty() {
+            return Ok(());
+        }
+        for (k, _) in self
+            .connection_affinity_map
+            .entries::<rv_flow_key, rv_affinity_value>()?
+        {
+            if svcs.contains(&k.svc_id) {
+                self.connection_affinity_map.remove(&k)?;
+            }
+        }
+        for (k, _) in self
+            .connection_affinity_map6
+            .entries::<rv_flow6_key, rv_affinity_value>()?
+        {
+            if svcs.contains(&k.svc_id) {
+                self.connection_affinity_map6.remove(&k)?;
+            }
+        }
+        for (k, v) in self.nat_reverse_map.entries::<rv_nat_key, rv_nat_value>()? {
+            if svcs.contains(&v.svc_id) {
+                self.nat_reverse_map.remove(&k)?;
+            }
+        }
+        for (k, v) in self
+            .nat_reverse_map6
+            .entries::<rv_nat6_key, rv_nat6_value>()?
+        {
+            if svcs.contains(&v.svc_id) {
+                self.nat_reverse_map6.remove(&k)?;
+            }
+        }
+        for (k, v) in self.frag_map.entries::<rv_frag_key, rv_frag_value>()? {
+            if svcs.contains(&v.svc_id) {
+                self.frag_map.remove(&k)?;
+            }
+        }
+        for (k, v) in self.frag_map6.entries::<rv_frag6_key, rv_frag_value>()? {
+            if svcs.contains(&v.svc_id) {
+                self.frag_map6.remove(&k)?;
+            }
+        }
+        for (k, v) in self
+            .frag_rev_map
+            .entries::<rv_frag_key, rv_frag_rev_value>()?
+        {
+            if svcs.contains(&v.svc_id) {
+                self.frag_rev_map.remove(&k)?;
+            }
+        }
+        for (k, v) in self
+            .frag_rev_map6
+            .entries::<rv_frag6_key, rv_frag_rev6_value>()?
+        {
+            if svcs.contains(&v.svc_id) {
+                self.frag_rev_map6.remove(&k)?;
+            }
+        }
+        // A reused service id must not inherit a SYN flood's empty buckets.
+        for (k, _) in self.rl_buckets_map.entries::<rv_rl_key, rv_rl_bucket>()? {
+            if svcs.contains(&k.svc_id) {
+                self.rl_buckets_map.remove(&k)?;
+            }
+        }
+        for (k, _) in self.rl_buckets_map6.entries::<rv_rl6_key, rv_rl_bucket>()? {
+            if svcs.contains(&k.svc_id) {
+                self.rl_buckets_map6.remove(&k)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn put_node(&mut self, node: &NodeImage, previous: &NodeImage) -> Result<(), DataplaneError> {
+        self.rl_config_map
+            .put(&0u32, &rl_config(node.syn_rate_limit))?;
+        self.tunnel_config_map.put(
+            &0u32,
+            &rv_tunnel_config {
+                src4: node.tunnel_src4.map_or(0, abi::be32),
+                src6: node.tunnel_src6.map_or([0; 4], abi::be32x4),
+            },
+        )?;
+        for (ifindex, mac) in &node.interface_macs {
+            self.iface_mac_map.put(
+                ifindex,
+                &rv_iface_mac {
+                    mac: mac.0,
+                    pad: [0; 2],
+                },
+            )?;
+        }
+        for ifindex in previous.interface_macs.keys() {
+            if !node.interface_macs.contains_key(ifindex) {
+                self.iface_mac_map.remove(ifindex)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self) -> Result<MapImage, DataplaneError> {
+        let mut img = MapImage::default();
+        for (k, v) in self.vip_map.entries::<rv_vip_key, rv_vip_value>()? {
+            img.matches.insert(
+                MatchKey::Exact {
+                    addr: IpAddr::V4(abi::ipv4_from_be32(k.addr)),
+                    port: abi::port_from_be16(k.port),
+                    proto: k.proto,
+                },
+                v.svc_id,
+            );
+        }
+        for (k, v) in self.vip_map6.entries::<rv_vip6_key, rv_vip_value>()? {
+            img.matches.insert(
+                MatchKey::Exact {
+                    addr: IpAddr::V6(abi::ipv6_from_be32x4(k.addr)),
+                    port: abi::port_from_be16(k.port),
+                    proto: k.proto,
+                },
+                v.svc_id,
+            );
+        }
+        for (k, v) in self
+            .vip_range_map
+            .entries_by_walk::<rv_vip_range_key, rv_vip_value>()?
+        {
+            if let Some(bits) = port_bits(k.prefixlen, 64) {
+                img.matches.insert(
+                    MatchKey::Range {
+                        addr: IpAddr::V4(abi::ipv4_from_be32(k.addr)),
+                        proto: k.proto,
+                        port: abi::port_from_be16(k.port),
+                        port_bits: bits,
+                    },
+                    v.svc_id,
+                );
+            }
+        }
+        for (k, v) in self
+            .vip_range_map6
+            .entries_by_walk::<rv_vip_range6_key, rv_vip_value>()?
+        {
+            if let Some(bits) = port_bits(k.prefixlen, 160) {
+                img.matches.insert(
+                    MatchKey::Range {
+                        addr: IpAddr::V6(abi::ipv6_from_be32x4(k.addr)),
+                        proto: k.proto,
+                        port: abi::port_from_be16(k.port),
+                        port_bits: bits,
+                    },
+                    v.svc_id,
+                );
+            }
+        }
+        for (id, s) in self.service_config_map.entries::<u32, rv_service>()? {
+            let e = ServiceEntry::from_abi(&s);
+            if e != ServiceEntry::default() {
+                img.services.insert(id, e);
+            }
+        }
+        for (slot, v) in self.maglev_table.entries::<u32, rv_maglev_slot>()? {
+            if v.backend_id != 0 {
+                img.slots.insert(slot, v.backend_id);
+            }
+        }
+        for (id, b) in self.backend_map.entries::<u32, rv_backend>()? {
+            if b.addr != 0 {
+                img.backends.insert(
+                    id,
+                    BackendEntry {
+                        addr: IpAddr::V4(abi::ipv4_from_be32(b.addr)),
+                        port: abi::port_from_be16(b.port),
+                        mac: b.mac,
+                    },
+                );
+            }
+        }
+        for (id, b) in self.backend_map6.entries::<u32, rv_backend6>()? {
+            if b.addr != [0; 4] {
+                img.backends.insert(
+                    id,
+                    BackendEntry {
+                        addr: IpAddr::V6(abi::ipv6_from_be32x4(b.addr)),
+                        port: abi::port_from_be16(b.port),
+                        mac: b.mac,
+                    },
+                );
+            }
+        }
+        for (id, h) in self
+            .backend_health_map
+            .entries::<u32, rv_backend_health>()?
+        {
+            let h = Health::from_raw(h.state);
+            if h != Health::Down || img.backends.contains_key(&id) {
+                img.health.insert(id, h);
+            }
+        }
+        for (id, c) in self.svc_rl_config_map.entries::<u32, rv_rl_config>()? {
+            if let Some(rl) = rl_from(&c) {
+                img.svc_rate_limits.insert(id, rl);
+            }
+        }
+        if let Some(c) = self.rl_config_map.get::<u32, rv_rl_config>(&0)? {
+            img.node.syn_rate_limit = rl_from(&c);
+        }
+        if let Some(t) = self.tunnel_config_map.get::<u32, rv_tunnel_config>(&0)? {
+            img.node.tunnel_src4 = (t.src4 != 0).then(|| abi::ipv4_from_be32(t.src4));
+            img.node.tunnel_src6 = (t.src6 != [0; 4]).then(|| abi::ipv6_from_be32x4(t.src6));
+        }
+        for (ifindex, m) in self.iface_mac_map.entries::<u32, rv_iface_mac>()? {
+            img.node.interface_macs.insert(ifindex, Mac(m.mac));
+        }
+        Ok(img)
+    }
+}
+
+/// The maps in memory, with the kernel maps' capacities. Unallocated
+/// array entries hold their cleared value, except backend health, which
+/// starts "healthy" (zero) as a fresh kernel array does.
+#[derive(Debug, Clone)]
+pub struct MemStore {
+    pub image: MapImage,
+    table_size: u32,
+    /// Health of every id 0..RV_MAX_BACKENDS, as a kernel array holds it.
+    health: Vec<Health>,
+    /// Fail the n-th mutating call from now (0 = the next one), once.
+    pub fail_at: Option<u64>,
+    /// Mutating calls so far.
+    pub ops: u64,
+}
+
+impl MemStore {
+    pub fn new(table_size: u32) -> Self {
+        Self {
+            image: MapImage::default(),
+            table_size,
+            health: vec![Health::Healthy; abi::MAX_BACKENDS as usize],
+            fail_at: None,
+            ops: 0,
+        }
+    }
+
+    fn step(&mut self, map: &'static str) -> Result<(), DataplaneError> {
+        self.ops += 1;
+        match self.fail_at {
+            Some(0) => {
+                self.fail_at = None;
+                Err(DataplaneError::Map {
+                    map,
+                    op: "update (injected failure)",
+                    source: libbpf_rs::Error::from_raw_os_error(libc::EIO),
+                })
+            }
+            Some(n) => {
+                self.fail_at = Some(n - 1);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn bounds(map: &'static str, key: u32, max: u32) -> Result<(), DataplaneError> {
+        if key >= max {
+            return Err(DataplaneError::Map {
+                map,
+                op: "update",
+                source: libbpf_rs::Error::from_raw_os_error(libc::E2BIG),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl MapStore for MemStore {
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+
+    fn table_size(&self) -> u32 {
+        self.table_size
+    }
+
+    fn put_backends(&mut self, entries: &[(u32, BackendEntry)]) -> Result<(), DataplaneError> {
+        self.step("backend_map")?;
+        for (id, b) in entries {
+            Self::bounds("backend_map", *id, abi::MAX_BACKENDS)?;
+            self.image.backends.insert(*id, *b);
+        }
+        Ok(())
+    }
+
+    fn clear_backends(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
+        self.step("backend_map")?;
+        for id in ids {
+            self.image.backends.remove(id);
+        }
+        Ok(())
+    }
+
+    fn put_health(&mut self, entries: &[(u32, Health)]) -> Result<(), DataplaneError> {
+        self.step("backend_health_map")?;
+        for (id, h) in entries {
+            Self::bounds("backend_health_map", *id, abi::MAX_BACKENDS)?;
+            self.health[*id as usize] = *h;
+        }
+        Ok(())
+    }
+
+    fn put_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), DataplaneError> {
+        self.step("maglev_table")?;
+        Self::bounds(
+            "maglev_table",
+            start + ids.len().saturating_sub(1) as u32,
+            self.table_size,
+        )?;
+        for (i, id) in ids.iter().enumerate() {
+            let slot = start + i as u32;
+            if *id == 0 {
+                self.image.slots.remove(&slot);
+            } else {
+                self.image.slots.insert(slot, *id);
+            }
+        }
+        Ok(())
+    }
+
+    fn put_service(&mut self, svc: u32, entry: &ServiceEntry) -> Result<(), DataplaneError> {
+        self.step("service_config_map")?;
+        Self::bounds("service_config_map", svc, abi::MAX_VIPS)?;
+        if *entry == ServiceEntry::default() {
+            self.image.services.remove(&svc);
+        } else {
+            self.image.services.insert(svc, *entry);
+        }
+        Ok(())
+    }
+
+    fn put_svc_rate_limit(
+        &mut self,
+        svc: u32,
+        rl: Option<RateLimit>,
+    ) -> Result<(), DataplaneError> {
+        self.step("svc_rl_config_map")?;
+        Self::bounds("svc_rl_config_map", svc, abi::MAX_VIPS)?;
+        match rl {
+            Some(r) => self.image.svc_rate_limits.insert(svc, r),
+            None => self.image.svc_rate_limits.remove(&svc),
+        };
+        Ok(())
+    }
+
+    fn put_match(&mut self, m: &MatchKey, svc: u32) -> Result<(), DataplaneError> {
+        let (map, cap) = match m {
+            MatchKey::Exact { addr, .. } => (
+                if addr.is_ipv4() {
+                    "vip_map"
+                } else {
+                    "vip_map6"
+                },
+                abi::MAX_VIPS as usize,
+            ),
+            MatchKey::Range { addr, .. } => (
+                if addr.is_ipv4() {
+                    "vip_range_map"
+                } else {
+                    "vip_range_map6"
+                },
+                4 * abi::MAX_VIPS as usize,
+            ),
+        };
+        self.step(map)?;
+        let same_kind = |k: &MatchKey| {
+            std::mem::discriminant(k) == std::mem::discriminant(m)
+                && k.addr().is_ipv4() == m.addr().is_ipv4()
+        };
+        if !self.image.matches.contains_key(m)
+            && self.image.matches.keys().filter(|k| same_kind(k)).count() >= cap
+        {
+            return Err(DataplaneError::Map {
+                map,
+                op: "update",
+                source: libbpf_rs::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        self.image.matches.insert(*m, svc);
+        Ok(())
+    }
+
+    fn remove_match(&mut self, m: &MatchKey) -> Result<(), DataplaneError> {
+        self.step("vip_map")?;
+        self.image.matches.remove(m);
+        Ok(())
+    }
+
+    fn zero_stats(&mut self, _svc: u32) -> Result<(), DataplaneError> {
+        self.step("stats_map")
+    }
+
+    fn scrub_flows(&mut self, _svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        self.step("connection_affinity_map")
+    }
+
+    fn put_node(&mut self, node: &NodeImage, _previous: &NodeImage) -> Result<(), DataplaneError> {
+        self.step("rl_config_map")?;
+        self.image.node = node.clone();
+        Ok(())
+    }
+
+    fn read(&self) -> Result<MapImage, DataplaneError> {
+        let mut img = self.image.clone();
+        img.health = self
+            .health
+            .iter()
+            .enumerate()
+            .filter(|(id, h)| **h != Health::Down || img.backends.contains_key(&(*id as u32)))
+            .map(|(id, h)| (id as u32, *h))
+            .collect();
+        Ok(img)
+    }
+}

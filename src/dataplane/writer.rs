@@ -1,0 +1,993 @@
+//! The map writer: the one place that turns desired state into map
+//! entries. It owns the maps, the allocators and the health state.
+//!
+//! Write order, so that the datapath never follows a reference to
+//! something not written yet (or already gone):
+//!
+//! 1. backends and their health,
+//! 2. the new slice, into free table space (the old one keeps serving),
+//! 3. the per-VIP rate limit, if it gains one,
+//! 4. service_config_map in one update: the atomic switch of slice
+//!    start and length (and mode, affinity, flags),
+//! 5. the old slice cleared and freed, backends no VIP lists any more
+//!    cleared,
+//! 6. the VIP match entries, last, so a packet matches only a VIP whose
+//!    service is complete.
+//!
+//! Removal runs the other way. A failing write before step 4 leaves the
+//! VIP's old state forwarding (what was allocated for the new one is
+//! given back); after step 4 the new state is live and the error is
+//! still reported.
+//!
+//! Step 5 waits for a grace period: a program run that read the old
+//! service entry just before the switch may still read the old slice and
+//! the backends it names. The writer waits with membarrier (the kernel's
+//! synchronize_rcu, about 16 ms here), too slow to pay per update, so
+//! what an update or removal retires (old slices, backends no VIP lists,
+//! removed service ids) is queued and reclaimed in batches: at the end of
+//! every reconcile, whenever an allocation would otherwise fail, and on
+//! [`Writer::reclaim`]. Until then retired slices stay reserved and
+//! retired service ids unissued.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use crate::abi;
+use crate::dataplane::adopt::{self, AdoptedVip};
+use crate::dataplane::alloc::{
+    BackendRegistry, HealthInputs, IdAllocator, Move, Slice, SliceAllocator,
+};
+use crate::dataplane::render::{self, Allocation, Health, MapImage, MatchKey, NodeImage, VipImage};
+use crate::dataplane::store::MapStore;
+use crate::dataplane::{DataplaneError, Maps};
+use crate::model::{BackendTarget, DesiredState, ModelError, NodeSettings, Ports, Vip, VipKey};
+
+/// A health probe's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    Up,
+    Down,
+}
+
+/// A VIP the writer holds.
+#[derive(Debug, Clone)]
+struct LiveVip {
+    svc_id: u32,
+    key: Option<VipKey>,
+    /// None for an adopted VIP no upsert has named yet.
+    spec: Option<Vip>,
+    /// What the maps hold for it.
+    image: VipImage,
+    /// One reference each in the backend registry.
+    backend_ids: Vec<u32>,
+    claimed: bool,
+    slice_owned: bool,
+}
+
+impl LiveVip {
+    fn slice(&self) -> Slice {
+        Slice {
+            start: self.image.service.slice_start,
+            len: self.image.service.slice_len,
+        }
+    }
+}
+
+/// What callers see of a VIP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VipInfo {
+    pub svc_id: u32,
+    pub key: Option<VipKey>,
+    pub slice: Slice,
+    pub backend_ids: Vec<u32>,
+    /// False for a VIP adopted from the maps that no upsert or reconcile
+    /// has named since: `prune_unclaimed` removes those.
+    pub claimed: bool,
+}
+
+/// What a reconcile did. VIPs that failed (a full table, a map write)
+/// are listed with their error; every other VIP was applied.
+#[derive(Debug, Default)]
+pub struct ReconcileReport {
+    pub created: usize,
+    pub updated: usize,
+    pub unchanged: usize,
+    pub removed: usize,
+    pub failed: Vec<(VipKey, DataplaneError)>,
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upsert {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+/// Work retired by a switch, done after the next grace period. Retired
+/// slices stay reserved and retired service ids allocated until then.
+#[derive(Debug, Clone)]
+enum Cleanup {
+    Slots(Slice),
+    Backends(Vec<u32>),
+    SvcRateLimit(u32),
+    /// Scrub flow state, then free the ids.
+    Services(BTreeSet<u32>),
+}
+
+/// The writer, generic over where the maps are ([`Maps`] for the pinned
+/// maps, `MemStore` in tests).
+pub struct Writer<S: MapStore = Maps> {
+    store: S,
+    node: NodeSettings,
+    node_image: NodeImage,
+    svc_ids: IdAllocator,
+    backends: BackendRegistry,
+    slices: SliceAllocator,
+    vips: BTreeMap<u32, LiveVip>,
+    by_key: HashMap<VipKey, u32>,
+    pending: Vec<Cleanup>,
+}
+
+impl Writer<Maps> {
+    /// Open the maps pinned under `dir` and adopt what they hold.
+    pub fn open_pinned(dir: &Path) -> Result<Self, DataplaneError> {
+        Self::open(Maps::open(dir)?)
+    }
+}
+
+/// Service ids 1..RV_MAX_VIPS and backend ids 1..RV_MAX_BACKENDS: the
+/// arrays are indexed by id and id 0 means none.
+const MAX_SVC_ID: u32 = abi::MAX_VIPS - 1;
+const MAX_BACKEND_ID: u32 = abi::MAX_BACKENDS - 1;
+
+impl<S: MapStore> Writer<S> {
+    /// Adopt whatever the maps hold (nothing, the first time) and repair
+    /// what no VIP explains: stray match entries, slots and health.
+    pub fn open(mut store: S) -> Result<Self, DataplaneError> {
+        let img = store.read()?;
+        let table = store.table_size();
+        let a = adopt::adopt(&img, table);
+
+        // Repairs first: none of it is reachable by a packet that matches
+        // a complete VIP.
+        for m in &a.stray_matches {
+            store.remove_match(m)?;
+        }
+        for svc in &a.stray_services {
+            store.put_service(*svc, &Default::default())?;
+        }
+        for svc in &a.stray_rate_limits {
+            store.put_svc_rate_limit(*svc, None)?;
+        }
+        if !a.stray_slots.is_empty() {
+            for run in runs(&a.stray_slots) {
+                store.put_slots(run.start, &vec![0; run.len as usize])?;
+            }
+        }
+        let backends = BackendRegistry::resume(MAX_BACKEND_ID, &a.backends);
+        // Unallocated ids read as "down" so that an affinity entry naming
+        // one re-picks; a fresh array says "healthy" (zero).
+        let mut down: Vec<(u32, Health)> = Vec::new();
+        let allocated: BTreeSet<u32> = a.backends.iter().map(|b| b.0).collect();
+        for id in 0..abi::MAX_BACKENDS {
+            if !allocated.contains(&id)
+                && img.health.get(&id).copied().unwrap_or(Health::Down) != Health::Down
+            {
+                down.push((id, Health::Down));
+            }
+        }
+        if !down.is_empty() {
+            store.put_health(&down)?;
+        }
+
+        let mut w = Self {
+            svc_ids: IdAllocator::resume(MAX_SVC_ID, a.vips.iter().map(|v| v.svc_id)),
+            backends,
+            slices: SliceAllocator::new(table),
+            node: settings_from_image(&a.node),
+            node_image: a.node.clone(),
+            vips: BTreeMap::new(),
+            by_key: HashMap::new(),
+            pending: Vec::new(),
+            store,
+        };
+        for v in a.vips {
+            w.adopt_vip(v);
+        }
+        Ok(w)
+    }
+
+    fn adopt_vip(&mut self, v: AdoptedVip) {
+        let slice = Slice {
+            start: v.image.service.slice_start,
+            len: v.image.service.slice_len,
+        };
+        let slice_owned = v.slice_owned && self.slices.reserve(slice);
+        for id in &v.backend_ids {
+            self.backends.add_ref(*id);
+        }
+        let key = v.key.filter(|k| !self.by_key.contains_key(k));
+        if let Some(k) = key {
+            self.by_key.insert(k, v.svc_id);
+        }
+        self.vips.insert(
+            v.svc_id,
+            LiveVip {
+                svc_id: v.svc_id,
+                key,
+                spec: None,
+                image: v.image,
+                backend_ids: v.backend_ids,
+                claimed: false,
+                slice_owned,
+            },
+        );
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// Everything the maps hold now.
+    pub fn read_maps(&self) -> Result<MapImage, DataplaneError> {
+        self.store.read()
+    }
+
+    pub fn node(&self) -> &NodeSettings {
+        &self.node
+    }
+
+    /// Write the node-wide settings (SYN limit, tunnel sources, MACs).
+    pub fn set_node(&mut self, node: &NodeSettings) -> Result<(), DataplaneError> {
+        node.validate()?;
+        let img = NodeImage::from_settings(node);
+        if img != self.node_image {
+            self.store.put_node(&img, &self.node_image)?;
+            self.node_image = img;
+        }
+        self.node = node.clone();
+        Ok(())
+    }
+
+    /// Reclaim what earlier changes retired: wait one grace period, then
+    /// clear old slices, freed backends and removed services' flow state,
+    /// and free them. Cheap when nothing is queued. Reconcile ends with
+    /// it; callers of upsert/remove should call it after a batch.
+    pub fn reclaim(&mut self) -> Result<(), DataplaneError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.store.synchronize()?;
+        let pending = std::mem::take(&mut self.pending);
+        for (i, c) in pending.iter().enumerate() {
+            let r = match c {
+                Cleanup::Slots(s) => {
+                    self.store
+                        .put_slots(s.start, &vec![0; s.len as usize])
+                        .map(|()| {
+                            self.slices.free(*s);
+                        })
+                }
+                Cleanup::Backends(ids) => {
+                    // An id handed out again meanwhile was rewritten whole.
+                    let ids: Vec<u32> = ids
+                        .iter()
+                        .copied()
+                        .filter(|id| self.backends.get(*id).is_none())
+                        .collect();
+                    if ids.is_empty() {
+                        Ok(())
+                    } else {
+                        self.clear_backend_entries(&ids)
+                    }
+                }
+                Cleanup::SvcRateLimit(svc) => {
+                    if self
+                        .vips
+                        .get(svc)
+                        .is_some_and(|v| v.image.rate_limit.is_some())
+                    {
+                        Ok(())
+                    } else {
+                        self.store.put_svc_rate_limit(*svc, None)
+                    }
+                }
+                Cleanup::Services(svcs) => self.finish_removals(svcs),
+            };
+            if let Err(e) = r {
+                // Kept for the next attempt (a finished service scrub
+                // freed its ids already and is not retried).
+                let keep = if matches!(c, Cleanup::Services(_)) {
+                    i + 1
+                } else {
+                    i
+                };
+                self.pending.extend(pending[keep..].iter().cloned());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Work queued for the next reclaim (0 when the maps hold nothing
+    /// retired).
+    pub fn pending_reclaim(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn release_slice(&mut self, s: Slice) {
+        self.pending.push(Cleanup::Slots(s));
+    }
+
+    fn release_backend_entries(&mut self, ids: Vec<u32>) {
+        if !ids.is_empty() {
+            self.pending.push(Cleanup::Backends(ids));
+        }
+    }
+
+    /// Create or update one VIP. Claims it if it was adopted.
+    pub fn upsert_vip(&mut self, vip: &Vip) -> Result<Upsert, DataplaneError> {
+        vip.validate()?;
+        vip.check_resolved()?;
+        self.node.check_vip(vip)?;
+        let key = vip.key();
+        self.check_overlap(vip)?;
+        match self.by_key.get(&key).copied() {
+            None => self.create(vip).map(|()| Upsert::Created),
+            Some(svc) => self.update(svc, vip),
+        }
+    }
+
+    /// A port range must not overlap another VIP's range on the same
+    /// address and protocol (the trie would give each port to one only).
+    fn check_overlap(&self, vip: &Vip) -> Result<(), ModelError> {
+        let Ports::Range { first, last } = vip.ports else {
+            return Ok(());
+        };
+        let key = vip.key();
+        for other in self.by_key.keys() {
+            if *other == key || other.addr != key.addr || other.proto != key.proto {
+                continue;
+            }
+            if let Ports::Range { first: f, last: l } = other.ports {
+                if first <= l && f <= last {
+                    return Err(ModelError::OverlappingRanges {
+                        vip: key,
+                        other: *other,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove one VIP; false if there was none.
+    pub fn remove_vip(&mut self, key: &VipKey) -> Result<bool, DataplaneError> {
+        let Some(svc) = self.by_key.get(key).copied() else {
+            return Ok(false);
+        };
+        self.remove_svc(svc)?;
+        self.pending.push(Cleanup::Services(BTreeSet::from([svc])));
+        Ok(true)
+    }
+
+    /// Make the maps hold exactly `desired`: VIPs it does not list are
+    /// removed (adopted ones included), the rest created or updated where
+    /// they differ. Invalid desired state is rejected whole before any
+    /// write; a VIP that cannot be applied (a full table, a failed write)
+    /// is reported in the result and every other VIP is still applied.
+    pub fn reconcile(&mut self, desired: &DesiredState) -> Result<ReconcileReport, DataplaneError> {
+        desired.validate()?;
+        self.set_node(&desired.node)?;
+        let mut report = ReconcileReport::default();
+        let wanted: BTreeSet<VipKey> = desired.vips.iter().map(|v| v.key()).collect();
+        // Removals first: they free ids and slots for the new VIPs.
+        let gone: Vec<u32> = self
+            .vips
+            .values()
+            .filter(|v| v.key.is_none_or(|k| !wanted.contains(&k)))
+            .map(|v| v.svc_id)
+            .collect();
+        let mut scrub = BTreeSet::new();
+        for svc in gone {
+            let key = self.vips.get(&svc).and_then(|v| v.key);
+            match self.remove_svc(svc) {
+                Ok(()) => {
+                    scrub.insert(svc);
+                    report.removed += 1;
+                }
+                Err(e) => {
+                    if let Some(k) = key {
+                        report.failed.push((k, e));
+                    } else {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        if !scrub.is_empty() {
+            self.pending.push(Cleanup::Services(scrub));
+            // The removed VIPs' ids and slots may be needed right below.
+            self.reclaim()?;
+        }
+        for vip in &desired.vips {
+            match self.upsert_vip(vip) {
+                Ok(Upsert::Created) => report.created += 1,
+                Ok(Upsert::Updated) => report.updated += 1,
+                Ok(Upsert::Unchanged) => report.unchanged += 1,
+                Err(e) => report.failed.push((vip.key(), e)),
+            }
+        }
+        self.prune_orphan_backends();
+        self.reclaim()?;
+        Ok(report)
+    }
+
+    /// Remove every adopted VIP nothing has claimed since (and backends
+    /// nothing lists). For sources that upsert VIP by VIP: call once every
+    /// reconciler has finished its first full pass.
+    pub fn prune_unclaimed(&mut self) -> Result<Vec<Option<VipKey>>, DataplaneError> {
+        let unclaimed: Vec<(u32, Option<VipKey>)> = self
+            .vips
+            .values()
+            .filter(|v| !v.claimed)
+            .map(|v| (v.svc_id, v.key))
+            .collect();
+        let mut scrub = BTreeSet::new();
+        let mut out = Vec::new();
+        for (svc, key) in unclaimed {
+            self.remove_svc(svc)?;
+            scrub.insert(svc);
+            out.push(key);
+        }
+        if !scrub.is_empty() {
+            self.pending.push(Cleanup::Services(scrub));
+        }
+        self.prune_orphan_backends();
+        self.reclaim()?;
+        Ok(out)
+    }
+
+    /// Mark an adopted VIP as still wanted without changing it.
+    pub fn claim(&mut self, key: &VipKey) -> bool {
+        match self.by_key.get(key).and_then(|s| self.vips.get_mut(s)) {
+            Some(v) => {
+                v.claimed = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn vips(&self) -> Vec<VipInfo> {
+        self.vips
+            .values()
+            .map(|v| VipInfo {
+                svc_id: v.svc_id,
+                key: v.key,
+                slice: v.slice(),
+                backend_ids: v.backend_ids.clone(),
+                claimed: v.claimed,
+            })
+            .collect()
+    }
+
+    /// The VIPs as last upserted (adopted VIPs not named since are absent).
+    pub fn specs(&self) -> Vec<Vip> {
+        self.vips.values().filter_map(|v| v.spec.clone()).collect()
+    }
+
+    /// Where each upserted VIP lives, for [`render::render`].
+    pub fn allocations(&self) -> BTreeMap<VipKey, Allocation> {
+        self.vips
+            .values()
+            .filter_map(|v| {
+                let spec = v.spec.as_ref()?;
+                Some((
+                    spec.key(),
+                    Allocation {
+                        svc_id: v.svc_id,
+                        slice_start: v.image.service.slice_start,
+                        backend_ids: v.backend_ids.clone(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The state the maps hold for a backend target, if it is known.
+    pub fn health(&self, t: &BackendTarget) -> Option<Health> {
+        let ids = self.backends.ids_of_target(t);
+        (!ids.is_empty()).then(|| self.backends.health_inputs(t).state())
+    }
+
+    /// Record a probe result for every backend id at this address and
+    /// port. Returns how many ids it covers (0: not a backend of any VIP).
+    pub fn set_health(&mut self, t: &BackendTarget, probe: Probe) -> Result<usize, DataplaneError> {
+        let mut h = self.backends.health_inputs(t);
+        h.probe_down = probe == Probe::Down;
+        self.write_health(t, h)
+    }
+
+    /// Drain (take no new flows, keep established ones) or undrain. A
+    /// failed probe still wins: draining a down backend leaves it down.
+    pub fn set_drain(
+        &mut self,
+        t: &BackendTarget,
+        draining: bool,
+    ) -> Result<usize, DataplaneError> {
+        let mut h = self.backends.health_inputs(t);
+        h.draining = draining;
+        self.write_health(t, h)
+    }
+
+    fn write_health(
+        &mut self,
+        t: &BackendTarget,
+        h: HealthInputs,
+    ) -> Result<usize, DataplaneError> {
+        let ids = self.backends.ids_of_target(t);
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let before = self.backends.health_inputs(t);
+        if before.state() != h.state() {
+            let entries: Vec<(u32, Health)> = ids.iter().map(|id| (*id, h.state())).collect();
+            self.store.put_health(&entries)?;
+        }
+        self.backends.set_health_inputs(t, h);
+        Ok(ids.len())
+    }
+
+    pub fn free_service_ids(&self) -> u32 {
+        self.svc_ids.free_count()
+    }
+
+    pub fn free_backend_ids(&self) -> u32 {
+        self.backends.free_count()
+    }
+
+    pub fn free_slots(&self) -> u32 {
+        self.slices.free_total()
+    }
+
+    pub fn largest_free_run(&self) -> u32 {
+        self.slices.largest_free()
+    }
+
+    // ---- internals ----
+
+    /// Ids for a VIP's backends (one reference each), writing the entries
+    /// of new ids. On error nothing is held.
+    fn acquire_backends(&mut self, vip: &Vip) -> Result<Vec<u32>, DataplaneError> {
+        let new = vip
+            .backends
+            .iter()
+            .filter(|b| self.backends.id_of(&b.key()).is_none())
+            .count();
+        if new as u32 > self.backends.free_count() {
+            self.reclaim()?;
+        }
+        let mut ids = Vec::with_capacity(vip.backends.len());
+        let mut fresh: Vec<(u32, render::BackendEntry)> = Vec::new();
+        for b in &vip.backends {
+            match self.backends.acquire(&b.key()) {
+                Ok((id, new)) => {
+                    ids.push(id);
+                    if new {
+                        fresh.push((id, render::backend_entry(b)));
+                    }
+                }
+                Err(e) => {
+                    self.release_backends(&ids, false);
+                    return Err(DataplaneError::BackendIdsExhausted {
+                        vip: vip.key(),
+                        capacity: e.capacity,
+                    });
+                }
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(ids);
+        }
+        let health: Vec<(u32, Health)> = fresh
+            .iter()
+            .map(|(id, _)| (*id, self.backends.state_of(*id)))
+            .collect();
+        let written = self
+            .store
+            .put_backends(&fresh)
+            .and_then(|()| self.store.put_health(&health));
+        if let Err(e) = written {
+            self.release_backends(&ids, true);
+            return Err(e);
+        }
+        Ok(ids)
+    }
+
+    /// Drop references; ids nobody holds any more are cleared in the maps
+    /// when `clear` (their entries were written), and freed.
+    fn release_backends(&mut self, ids: &[u32], clear: bool) -> Vec<u32> {
+        let mut freed = Vec::new();
+        for id in ids {
+            if self.backends.release(*id).is_some() {
+                freed.push(*id);
+            }
+        }
+        if clear && !freed.is_empty() {
+            // Best effort: an entry left behind names no slot, and the id
+            // is rewritten in full before it is used again.
+            let _ = self.clear_backend_entries(&freed);
+        }
+        freed
+    }
+
+    fn clear_backend_entries(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
+        let down: Vec<(u32, Health)> = ids.iter().map(|id| (*id, Health::Down)).collect();
+        self.store.put_health(&down)?;
+        self.store.clear_backends(ids)
+    }
+
+    /// A free run of `len` slots, moving other slices if the free space is
+    /// there but not in one piece.
+    fn alloc_slice(&mut self, len: u32, vip: VipKey) -> Result<Slice, DataplaneError> {
+        if let Some(s) = self.slices.alloc(len) {
+            return Ok(s);
+        }
+        if !self.pending.is_empty() {
+            self.reclaim()?;
+            if let Some(s) = self.slices.alloc(len) {
+                return Ok(s);
+            }
+        }
+        let full = |w: &Self| DataplaneError::MaglevTableFull {
+            vip,
+            needed: len,
+            free: w.slices.free_total(),
+            largest: w.slices.largest_free(),
+        };
+        let live: Vec<(u32, Slice)> = self
+            .vips
+            .values()
+            .filter(|v| v.slice_owned)
+            .map(|v| (v.svc_id, v.slice()))
+            .collect();
+        let plan = self
+            .slices
+            .plan_compaction(len, &live)
+            .ok_or_else(|| full(self))?;
+        for mv in plan {
+            self.move_slice(mv)?;
+        }
+        // The vacated runs are free once no run can still read them.
+        self.reclaim()?;
+        self.slices.alloc(len).ok_or_else(|| full(self))
+    }
+
+    /// Move a live slice: copy into free space, switch the service, clear
+    /// and free the old run. The same switch as a rebuild, so just as
+    /// atomic for the datapath.
+    fn move_slice(&mut self, mv: Move) -> Result<(), DataplaneError> {
+        let Some(v) = self.vips.get(&mv.svc_id) else {
+            return Ok(());
+        };
+        let slots = v.image.slots.clone();
+        let mut service = v.image.service;
+        if !self.slices.reserve(mv.to) {
+            return Err(DataplaneError::SliceBookkeeping {
+                slice_start: mv.to.start,
+            });
+        }
+        service.slice_start = mv.to.start;
+        let switched = self
+            .store
+            .put_slots(mv.to.start, &slots)
+            .and_then(|()| self.store.put_service(mv.svc_id, &service));
+        if let Err(e) = switched {
+            self.slices.free(mv.to);
+            return Err(e);
+        }
+        if let Some(v) = self.vips.get_mut(&mv.svc_id) {
+            v.image.service = service;
+        }
+        self.release_slice(mv.from);
+        Ok(())
+    }
+
+    fn create(&mut self, vip: &Vip) -> Result<(), DataplaneError> {
+        let key = vip.key();
+        if self.svc_ids.free_count() == 0 {
+            self.reclaim()?;
+        }
+        let svc = self
+            .svc_ids
+            .alloc()
+            .ok_or(DataplaneError::ServiceIdsExhausted {
+                vip: key,
+                capacity: MAX_SVC_ID,
+            })?;
+        let ids = match self.acquire_backends(vip) {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.svc_ids.free(svc);
+                return Err(e);
+            }
+        };
+        let slots = render::maglev_slots(vip, &ids);
+        let slice = match self.alloc_slice(slots.len() as u32, key) {
+            Ok(s) => s,
+            Err(e) => {
+                self.release_backends(&ids, true);
+                self.svc_ids.free(svc);
+                return Err(e);
+            }
+        };
+        let image = render::render_vip(vip, slice.start, &ids);
+        let mut matched: Vec<MatchKey> = Vec::new();
+        let result = (|| {
+            self.store.put_slots(slice.start, &image.slots)?;
+            if let Some(rl) = image.rate_limit {
+                self.store.put_svc_rate_limit(svc, Some(rl))?;
+            }
+            // Fresh counters: the id may have counted another VIP before.
+            self.store.zero_stats(svc)?;
+            self.store.put_service(svc, &image.service)?;
+            for m in &image.matches {
+                self.store.put_match(m, svc)?;
+                matched.push(*m);
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Undo in reverse; best effort, the VIP never matched fully.
+            for m in matched.iter().rev() {
+                let _ = self.store.remove_match(m);
+            }
+            let _ = self.store.put_service(svc, &Default::default());
+            if image.rate_limit.is_some() {
+                let _ = self.store.put_svc_rate_limit(svc, None);
+            }
+            let _ = self
+                .store
+                .put_slots(slice.start, &vec![0; slice.len as usize]);
+            self.slices.free(slice);
+            self.release_backends(&ids, true);
+            self.svc_ids.free(svc);
+            return Err(DataplaneError::Vip {
+                vip: key,
+                source: Box::new(e),
+            });
+        }
+        self.by_key.insert(key, svc);
+        self.vips.insert(
+            svc,
+            LiveVip {
+                svc_id: svc,
+                key: Some(key),
+                spec: Some(vip.clone()),
+                image,
+                backend_ids: ids,
+                claimed: true,
+                slice_owned: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn update(&mut self, svc: u32, vip: &Vip) -> Result<Upsert, DataplaneError> {
+        let key = vip.key();
+        let Some(cur) = self.vips.get_mut(&svc) else {
+            return Err(DataplaneError::SliceBookkeeping { slice_start: 0 });
+        };
+        cur.claimed = true;
+        if cur.spec.as_ref() == Some(vip) {
+            return Ok(Upsert::Unchanged);
+        }
+        let ids = self.acquire_backends(vip)?;
+        let slots = render::maglev_slots(vip, &ids);
+        let (old_slots, old_slice, old_owned) = {
+            let cur = &self.vips[&svc];
+            (cur.image.slots.clone(), cur.slice(), cur.slice_owned)
+        };
+        let rebuild = slots != old_slots || !old_owned;
+        let new_slice = if rebuild {
+            match self.alloc_slice(slots.len() as u32, key) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.release_backends(&ids, true);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        // A compaction may have moved this VIP's own slice.
+        let old_slice = if old_owned {
+            self.vips[&svc].slice()
+        } else {
+            old_slice
+        };
+        let start = new_slice.map_or(old_slice.start, |s| s.start);
+        let image = render::render_vip(vip, start, &ids);
+        let (old_service, old_rl, old_matches) = {
+            let cur = &self.vips[&svc];
+            (
+                cur.image.service,
+                cur.image.rate_limit,
+                cur.image.matches.clone(),
+            )
+        };
+        let switched = (|| {
+            if let Some(s) = new_slice {
+                self.store.put_slots(s.start, &image.slots)?;
+            }
+            if image.rate_limit.is_some() && image.rate_limit != old_rl {
+                self.store.put_svc_rate_limit(svc, image.rate_limit)?;
+            }
+            if image.service != old_service {
+                self.store.put_service(svc, &image.service)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = switched {
+            if let Some(s) = new_slice {
+                let _ = self.store.put_slots(s.start, &vec![0; s.len as usize]);
+                self.slices.free(s);
+            }
+            if image.rate_limit.is_some() && image.rate_limit != old_rl {
+                let _ = self.store.put_svc_rate_limit(svc, old_rl);
+            }
+            self.release_backends(&ids, true);
+            return Err(DataplaneError::Vip {
+                vip: key,
+                source: Box::new(e),
+            });
+        }
+        // Committed: the datapath now reads the new slice. Bookkeeping
+        // follows before anything that can still fail.
+        let old_ids = {
+            let cur = self
+                .vips
+                .get_mut(&svc)
+                .ok_or(DataplaneError::SliceBookkeeping { slice_start: start })?;
+            cur.spec = Some(vip.clone());
+            cur.image.service = image.service;
+            cur.image.slots = image.slots.clone();
+            cur.image.rate_limit = image.rate_limit;
+            cur.slice_owned = true;
+            std::mem::replace(&mut cur.backend_ids, ids)
+        };
+        let freed: Vec<u32> = old_ids
+            .iter()
+            .filter(|id| self.backends.release(**id).is_some())
+            .copied()
+            .collect();
+        if new_slice.is_some() && old_owned {
+            self.release_slice(old_slice);
+        }
+        if old_rl.is_some() && image.rate_limit.is_none() {
+            self.pending.push(Cleanup::SvcRateLimit(svc));
+        }
+        self.release_backend_entries(freed);
+        let mut cleanup = Ok(());
+        // Match entries: the same for a VIP written by this writer; an
+        // adopted one may hold different blocks.
+        for m in &image.matches {
+            if !old_matches.contains(m) {
+                cleanup = cleanup.and(self.store.put_match(m, svc));
+            }
+        }
+        for m in &old_matches {
+            if !image.matches.contains(m) {
+                cleanup = cleanup.and(self.store.remove_match(m));
+            }
+        }
+        if let Some(cur) = self.vips.get_mut(&svc) {
+            cur.image.matches = image.matches;
+        }
+        cleanup.map_err(|e| DataplaneError::Vip {
+            vip: key,
+            source: Box::new(e),
+        })?;
+        Ok(Upsert::Updated)
+    }
+
+    /// Take a VIP out of the maps in reverse order. With `scrub`, its flow
+    /// state goes and its id is freed now; without, the caller batches
+    /// that through `finish_removals`.
+    fn remove_svc(&mut self, svc: u32) -> Result<(), DataplaneError> {
+        let Some(cur) = self.vips.get(&svc).cloned() else {
+            return Ok(());
+        };
+        let ctx = |e: DataplaneError| match cur.key {
+            Some(vip) => DataplaneError::Vip {
+                vip,
+                source: Box::new(e),
+            },
+            None => e,
+        };
+        for (i, m) in cur.image.matches.iter().enumerate() {
+            if let Err(e) = self.store.remove_match(m) {
+                if let Some(v) = self.vips.get_mut(&svc) {
+                    v.image.matches.drain(..i);
+                }
+                return Err(ctx(e));
+            }
+        }
+        if let Some(v) = self.vips.get_mut(&svc) {
+            v.image.matches.clear();
+        }
+        self.store
+            .put_service(svc, &Default::default())
+            .map_err(ctx)?;
+        // Unreachable from here on: the rest is cleanup.
+        if let Some(k) = cur.key {
+            self.by_key.remove(&k);
+        }
+        self.vips.remove(&svc);
+        let freed = self.release_backends(&cur.backend_ids, false);
+        if cur.image.rate_limit.is_some() {
+            self.pending.push(Cleanup::SvcRateLimit(svc));
+        }
+        if cur.slice_owned {
+            self.release_slice(cur.slice());
+        }
+        self.release_backend_entries(freed);
+        // The service id stays allocated until its flow state is scrubbed
+        // (a queued Services cleanup), so a new VIP never inherits it.
+        self.store.zero_stats(svc).map_err(ctx)
+    }
+
+    /// Scrub the flow state of removed services in one pass over the LRU
+    /// maps, then free their ids (and zero their counters once more, as
+    /// in-flight runs may have counted after the removal). Ids are freed even if the scrub fails:
+    /// the VIP is gone either way, and holding its id would leak it.
+    fn finish_removals(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        if svcs.is_empty() {
+            return Ok(());
+        }
+        let mut r = self.store.scrub_flows(svcs);
+        for svc in svcs {
+            r = r.and(self.store.zero_stats(*svc));
+            self.svc_ids.free(*svc);
+        }
+        r
+    }
+
+    /// Free adopted backends that no VIP lists.
+    fn prune_orphan_backends(&mut self) {
+        let freed: Vec<u32> = self
+            .backends
+            .prune_orphans()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        self.release_backend_entries(freed);
+    }
+}
+
+fn settings_from_image(n: &NodeImage) -> NodeSettings {
+    NodeSettings {
+        syn_rate_limit: n.syn_rate_limit,
+        tunnel_src4: n.tunnel_src4,
+        tunnel_src6: n.tunnel_src6,
+        interface_macs: n.interface_macs.clone(),
+    }
+}
+
+/// Consecutive runs of sorted slot numbers.
+fn runs(slots: &[u32]) -> Vec<Slice> {
+    let mut out: Vec<Slice> = Vec::new();
+    for s in slots {
+        match out.last_mut() {
+            Some(r) if r.end() == *s => r.len += 1,
+            _ => out.push(Slice { start: *s, len: 1 }),
+        }
+    }
+    out
+}

@@ -1,0 +1,827 @@
+//! The desired state: what the dataplane should forward, as plain data.
+//! Sources (the static config, Kubernetes) build it; the writer turns it
+//! into maps. Validation is here, so that invalid state is rejected whole
+//! before anything reaches the maps, with errors that name the VIP and the
+//! field.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest backend weight. Gateway API's backendRef weight goes to
+/// 1,000,000, and Maglev shares are computed in 128-bit arithmetic, so
+/// that range costs nothing.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+/// SYN rate limits: the datapath's refill arithmetic is sized for this.
+pub const MAX_RATE_PER_SEC: u32 = 10_000_000;
+pub const MAX_BURST: u32 = 10_000_000;
+/// ClientIP affinity timeout bounds (Kubernetes' sessionAffinityConfig).
+pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            6 => Some(Protocol::Tcp),
+            17 => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Rewrite destination address and port; replies go back through tc_nat.
+    Nat,
+    /// Rewrite the destination MAC and bounce the frame (same L2 segment).
+    Dsr,
+    /// Encapsulate towards the backend (IP-in-IP), routed.
+    L3Dsr,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Nat => "nat",
+            Mode::Dsr => "dsr",
+            Mode::L3Dsr => "l3dsr",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Affinity {
+    #[default]
+    None,
+    /// Every flow of one client address goes to one backend until
+    /// `timeout_s` of silence.
+    #[serde(rename = "clientIP")]
+    ClientIp { timeout_s: u32 },
+}
+
+/// A per-source SYN token bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub rate_per_sec: u32,
+    pub burst: u32,
+}
+
+/// One port, or an inclusive range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Ports {
+    One(u16),
+    Range { first: u16, last: u16 },
+}
+
+impl Ports {
+    /// First and last port, inclusive.
+    pub fn bounds(self) -> (u16, u16) {
+        match self {
+            Ports::One(p) => (p, p),
+            Ports::Range { first, last } => (first, last),
+        }
+    }
+}
+
+impl fmt::Display for Ports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ports::One(p) => write!(f, "{p}"),
+            Ports::Range { first, last } => write!(f, "{first}-{last}"),
+        }
+    }
+}
+
+/// What identifies a VIP: two VIPs with the same key are the same VIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct VipKey {
+    pub addr: IpAddr,
+    pub ports: Ports,
+    pub proto: Protocol,
+}
+
+impl fmt::Display for VipKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{}/{}:{}", self.proto, a, self.ports),
+            IpAddr::V6(a) => write!(f, "{}/[{}]:{}", self.proto, a, self.ports),
+        }
+    }
+}
+
+/// An Ethernet address; serialised as "aa:bb:cc:dd:ee:ff".
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl fmt::Debug for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a MAC address (want aa:bb:cc:dd:ee:ff)")]
+pub struct BadMac(String);
+
+impl FromStr for Mac {
+    type Err = BadMac;
+    fn from_str(s: &str) -> Result<Self, BadMac> {
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in &mut out {
+            let p = parts.next().ok_or_else(|| BadMac(s.to_string()))?;
+            if p.len() != 2 {
+                return Err(BadMac(s.to_string()));
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| BadMac(s.to_string()))?;
+        }
+        if parts.next().is_some() {
+            return Err(BadMac(s.to_string()));
+        }
+        Ok(Mac(out))
+    }
+}
+
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Backend {
+    pub addr: IpAddr,
+    /// 0 (or absent): the port the client connected to.
+    #[serde(default)]
+    pub port: u16,
+    /// Share of new flows relative to the VIP's other backends,
+    /// 0..=[`MAX_WEIGHT`]; 0 takes no new flows (established ones stay).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Needed in DSR mode. `None` means not resolved yet: the model
+    /// accepts it, the writer refuses a DSR backend without one.
+    #[serde(default)]
+    pub mac: Option<Mac>,
+}
+
+impl Backend {
+    pub fn new(addr: IpAddr, port: u16) -> Self {
+        Self {
+            addr,
+            port,
+            weight: 1,
+            mac: None,
+        }
+    }
+
+    /// The dataplane identity of this backend: one backend id per
+    /// identity, shared by every VIP that lists it.
+    pub fn key(&self) -> BackendKey {
+        BackendKey {
+            addr: self.addr,
+            port: self.port,
+            mac: self.mac,
+        }
+    }
+}
+
+/// A backend's identity in the dataplane (what one backend id stands for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BackendKey {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub mac: Option<Mac>,
+}
+
+impl BackendKey {
+    /// Bytes Maglev hashes: family, address, port. Stable across
+    /// processes and versions (the table depends on it).
+    pub fn identity(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(19);
+        match self.addr {
+            IpAddr::V4(a) => {
+                v.push(4);
+                v.extend_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                v.push(6);
+                v.extend_from_slice(&a.octets());
+            }
+        }
+        v.extend_from_slice(&self.port.to_be_bytes());
+        v
+    }
+
+    /// Address and port: what a health probe targets.
+    pub fn target(&self) -> BackendTarget {
+        BackendTarget {
+            addr: self.addr,
+            port: self.port,
+        }
+    }
+}
+
+impl fmt::Display for BackendKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.target())?;
+        if let Some(m) = self.mac {
+            write!(f, " mac={m}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What health checks and drains address: every backend id with this
+/// address and port (whatever its MAC) shares the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BackendTarget {
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+impl fmt::Display for BackendTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vip {
+    pub addr: IpAddr,
+    pub ports: Ports,
+    pub proto: Protocol,
+    pub mode: Mode,
+    #[serde(default)]
+    pub affinity: Affinity,
+    /// This VIP's own SYN limit; without one the node-wide limit applies.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+    #[serde(default)]
+    pub backends: Vec<Backend>,
+}
+
+impl Vip {
+    pub fn key(&self) -> VipKey {
+        VipKey {
+            addr: self.addr,
+            ports: self.ports,
+            proto: self.proto,
+        }
+    }
+
+    /// Shape checks that need nothing but the VIP itself.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let vip = self.key();
+        let err = |field: String, problem: Problem| ModelError::Vip {
+            vip,
+            field,
+            problem,
+        };
+        match self.ports {
+            Ports::One(0) => return Err(err("port".into(), Problem::PortZero)),
+            Ports::Range { first, last } => {
+                if first == 0 {
+                    return Err(err("ports.first".into(), Problem::PortZero));
+                }
+                if first > last {
+                    return Err(err("ports".into(), Problem::EmptyPortRange { first, last }));
+                }
+            }
+            Ports::One(_) => {}
+        }
+        if self.addr.is_unspecified() || self.addr.is_multicast() {
+            return Err(err("addr".into(), Problem::NotUnicast(self.addr)));
+        }
+        if let Affinity::ClientIp { timeout_s } = self.affinity {
+            if timeout_s == 0 || timeout_s > MAX_AFFINITY_TIMEOUT_S {
+                return Err(err(
+                    "affinity.timeout_s".into(),
+                    Problem::OutOfRange {
+                        value: u64::from(timeout_s),
+                        min: 1,
+                        max: u64::from(MAX_AFFINITY_TIMEOUT_S),
+                    },
+                ));
+            }
+        }
+        if let Some(rl) = self.rate_limit {
+            check_rate_limit(&rl).map_err(|(f, p)| err(format!("rate_limit.{f}"), p))?;
+        }
+        let mut seen = HashSet::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            let field = |f: &str| format!("backends[{i}].{f}");
+            if b.addr.is_ipv4() != self.addr.is_ipv4() {
+                return Err(err(
+                    field("addr"),
+                    Problem::FamilyMismatch {
+                        vip: self.addr,
+                        backend: b.addr,
+                    },
+                ));
+            }
+            if b.addr.is_unspecified() || b.addr.is_multicast() {
+                return Err(err(field("addr"), Problem::NotUnicast(b.addr)));
+            }
+            if b.weight > MAX_WEIGHT {
+                return Err(err(
+                    field("weight"),
+                    Problem::OutOfRange {
+                        value: u64::from(b.weight),
+                        min: 0,
+                        max: u64::from(MAX_WEIGHT),
+                    },
+                ));
+            }
+            if b.port != 0 {
+                match (self.mode, self.ports) {
+                    (Mode::Nat, Ports::Range { .. }) => {
+                        return Err(err(field("port"), Problem::PortOnRangeVip(b.port)))
+                    }
+                    (Mode::Dsr | Mode::L3Dsr, Ports::One(p)) if p != b.port => {
+                        return Err(err(
+                            field("port"),
+                            Problem::PortRemapNeedsNat {
+                                mode: self.mode,
+                                port: b.port,
+                            },
+                        ))
+                    }
+                    (Mode::Dsr | Mode::L3Dsr, Ports::Range { .. }) => {
+                        return Err(err(
+                            field("port"),
+                            Problem::PortRemapNeedsNat {
+                                mode: self.mode,
+                                port: b.port,
+                            },
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            // Port 0 and the VIP's own port reach the same socket.
+            let effective = match (b.port, self.ports) {
+                (0, Ports::One(p)) => p,
+                (p, _) => p,
+            };
+            if !seen.insert((b.addr, effective)) {
+                return Err(err(
+                    field("addr"),
+                    Problem::DuplicateBackend(BackendTarget {
+                        addr: b.addr,
+                        port: effective,
+                    }),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the writer needs on top of [`Vip::validate`]: every MAC that
+    /// DSR rewrites to is known.
+    pub fn check_resolved(&self) -> Result<(), ModelError> {
+        if self.mode != Mode::Dsr {
+            return Ok(());
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            if b.mac.is_none() {
+                return Err(ModelError::Vip {
+                    vip: self.key(),
+                    field: format!("backends[{i}].mac"),
+                    problem: Problem::DsrWithoutMac(b.addr),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_rate_limit(rl: &RateLimit) -> Result<(), (&'static str, Problem)> {
+    if rl.rate_per_sec == 0 || rl.rate_per_sec > MAX_RATE_PER_SEC {
+        return Err((
+            "rate_per_sec",
+            Problem::OutOfRange {
+                value: u64::from(rl.rate_per_sec),
+                min: 1,
+                max: u64::from(MAX_RATE_PER_SEC),
+            },
+        ));
+    }
+    if rl.burst == 0 || rl.burst > MAX_BURST {
+        return Err((
+            "burst",
+            Problem::OutOfRange {
+                value: u64::from(rl.burst),
+                min: 1,
+                max: u64::from(MAX_BURST),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Settings of the node rather than of a VIP.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSettings {
+    /// Node-wide SYN limit for VIPs without their own.
+    #[serde(default)]
+    pub syn_rate_limit: Option<RateLimit>,
+    /// Outer source addresses for L3 DSR.
+    #[serde(default)]
+    pub tunnel_src4: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub tunnel_src6: Option<Ipv6Addr>,
+    /// ifindex to the interface's MAC (DSR's source MAC).
+    #[serde(default)]
+    pub interface_macs: BTreeMap<u32, Mac>,
+}
+
+impl NodeSettings {
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if let Some(rl) = self.syn_rate_limit {
+            check_rate_limit(&rl).map_err(|(f, problem)| ModelError::Node {
+                field: format!("syn_rate_limit.{f}"),
+                problem,
+            })?;
+        }
+        if let Some(a) = self.tunnel_src4 {
+            if a.is_unspecified() || a.is_multicast() {
+                return Err(ModelError::Node {
+                    field: "tunnel_src4".into(),
+                    problem: Problem::NotUnicast(a.into()),
+                });
+            }
+        }
+        if let Some(a) = self.tunnel_src6 {
+            if a.is_unspecified() || a.is_multicast() {
+                return Err(ModelError::Node {
+                    field: "tunnel_src6".into(),
+                    problem: Problem::NotUnicast(a.into()),
+                });
+            }
+        }
+        if self.interface_macs.contains_key(&0) {
+            return Err(ModelError::Node {
+                field: "interface_macs".into(),
+                problem: Problem::IfindexZero,
+            });
+        }
+        Ok(())
+    }
+
+    /// An L3 DSR VIP needs a tunnel source of its family.
+    pub fn check_vip(&self, vip: &Vip) -> Result<(), ModelError> {
+        if vip.mode != Mode::L3Dsr {
+            return Ok(());
+        }
+        let have = match vip.addr {
+            IpAddr::V4(_) => self.tunnel_src4.is_some(),
+            IpAddr::V6(_) => self.tunnel_src6.is_some(),
+        };
+        if have {
+            Ok(())
+        } else {
+            Err(ModelError::Vip {
+                vip: vip.key(),
+                field: "mode".into(),
+                problem: Problem::NoTunnelSource,
+            })
+        }
+    }
+}
+
+/// A port range already claimed on one (address, protocol).
+type RangeSeen = (u16, u16, VipKey);
+
+/// Everything the dataplane should hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    #[serde(default)]
+    pub node: NodeSettings,
+    #[serde(default)]
+    pub vips: Vec<Vip>,
+}
+
+impl DesiredState {
+    /// Every check, including the cross-VIP ones (duplicates, overlapping
+    /// port ranges) and readiness for the writer. The first problem found
+    /// rejects the whole state.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        self.node.validate()?;
+        let mut keys = BTreeSet::new();
+        // (addr, proto) -> ranges seen, to find overlaps.
+        let mut ranges: BTreeMap<(IpAddr, Protocol), Vec<RangeSeen>> = BTreeMap::new();
+        for vip in &self.vips {
+            vip.validate()?;
+            vip.check_resolved()?;
+            self.node.check_vip(vip)?;
+            let key = vip.key();
+            if !keys.insert(key) {
+                return Err(ModelError::DuplicateVip(key));
+            }
+            if let Ports::Range { first, last } = vip.ports {
+                let list = ranges.entry((vip.addr, vip.proto)).or_default();
+                for (f, l, other) in list.iter() {
+                    if first <= *l && *f <= last {
+                        return Err(ModelError::OverlappingRanges {
+                            vip: key,
+                            other: *other,
+                        });
+                    }
+                }
+                list.push((first, last, key));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong, independent of where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("port 0 is not a port")]
+    PortZero,
+    #[error("port range {first}-{last} is empty (first after last)")]
+    EmptyPortRange { first: u16, last: u16 },
+    #[error("{0} is not a unicast address")]
+    NotUnicast(IpAddr),
+    #[error("backend {backend} is not of the VIP's address family ({vip})")]
+    FamilyMismatch { vip: IpAddr, backend: IpAddr },
+    #[error("{value} is out of range {min}..={max}")]
+    OutOfRange { value: u64, min: u64, max: u64 },
+    #[error("backend port {0} on a NAT port-range VIP: each port forwards to itself, leave the port unset")]
+    PortOnRangeVip(u16),
+    #[error(
+        "backend port {port} differs from the VIP's: {mode} cannot rewrite ports, only NAT can"
+    )]
+    PortRemapNeedsNat { mode: Mode, port: u16 },
+    #[error("backend {0} is listed twice")]
+    DuplicateBackend(BackendTarget),
+    #[error("DSR backend {0} has no MAC (not resolved yet)")]
+    DsrWithoutMac(IpAddr),
+    #[error("L3 DSR needs the node's tunnel source address of this family")]
+    NoTunnelSource,
+    #[error("ifindex 0 is not an interface")]
+    IfindexZero,
+}
+
+/// Why a desired state (or one VIP) was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("VIP {vip}: {field}: {problem}")]
+    Vip {
+        vip: VipKey,
+        field: String,
+        #[source]
+        problem: Problem,
+    },
+    #[error("VIP {0} is listed twice")]
+    DuplicateVip(VipKey),
+    #[error("VIP {vip}: port range overlaps VIP {other}")]
+    OverlappingRanges { vip: VipKey, other: VipKey },
+    #[error("node settings: {field}: {problem}")]
+    Node {
+        field: String,
+        #[source]
+        problem: Problem,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vip(addr: &str, ports: Ports, mode: Mode) -> Vip {
+        Vip {
+            addr: addr.parse().unwrap(),
+            ports,
+            proto: Protocol::Tcp,
+            mode,
+            affinity: Affinity::None,
+            rate_limit: None,
+            backends: vec![],
+        }
+    }
+
+    fn be(addr: &str, port: u16) -> Backend {
+        Backend::new(addr.parse().unwrap(), port)
+    }
+
+    #[test]
+    fn errors_name_vip_and_field() {
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+        v.backends = vec![be("10.1.0.1", 0), be("fd00::1", 0)];
+        let e = v.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "VIP tcp/10.0.0.1:80: backends[1].addr: backend fd00::1 is not of the VIP's address family (10.0.0.1)"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let cases: Vec<(Vip, &str)> = vec![
+            (vip("10.0.0.1", Ports::One(0), Mode::Nat), "port"),
+            (
+                vip(
+                    "10.0.0.1",
+                    Ports::Range {
+                        first: 90,
+                        last: 80,
+                    },
+                    Mode::Nat,
+                ),
+                "ports",
+            ),
+            (
+                {
+                    let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+                    v.backends = vec![Backend {
+                        weight: MAX_WEIGHT + 1,
+                        ..be("10.1.0.1", 0)
+                    }];
+                    v
+                },
+                "backends[0].weight",
+            ),
+            (
+                {
+                    let mut v = vip(
+                        "10.0.0.1",
+                        Ports::Range {
+                            first: 80,
+                            last: 90,
+                        },
+                        Mode::Nat,
+                    );
+                    v.backends = vec![be("10.1.0.1", 8080)];
+                    v
+                },
+                "backends[0].port",
+            ),
+            (
+                {
+                    let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+                    v.backends = vec![be("10.1.0.1", 0), be("10.1.0.1", 80)];
+                    v
+                },
+                "backends[1].addr",
+            ),
+            (
+                {
+                    let mut v = vip("10.0.0.1", Ports::One(80), Mode::Dsr);
+                    v.backends = vec![be("10.1.0.1", 81)];
+                    v
+                },
+                "backends[0].port",
+            ),
+            (
+                {
+                    let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+                    v.rate_limit = Some(RateLimit {
+                        rate_per_sec: MAX_RATE_PER_SEC + 1,
+                        burst: 1,
+                    });
+                    v
+                },
+                "rate_limit.rate_per_sec",
+            ),
+            (
+                {
+                    let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+                    v.affinity = Affinity::ClientIp { timeout_s: 0 };
+                    v
+                },
+                "affinity.timeout_s",
+            ),
+        ];
+        for (v, want) in cases {
+            match v.validate() {
+                Err(ModelError::Vip { field, .. }) => assert_eq!(field, want, "{v:?}"),
+                other => panic!("{v:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn dsr_needs_mac_only_when_writing() {
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Dsr);
+        v.backends = vec![be("10.1.0.1", 0)];
+        assert!(v.validate().is_ok(), "the model allows an unresolved MAC");
+        let e = v.check_resolved().unwrap_err();
+        assert!(e.to_string().contains("backends[0].mac"), "{e}");
+        v.backends[0].mac = Some("02:00:00:00:00:01".parse().unwrap());
+        assert!(v.check_resolved().is_ok());
+    }
+
+    #[test]
+    fn duplicates_and_overlaps_reject_the_whole_state() {
+        let a = vip(
+            "10.0.0.1",
+            Ports::Range {
+                first: 100,
+                last: 200,
+            },
+            Mode::Nat,
+        );
+        let b = vip(
+            "10.0.0.1",
+            Ports::Range {
+                first: 200,
+                last: 300,
+            },
+            Mode::Nat,
+        );
+        let s = DesiredState {
+            node: NodeSettings::default(),
+            vips: vec![a.clone(), b],
+        };
+        assert!(matches!(
+            s.validate(),
+            Err(ModelError::OverlappingRanges { .. })
+        ));
+        let s = DesiredState {
+            node: NodeSettings::default(),
+            vips: vec![a.clone(), a],
+        };
+        assert!(matches!(s.validate(), Err(ModelError::DuplicateVip(_))));
+    }
+
+    #[test]
+    fn l3dsr_needs_a_tunnel_source() {
+        let v = vip("10.0.0.1", Ports::One(80), Mode::L3Dsr);
+        let mut s = DesiredState {
+            node: NodeSettings::default(),
+            vips: vec![v],
+        };
+        assert!(s.validate().is_err());
+        s.node.tunnel_src4 = Some("192.0.2.1".parse().unwrap());
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn serde_round_trip() {
+        let json = r#"{"vips":[{"addr":"10.0.0.1","ports":80,"proto":"tcp","mode":"dsr",
+            "affinity":{"type":"clientIP","timeout_s":60},
+            "backends":[{"addr":"10.1.0.1","mac":"02:00:00:00:00:01"}]}]}"#;
+        let s: DesiredState = serde_json::from_str(json).unwrap();
+        assert_eq!(s.vips[0].backends[0].weight, 1);
+        assert_eq!(s.vips[0].affinity, Affinity::ClientIp { timeout_s: 60 });
+        s.validate().unwrap();
+        let back: DesiredState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert!("02:00:00:00:00".parse::<Mac>().is_err());
+    }
+}
