@@ -1,9 +1,194 @@
 //! Map writer and Maglev figures (issue: the map writer).
 
-use anyhow::Result;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Instant;
 
-use crate::Results;
+use anyhow::{Context, Result};
 
-pub fn run(_results: &mut Results) -> Result<()> {
+use rivora::abi;
+use rivora::dataplane::{Datapath, LoadOptions, Writer};
+use rivora::maglev::{self, Entry};
+use rivora::model::{Affinity, Backend, DesiredState, Mode, Ports, Protocol, Vip};
+
+use crate::{median, Results};
+
+/// A temporary pin directory, removed on drop (also on error).
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = Datapath::unpin_all(&self.0);
+    }
+}
+
+fn identities(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let a = Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8);
+            let mut v = vec![4u8];
+            v.extend_from_slice(&a.octets());
+            v.extend_from_slice(&8080u16.to_be_bytes());
+            v
+        })
+        .collect()
+}
+
+fn entries(ids: &[Vec<u8>]) -> Vec<Entry<'_>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| Entry {
+            identity: id,
+            weight: 1,
+            id: i as u32 + 1,
+        })
+        .collect()
+}
+
+fn vip(addr: Ipv4Addr, backends: Vec<Backend>) -> Vip {
+    Vip {
+        addr: IpAddr::V4(addr),
+        ports: Ports::One(80),
+        proto: Protocol::Tcp,
+        mode: Mode::Nat,
+        affinity: Affinity::None,
+        rate_limit: None,
+        backends,
+    }
+}
+
+fn backend(a: Ipv4Addr) -> Backend {
+    Backend::new(IpAddr::V4(a), 8080)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+pub fn run(results: &mut Results) -> Result<()> {
+    // Maglev build: 65,537 slots, 1,000 backends (the paper's figure).
+    let ids = identities(1000);
+    let e = entries(&ids);
+    let mut samples = Vec::new();
+    for _ in 0..15 {
+        let t = Instant::now();
+        let table = maglev::populate(&e, abi::MAGLEV_DEFAULT_SIZE);
+        samples.push(ms(t));
+        std::hint::black_box(table);
+    }
+    results.set("maglev_build_ms_n1000", median(samples));
+
+    for n in [10usize, 100, 1000] {
+        let ids = identities(n);
+        let e = entries(&ids);
+        let table = maglev::populate(&e, maglev::slice_size(n));
+        results.set(
+            &format!("maglev_imbalance_n{n}"),
+            maglev::imbalance(&e, &table),
+        );
+    }
+
+    // Disruption: remove each of 100 backends in turn; the mean share of
+    // slots that change, over the optimum 1/100.
+    let ids = identities(100);
+    let e = entries(&ids);
+    let size = maglev::slice_size(100);
+    let before = maglev::populate(&e, size);
+    let mut ratios = Vec::new();
+    for gone in 0..100 {
+        let rest: Vec<Entry<'_>> = e
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != gone)
+            .map(|(_, x)| *x)
+            .collect();
+        let after = maglev::populate(&rest, maglev::slice_size(99));
+        ratios.push(maglev::moved_share(&before, &after) * 100.0);
+    }
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    results.set("maglev_disruption_n100", mean);
+    results.note(format!(
+        "maglev_disruption_n100: mean over removing each of 100 backends (worst {worst:.2}x); slice {size} slots"
+    ));
+
+    // Full scale in real maps. Service and backend ids start at 1 in
+    // arrays of 4,096 and 8,192 entries, so the ABI holds 4,095 VIPs and
+    // 8,191 backends: the full scale is 4,095 VIPs of 2 backends.
+    let pins = PinDir(PathBuf::from(format!(
+        "/sys/fs/bpf/rivora-bench-writer-{}",
+        std::process::id()
+    )));
+    let _dp = Datapath::load(&LoadOptions {
+        pin_dir: pins.0.clone(),
+        ..Default::default()
+    })
+    .context("loading the datapath (root and bpffs needed)")?;
+    let n_vips = abi::MAX_VIPS - 1;
+    let desired = DesiredState {
+        node: Default::default(),
+        vips: (0..n_vips)
+            .map(|i| {
+                let hi = (i >> 8) as u8;
+                let lo = i as u8;
+                vip(
+                    Ipv4Addr::new(10, 0, hi, lo),
+                    vec![
+                        backend(Ipv4Addr::new(10, 1, hi, lo)),
+                        backend(Ipv4Addr::new(10, 2, hi, lo)),
+                    ],
+                )
+            })
+            .collect(),
+    };
+    let mut w = Writer::open_pinned(&pins.0).context("opening the writer")?;
+    let t = Instant::now();
+    let report = w.reconcile(&desired).context("full-scale reconcile")?;
+    results.set("apply_full_scale_ms", ms(t));
+    anyhow::ensure!(
+        report.failed.is_empty() && report.created == n_vips as usize,
+        "full scale: {} created, failed: {:?}",
+        report.created,
+        report.failed.first()
+    );
+    results.note(format!(
+        "apply_full_scale_ms: {n_vips} VIPs x 2 backends (the ABI's maximum: ids start at 1), {} of 65,537 slots free after",
+        w.free_slots()
+    ));
+    drop(w);
+
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let w = Writer::open_pinned(&pins.0).context("adopting")?;
+        samples.push(ms(t));
+        anyhow::ensure!(
+            w.vips().len() == n_vips as usize,
+            "adopted {}",
+            w.vips().len()
+        );
+    }
+    results.set("adopt_full_scale_ms", median(samples));
+
+    // One backend added to a VIP of 100 (on otherwise empty maps).
+    let mut w = Writer::open_pinned(&pins.0)?;
+    w.reconcile(&DesiredState::default())?;
+    let hundred: Vec<Backend> = (0..100u8)
+        .map(|i| backend(Ipv4Addr::new(10, 5, 0, i)))
+        .collect();
+    let base = vip(Ipv4Addr::new(10, 9, 0, 1), hundred.clone());
+    let mut more = base.clone();
+    more.backends.push(backend(Ipv4Addr::new(10, 5, 1, 0)));
+    w.upsert_vip(&base)?;
+    let mut samples = Vec::new();
+    for _ in 0..15 {
+        w.reclaim()?;
+        let t = Instant::now();
+        w.upsert_vip(&more)?;
+        samples.push(ms(t));
+        w.upsert_vip(&base)?;
+    }
+    results.set("update_one_backend_ms", median(samples));
+    w.reconcile(&DesiredState::default())?;
     Ok(())
 }

@@ -1,0 +1,308 @@
+//! The writer against real pinned maps (needs root and bpffs), and the
+//! datapath reading them through BPF_PROG_TEST_RUN.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use etherparse::{NetSlice, PacketBuilder, SlicedPacket};
+use libbpf_rs::ProgramInput;
+
+use rivora::dataplane::dump::dump;
+use rivora::dataplane::render::{self, Health, MapImage};
+use rivora::dataplane::{Datapath, LoadOptions, Maps, Writer};
+use rivora::model::*;
+
+const XDP_PASS: u32 = 2;
+
+/// A pin directory of its own, removed on drop even if the test panics.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Self(PathBuf::from(format!(
+            "/sys/fs/bpf/rivora-test-writer-{}-{n}",
+            std::process::id()
+        )))
+    }
+
+    fn load(&self) -> Datapath {
+        Datapath::load(&LoadOptions {
+            pin_dir: self.0.clone(),
+            ..Default::default()
+        })
+        .expect("load the datapath (root and bpffs needed)")
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = Datapath::unpin_all(&self.0);
+    }
+}
+
+fn be(addr: &str, port: u16) -> Backend {
+    Backend::new(addr.parse().unwrap(), port)
+}
+
+fn nat(addr: &str, port: u16, backends: Vec<Backend>) -> Vip {
+    Vip {
+        addr: addr.parse().unwrap(),
+        ports: Ports::One(port),
+        proto: Protocol::Tcp,
+        mode: Mode::Nat,
+        affinity: Affinity::None,
+        rate_limit: None,
+        backends,
+    }
+}
+
+fn check(w: &mut Writer<Maps>) -> MapImage {
+    w.reclaim().unwrap();
+    let live = w.read_maps().unwrap();
+    let want = render::render(&w.specs(), w.node(), &w.allocations(), &|t| {
+        w.health(t).unwrap_or(Health::Healthy)
+    });
+    assert_eq!(
+        live,
+        want,
+        "maps:\n{}\nrendered:\n{}",
+        dump(&live),
+        dump(&want)
+    );
+    live
+}
+
+/// A TCP SYN from `src:sport` to `dst:dport`, through xdp_ingress; the
+/// verdict and the destination address of the packet that comes out.
+fn syn_through(
+    dp: &Datapath,
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+) -> (u32, IpAddr) {
+    let mut pkt = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4(src.octets(), dst.octets(), 64)
+        .tcp(sport, dport, 1, 64240)
+        .syn()
+        .write(&mut pkt, &[])
+        .unwrap();
+    let mut out = vec![0u8; pkt.len() + 256];
+    let r = dp
+        .xdp()
+        .progs
+        .xdp_ingress
+        .test_run(ProgramInput {
+            data_in: Some(&pkt),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .expect("test_run");
+    let verdict = r.return_value;
+    let data = r.data.expect("output packet");
+    let parsed = SlicedPacket::from_ethernet(data).expect("parse the output");
+    let dst = match parsed.net {
+        Some(NetSlice::Ipv4(ip)) => IpAddr::V4(ip.header().destination_addr()),
+        other => panic!("not IPv4 out: {other:?}"),
+    };
+    (verdict, dst)
+}
+
+#[test]
+fn upsert_update_remove() {
+    let pins = PinDir::new();
+    let dp = pins.load();
+    let mut w = Writer::open_pinned(&pins.0).unwrap();
+    let mut v = nat(
+        "10.0.0.1",
+        80,
+        vec![be("10.1.0.1", 8080), be("10.1.0.2", 8080)],
+    );
+    w.upsert_vip(&v).unwrap();
+    let mut range = nat("fd00::1", 80, vec![be("fd00:1::1", 0)]);
+    range.ports = Ports::Range {
+        first: 1000,
+        last: 1999,
+    };
+    range.proto = Protocol::Udp;
+    range.rate_limit = Some(RateLimit {
+        rate_per_sec: 100,
+        burst: 10,
+    });
+    w.upsert_vip(&range).unwrap();
+    check(&mut w);
+
+    let vip: Ipv4Addr = "10.0.0.1".parse().unwrap();
+    let client: Ipv4Addr = "192.0.2.7".parse().unwrap();
+    let (verdict, dst) = syn_through(&dp, client, 40000, vip, 80);
+    assert_eq!(verdict, XDP_PASS);
+    assert!(
+        ["10.1.0.1", "10.1.0.2"].contains(&dst.to_string().as_str()),
+        "{dst}"
+    );
+
+    v.backends = vec![be("10.1.0.3", 8080)];
+    w.upsert_vip(&v).unwrap();
+    check(&mut w);
+    let (_, dst) = syn_through(&dp, client, 40001, vip, 80);
+    assert_eq!(dst.to_string(), "10.1.0.3");
+
+    w.remove_vip(&v.key()).unwrap();
+    w.remove_vip(&range.key()).unwrap();
+    let img = check(&mut w);
+    assert_eq!(img, MapImage::default(), "{}", dump(&img));
+    let (verdict, dst) = syn_through(&dp, client, 40002, vip, 80);
+    assert_eq!(
+        (verdict, dst),
+        (XDP_PASS, IpAddr::V4(vip)),
+        "no VIP: untouched"
+    );
+    assert_eq!(w.free_service_ids(), 4095);
+    assert_eq!(w.free_backend_ids(), 8191);
+    assert_eq!(w.free_slots(), 65_537);
+}
+
+#[test]
+fn adoption_keeps_ids_and_leaks_nothing() {
+    let pins = PinDir::new();
+    let _dp = pins.load();
+    let desired = DesiredState {
+        node: NodeSettings {
+            syn_rate_limit: Some(RateLimit {
+                rate_per_sec: 50,
+                burst: 5,
+            }),
+            ..Default::default()
+        },
+        vips: vec![
+            nat("10.0.0.1", 80, vec![be("10.1.0.1", 0), be("10.1.0.2", 0)]),
+            nat("10.0.0.2", 443, vec![be("10.1.0.1", 0), be("10.1.0.9", 0)]),
+            nat(
+                "10.0.0.3",
+                53,
+                (1..=7).map(|i| be(&format!("10.3.0.{i}"), 0)).collect(),
+            ),
+        ],
+    };
+    let mut w = Writer::open_pinned(&pins.0).unwrap();
+    w.reconcile(&desired).unwrap();
+    w.set_drain(
+        &BackendTarget {
+            addr: "10.1.0.9".parse().unwrap(),
+            port: 0,
+        },
+        true,
+    )
+    .unwrap();
+    let before = check(&mut w);
+    let ids = w.vips();
+    drop(w);
+
+    let mut w = Writer::open_pinned(&pins.0).unwrap();
+    let adopted = w.vips();
+    assert!(adopted.iter().all(|v| !v.claimed));
+    let strip = |v: &[rivora::dataplane::VipInfo]| {
+        v.iter()
+            .map(|v| (v.svc_id, v.key, v.slice, v.backend_ids.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        strip(&adopted),
+        strip(&ids),
+        "ids, slices and backends kept"
+    );
+    // Static config: the file is the whole set; one VIP is gone from it.
+    let mut fewer = desired.clone();
+    fewer.vips.pop();
+    let r = w.reconcile(&fewer).unwrap();
+    assert_eq!(r.removed, 1);
+    let img = check(&mut w);
+    assert_eq!(img.services.len(), 2);
+    assert_eq!(img.node, before.node);
+    assert_eq!(
+        img.health
+            .values()
+            .filter(|h| **h == Health::Draining)
+            .count(),
+        1
+    );
+    // A new VIP gets an id no adopted VIP holds.
+    w.upsert_vip(&nat("10.0.0.4", 80, vec![be("10.4.0.1", 0)]))
+        .unwrap();
+    let svcs: BTreeSet<u32> = w.vips().iter().map(|v| v.svc_id).collect();
+    assert_eq!(svcs.len(), 3);
+    check(&mut w);
+    w.reconcile(&DesiredState::default()).unwrap();
+    let img = check(&mut w);
+    assert_eq!(img, MapImage::default(), "{}", dump(&img));
+    assert_eq!(w.free_service_ids(), 4095);
+    assert_eq!(w.free_backend_ids(), 8191);
+    assert_eq!(w.free_slots(), 65_537);
+}
+
+/// While one thread rebuilds a VIP's slice over and over (alternating two
+/// backend sets of different sizes, so the slice moves and changes
+/// length), xdp_ingress on new flows only ever forwards to a backend of
+/// one set or the other: never drops, never a cleared or foreign backend.
+#[test]
+fn rebuilds_are_atomic_for_the_datapath() {
+    let pins = PinDir::new();
+    let dp = pins.load();
+    let set_a: Vec<Backend> = (1..=4).map(|i| be(&format!("10.1.0.{i}"), 0)).collect();
+    let set_b: Vec<Backend> = (1..=6).map(|i| be(&format!("10.2.0.{i}"), 0)).collect();
+    let allowed: BTreeSet<IpAddr> = set_a.iter().chain(&set_b).map(|b| b.addr).collect();
+    let mut w = Writer::open_pinned(&pins.0).unwrap();
+    let a = nat("10.0.0.1", 80, set_a.clone());
+    let b = nat("10.0.0.1", 80, set_b.clone());
+    w.upsert_vip(&a).unwrap();
+
+    // Both sides run until each has done enough: the writer rebuilds
+    // until the reader has sent its packets, so they overlap whatever the
+    // scheduler does.
+    let stop = Arc::new(AtomicBool::new(false));
+    let rebuilt = Arc::new(AtomicU32::new(0));
+    let writer = {
+        let (stop, rebuilt) = (stop.clone(), rebuilt.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let v = if n % 2 == 0 { &b } else { &a };
+                w.upsert_vip(v).expect("rebuild");
+                n += 1;
+                rebuilt.store(n, Ordering::Relaxed);
+            }
+            w.reclaim().expect("reclaim");
+            w
+        })
+    };
+    let vip: Ipv4Addr = "10.0.0.1".parse().unwrap();
+    let mut seen = BTreeSet::new();
+    let mut runs = 0u32;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while runs < 20_000 || rebuilt.load(Ordering::Relaxed) < 300 {
+        assert!(std::time::Instant::now() < deadline, "no progress");
+        let client = Ipv4Addr::new(192, 0, 2, (runs / 512 % 250) as u8 + 1);
+        let sport = 1024 + (runs % 512) as u16;
+        let (verdict, dst) = syn_through(&dp, client, sport, vip, 80);
+        assert_eq!(verdict, XDP_PASS, "run {runs}: dropped");
+        assert!(allowed.contains(&dst), "run {runs}: forwarded to {dst}");
+        seen.insert(dst);
+        runs += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut w = writer.join().expect("writer thread");
+    let rebuilds = rebuilt.load(Ordering::Relaxed);
+    println!("{rebuilds} rebuilds, {runs} packets, saw {seen:?}");
+    assert!(
+        set_a.iter().any(|x| seen.contains(&x.addr))
+            && set_b.iter().any(|x| seen.contains(&x.addr)),
+        "saw both sets: {seen:?}"
+    );
+    check(&mut w);
+}
