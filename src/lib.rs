@@ -3,6 +3,7 @@
 
 pub mod abi;
 pub mod bpf;
+pub mod config;
 pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
