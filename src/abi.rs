@@ -18,6 +18,10 @@ pub use crate::bpf::xdp_ingress::types::{
 pub const ABI_VERSION: u32 = crate::bpf::xdp_ingress::types::rv_abi::RV_ABI_VERSION.0;
 pub const MAX_VIPS: u32 = rv_limits::RV_MAX_VIPS.0;
 pub const MAX_BACKENDS: u32 = rv_limits::RV_MAX_BACKENDS.0;
+/// Entries of the arrays indexed by service id (ids start at 1).
+pub const SVC_ID_SLOTS: u32 = rv_limits::RV_SVC_ID_SLOTS.0;
+/// Entries of the arrays indexed by backend id (ids start at 1).
+pub const BACKEND_ID_SLOTS: u32 = rv_limits::RV_BACKEND_ID_SLOTS.0;
 pub const MAGLEV_DEFAULT_SIZE: u32 = rv_limits::RV_MAGLEV_DEFAULT_SIZE.0;
 pub const MAGLEV_PROBES: u32 = rv_limits::RV_MAGLEV_PROBES.0;
 

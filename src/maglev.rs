@@ -39,9 +39,9 @@ pub const SLOTS_PER_BACKEND: u32 = 20;
 /// - Imbalance: with equal weights a backend holds floor or ceil of
 ///   len/n slots, so the worst ratio to the mean is ceil(len/n)/(len/n).
 ///   Up to four backends the slice is 12 slots, which 1, 2, 3 and 4
-///   divide exactly (imbalance 1.0) and which keeps the full scale (4,095
-///   VIPs of two backends: 49,140 slots) inside the 65,537-slot table with
-///   16,397 slots free to rebuild into. Above four backends a class of c
+///   divide exactly (imbalance 1.0) and which keeps the full scale (4,096
+///   VIPs of two backends: 49,152 slots) inside the 65,537-slot table with
+///   16,385 slots free to rebuild into. Above four backends a class of c
 ///   gets `SLOTS_PER_BACKEND * c` = 20c slots, so len/n >= 20 and the
 ///   imbalance is at most 21/20 = 1.05.
 /// - Not more than 20 per backend: the table is shared by every VIP, and
@@ -53,7 +53,7 @@ pub const SLOTS_PER_BACKEND: u32 = 20;
 ///   slice reaches 1.2x. See `disruption_removing_one_of_100`.
 /// - Capped at [`MAX_SLICE`] (classes above 1,024 backends): a bigger
 ///   slice could not be rebuilt atomically next to itself. There len/n
-///   falls from 16 (n = 2,048) to 4 (n = 8,191).
+///   falls from 16 (n = 2,048) to 4 (n = 8,192).
 pub fn slice_size(n: usize) -> u32 {
     match n {
         0 => 1,
@@ -424,7 +424,7 @@ mod tests {
         assert_eq!(slice_size(5), 160);
         assert_eq!(slice_size(100), 2560);
         assert_eq!(slice_size(99), slice_size(100));
-        assert_eq!(slice_size(8191), MAX_SLICE);
-        assert!(4095 * slice_size(2) < 65_537 - slice_size(2));
+        assert_eq!(slice_size(8192), MAX_SLICE);
+        assert!(4096 * slice_size(2) < 65_537 - slice_size(2));
     }
 }

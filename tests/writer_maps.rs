@@ -163,8 +163,8 @@ fn upsert_update_remove() {
         (XDP_PASS, IpAddr::V4(vip)),
         "no VIP: untouched"
     );
-    assert_eq!(w.free_service_ids(), 4095);
-    assert_eq!(w.free_backend_ids(), 8191);
+    assert_eq!(w.free_service_ids(), 4096);
+    assert_eq!(w.free_backend_ids(), 8192);
     assert_eq!(w.free_slots(), 65_537);
 }
 
@@ -241,8 +241,8 @@ fn adoption_keeps_ids_and_leaks_nothing() {
     w.reconcile(&DesiredState::default()).unwrap();
     let img = check(&mut w);
     assert_eq!(img, MapImage::default(), "{}", dump(&img));
-    assert_eq!(w.free_service_ids(), 4095);
-    assert_eq!(w.free_backend_ids(), 8191);
+    assert_eq!(w.free_service_ids(), 4096);
+    assert_eq!(w.free_backend_ids(), 8192);
     assert_eq!(w.free_slots(), 65_537);
 }
 

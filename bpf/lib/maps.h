@@ -56,7 +56,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RV_MAX_VIPS);
+	__uint(max_entries, RV_SVC_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_service);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -73,7 +73,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RV_MAX_BACKENDS);
+	__uint(max_entries, RV_BACKEND_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_backend);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -81,7 +81,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RV_MAX_BACKENDS);
+	__uint(max_entries, RV_BACKEND_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_backend6);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -89,7 +89,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RV_MAX_BACKENDS);
+	__uint(max_entries, RV_BACKEND_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_backend_health);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -169,7 +169,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, RV_MAX_VIPS);
+	__uint(max_entries, RV_SVC_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_vip_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -193,7 +193,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RV_MAX_VIPS);
+	__uint(max_entries, RV_SVC_ID_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_rl_config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -26,6 +26,10 @@ enum rv_abi {
 enum rv_limits {
 	RV_MAX_VIPS = 4096,
 	RV_MAX_BACKENDS = 8192,
+	/* Arrays indexed by id: ids start at 1 (0 means none), so each
+	 * holds one more entry than the capacity. */
+	RV_SVC_ID_SLOTS = RV_MAX_VIPS + 1,
+	RV_BACKEND_ID_SLOTS = RV_MAX_BACKENDS + 1,
 	RV_MAGLEV_DEFAULT_SIZE = 65537,
 	RV_MAX_AFFINITY = 65536,
 	RV_MAX_NAT = 65536,

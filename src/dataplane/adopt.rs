@@ -131,7 +131,7 @@ pub fn adopt(img: &MapImage, table_size: u32) -> Adopted {
     let mut taken: Vec<Slice> = Vec::new();
     let mut owned_slots = BTreeSet::new();
     for (svc_id, s) in &img.services {
-        if !s.is_active() || *svc_id == 0 || *svc_id >= abi::MAX_VIPS {
+        if !s.is_active() || *svc_id == 0 || *svc_id > abi::MAX_VIPS {
             out.stray_services.push(*svc_id);
             continue;
         }

@@ -500,7 +500,7 @@ impl MapStore for Maps {
 pub struct MemStore {
     pub image: MapImage,
     table_size: u32,
-    /// Health of every id 0..RV_MAX_BACKENDS, as a kernel array holds it.
+    /// Health of every id 0..=RV_MAX_BACKENDS, as a kernel array holds it.
     health: Vec<Health>,
     /// Fail the n-th mutating call from now (0 = the next one), once.
     pub fail_at: Option<u64>,
@@ -513,7 +513,7 @@ impl MemStore {
         Self {
             image: MapImage::default(),
             table_size,
-            health: vec![Health::Healthy; abi::MAX_BACKENDS as usize],
+            health: vec![Health::Healthy; abi::BACKEND_ID_SLOTS as usize],
             fail_at: None,
             ops: 0,
         }
@@ -562,7 +562,7 @@ impl MapStore for MemStore {
     fn put_backends(&mut self, entries: &[(u32, BackendEntry)]) -> Result<(), DataplaneError> {
         self.step("backend_map")?;
         for (id, b) in entries {
-            Self::bounds("backend_map", *id, abi::MAX_BACKENDS)?;
+            Self::bounds("backend_map", *id, abi::BACKEND_ID_SLOTS)?;
             self.image.backends.insert(*id, *b);
         }
         Ok(())
@@ -579,7 +579,7 @@ impl MapStore for MemStore {
     fn put_health(&mut self, entries: &[(u32, Health)]) -> Result<(), DataplaneError> {
         self.step("backend_health_map")?;
         for (id, h) in entries {
-            Self::bounds("backend_health_map", *id, abi::MAX_BACKENDS)?;
+            Self::bounds("backend_health_map", *id, abi::BACKEND_ID_SLOTS)?;
             self.health[*id as usize] = *h;
         }
         Ok(())
@@ -605,7 +605,7 @@ impl MapStore for MemStore {
 
     fn put_service(&mut self, svc: u32, entry: &ServiceEntry) -> Result<(), DataplaneError> {
         self.step("service_config_map")?;
-        Self::bounds("service_config_map", svc, abi::MAX_VIPS)?;
+        Self::bounds("service_config_map", svc, abi::SVC_ID_SLOTS)?;
         if *entry == ServiceEntry::default() {
             self.image.services.remove(&svc);
         } else {
@@ -620,7 +620,7 @@ impl MapStore for MemStore {
         rl: Option<RateLimit>,
     ) -> Result<(), DataplaneError> {
         self.step("svc_rl_config_map")?;
-        Self::bounds("svc_rl_config_map", svc, abi::MAX_VIPS)?;
+        Self::bounds("svc_rl_config_map", svc, abi::SVC_ID_SLOTS)?;
         match rl {
             Some(r) => self.image.svc_rate_limits.insert(svc, r),
             None => self.image.svc_rate_limits.remove(&svc),

@@ -69,11 +69,11 @@ fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
     let backend_ids: BTreeSet<u32> = vips.iter().flat_map(|v| v.backend_ids.clone()).collect();
     assert_eq!(
         w.free_backend_ids() as usize + backend_ids.len(),
-        (abi::MAX_BACKENDS - 1) as usize
+        abi::MAX_BACKENDS as usize
     );
     assert_eq!(
         w.free_service_ids() as usize + vips.len(),
-        (abi::MAX_VIPS - 1) as usize
+        abi::MAX_VIPS as usize
     );
     // Distinct backend identities never share an id.
     let mut seen = BTreeMap::new();
@@ -288,7 +288,7 @@ fn failed_writes_leave_old_state_forwarding() {
 fn capacity_errors_hit_one_vip_only() {
     let mut w = Writer::open(MemStore::new(TABLE)).unwrap();
     let mut vips = Vec::new();
-    for i in 0..abi::MAX_VIPS {
+    for i in 0..=abi::MAX_VIPS {
         let a = IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
         let b1 = IpAddr::from([10, 1, (i >> 8) as u8, i as u8]);
         let b2 = IpAddr::from([10, 2, (i >> 8) as u8, i as u8]);
@@ -309,7 +309,7 @@ fn capacity_errors_hit_one_vip_only() {
     };
     let r = w.reconcile(&desired).unwrap();
     assert!(r.failed.is_empty());
-    assert_eq!(r.created, (abi::MAX_VIPS - 1) as usize);
+    assert_eq!(r.created, abi::MAX_VIPS as usize);
     let before = w.read_maps().unwrap();
     let err = w.upsert_vip(&last).unwrap_err();
     assert!(
@@ -589,7 +589,7 @@ proptest! {
         let img = check(&mut w);
         prop_assert_eq!(img, MapImage::default());
         prop_assert_eq!(w.free_slots(), table);
-        prop_assert_eq!(w.free_backend_ids(), abi::MAX_BACKENDS - 1);
-        prop_assert_eq!(w.free_service_ids(), abi::MAX_VIPS - 1);
+        prop_assert_eq!(w.free_backend_ids(), abi::MAX_BACKENDS);
+        prop_assert_eq!(w.free_service_ids(), abi::MAX_VIPS);
     }
 }

@@ -136,10 +136,11 @@ impl Writer<Maps> {
     }
 }
 
-/// Service ids 1..RV_MAX_VIPS and backend ids 1..RV_MAX_BACKENDS: the
-/// arrays are indexed by id and id 0 means none.
-const MAX_SVC_ID: u32 = abi::MAX_VIPS - 1;
-const MAX_BACKEND_ID: u32 = abi::MAX_BACKENDS - 1;
+/// Service ids 1..=RV_MAX_VIPS and backend ids 1..=RV_MAX_BACKENDS: the
+/// arrays are indexed by id (one entry more than the capacity) and id 0
+/// means none.
+const MAX_SVC_ID: u32 = abi::MAX_VIPS;
+const MAX_BACKEND_ID: u32 = abi::MAX_BACKENDS;
 
 impl<S: MapStore> Writer<S> {
     /// Adopt whatever the maps hold (nothing, the first time) and repair
@@ -170,7 +171,7 @@ impl<S: MapStore> Writer<S> {
         // one re-picks; a fresh array says "healthy" (zero).
         let mut down: Vec<(u32, Health)> = Vec::new();
         let allocated: BTreeSet<u32> = a.backends.iter().map(|b| b.0).collect();
-        for id in 0..abi::MAX_BACKENDS {
+        for id in 0..abi::BACKEND_ID_SLOTS {
             if !allocated.contains(&id)
                 && img.health.get(&id).copied().unwrap_or(Health::Down) != Health::Down
             {

@@ -112,9 +112,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         "maglev_disruption_n100: mean over removing each of 100 backends (worst {worst:.2}x); slice {size} slots"
     ));
 
-    // Full scale in real maps. Service and backend ids start at 1 in
-    // arrays of 4,096 and 8,192 entries, so the ABI holds 4,095 VIPs and
-    // 8,191 backends: the full scale is 4,095 VIPs of 2 backends.
+    // Full scale in real maps: 4,096 VIPs of 2 backends (8,192).
     let pins = PinDir(PathBuf::from(format!(
         "/sys/fs/bpf/rivora-bench-writer-{}",
         std::process::id()
@@ -124,7 +122,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         ..Default::default()
     })
     .context("loading the datapath (root and bpffs needed)")?;
-    let n_vips = abi::MAX_VIPS - 1;
+    let n_vips = abi::MAX_VIPS;
     let desired = DesiredState {
         node: Default::default(),
         vips: (0..n_vips)
