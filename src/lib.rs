@@ -4,6 +4,7 @@
 pub mod abi;
 pub mod bpf;
 pub mod config;
+pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
