@@ -1,1 +1,145 @@
-fn main() {}
+//! rivorad: the per-node daemon. Thin: flags, logging, signals; the work is
+//! in `rivora::daemon`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use rivora::abi;
+use rivora::daemon::{self, Daemon, Options};
+use rivora::dataplane::DEFAULT_PIN_DIR;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info};
+
+#[derive(Parser, Debug)]
+#[command(name = "rivorad", version, about = "Rivora's per-node load-balancer daemon")]
+struct Args {
+    /// The static configuration file (YAML).
+    #[arg(long, value_name = "FILE", required_unless_present = "cleanup")]
+    config: Option<PathBuf>,
+    /// Where maps (and, with -persist-datapath, links) are pinned.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pin_dir: PathBuf,
+    /// Pin the XDP and TCX links: the datapath keeps forwarding while
+    /// rivorad is down, and the next start swaps the programs in place.
+    #[arg(long)]
+    persist_datapath: bool,
+    /// Detach and remove everything Rivora pinned, then exit.
+    #[arg(long)]
+    cleanup: bool,
+    /// Log format.
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// Slots in the shared Maglev table (must match the pinned table).
+    #[arg(long, default_value_t = abi::MAGLEV_DEFAULT_SIZE)]
+    maglev_size: u32,
+}
+
+/// Go-style single-dash long flags (`-config rivora.yaml`, as the design
+/// card writes them) are accepted beside `--config`.
+fn normalise(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.enumerate()
+        .map(|(i, a)| {
+            if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
+                format!("-{a}")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse_from(normalise(std::env::args()));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_format == "json" {
+        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+
+    if args.cleanup {
+        daemon::cleanup(&args.pin_dir).with_context(|| format!("removing {}", args.pin_dir.display()))?;
+        info!(pin_dir = %args.pin_dir.display(), "removed everything rivora pinned");
+        return Ok(());
+    }
+    let config = args.config.context("-config is required")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let opts = Options {
+        config: config.clone(),
+        pin_dir: args.pin_dir.clone(),
+        persist_datapath: args.persist_datapath,
+        maglev_size: args.maglev_size,
+    };
+    let (d, mut events) = Daemon::start(opts, runtime.handle().clone())
+        .with_context(|| format!("starting with {}", config.display()))?;
+    let d = Arc::new(Mutex::new(d));
+    info!("ready");
+
+    let main_ref = d.clone();
+    runtime.block_on(async move {
+        let d = main_ref;
+        let health = {
+            let d = d.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = events.recv().await {
+                    let mut g = d.lock().expect("daemon lock");
+                    if let Err(e) = g.on_health(&ev) {
+                        error!(error = %e, "applying a health change");
+                    }
+                }
+            })
+        };
+        // Reload when the file changes (checked every second), as on SIGHUP.
+        let watcher = {
+            let d = d.clone();
+            let path = config.clone();
+            tokio::spawn(async move {
+                let stamp = |p: &PathBuf| -> Option<(SystemTime, u64)> {
+                    let m = std::fs::metadata(p).ok()?;
+                    Some((m.modified().ok()?, m.len()))
+                };
+                let mut last = stamp(&path);
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let now = stamp(&path);
+                    if now.is_some() && now != last {
+                        last = now;
+                        info!(file = %path.display(), "configuration file changed");
+                        let _ = d.lock().expect("daemon lock").reload();
+                    }
+                }
+            })
+        };
+        let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {
+                    info!("SIGHUP: reloading");
+                    let _ = d.lock().expect("daemon lock").reload();
+                }
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        health.abort();
+        watcher.abort();
+        anyhow::Ok(())
+    })?;
+    // The tasks held references; the runtime going away drops them.
+    drop(runtime);
+    let d = Arc::try_unwrap(d).map_err(|_| anyhow::anyhow!("daemon still shared at exit"))?;
+    let d = d.into_inner().map_err(|_| anyhow::anyhow!("daemon lock poisoned"))?;
+    d.shutdown();
+    info!("stopped");
+    Ok(())
+}

@@ -15,15 +15,35 @@ pub enum NetError {
     Unresolved { addr: IpAddr, waited_ms: u128 },
 }
 
-/// An interface's ifindex and MAC, from sysfs.
+/// An interface's ifindex and MAC. Asked of the kernel through a socket
+/// (not sysfs, which shows the namespace it was mounted in, not ours).
 pub fn interface(name: &str) -> Result<(u32, Mac), NetError> {
     let err = |why: String| NetError::Interface { name: name.to_string(), why };
-    let base = format!("/sys/class/net/{name}");
-    let idx = std::fs::read_to_string(format!("{base}/ifindex"))
-        .map_err(|e| err(format!("not found ({e})")))?;
-    let ifindex = idx.trim().parse().map_err(|_| err(format!("bad ifindex {idx:?}")))?;
-    let mac = std::fs::read_to_string(format!("{base}/address")).map_err(|e| err(e.to_string()))?;
-    let mac = mac.trim().parse().map_err(|e| err(format!("{e}")))?;
+    let ifindex = crate::dataplane::attach::ifindex(name).map_err(|e| err(e.to_string()))?;
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(err("name too long".into()));
+    }
+    // SAFETY: a plain datagram socket for the ioctl, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(err(format!("socket: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: ifreq is plain data; the name fits (checked above) and stays
+    // NUL-terminated; SIOCGIFHWADDR fills ifr_hwaddr.
+    let mac = unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, s) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req);
+        let e = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc < 0 {
+            return Err(err(format!("SIOCGIFHWADDR: {e}")));
+        }
+        let sa = req.ifr_ifru.ifru_hwaddr.sa_data;
+        Mac([sa[0] as u8, sa[1] as u8, sa[2] as u8, sa[3] as u8, sa[4] as u8, sa[5] as u8])
+    };
     Ok((ifindex, mac))
 }
 
