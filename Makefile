@@ -4,8 +4,11 @@ CARGO ?= cargo
 BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/abi.h
 # Test peers and tools used by the test suites, beyond the build's needs.
 TEST_PKGS := iputils-ping
+# What make demo runs in its namespaces: HTTP backends and a client.
+DEMO_PKGS := python3 curl
+PREFIX ?= /usr/local
 
-.PHONY: all build deps lint fmt test test-unit test-packets test-e2e bench demo clean
+.PHONY: all build deps lint fmt test test-unit test-packets test-e2e bench demo install uninstall clean
 
 all: build
 
@@ -48,9 +51,25 @@ bench: deps
 	$(CARGO) build --release --bin rivora-bench
 	./target/release/rivora-bench
 
-demo:
-	@echo "make demo arrives with rivorad's static configuration (issue 4): not yet available." >&2
-	@exit 1
+demo: build
+	@scripts/deps.sh $(DEMO_PKGS)
+	@scripts/bpffs.sh
+	scripts/demo.sh
+
+# Binaries to $(PREFIX)/bin, the systemd unit, an example configuration
+# (never overwriting an existing one).
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/systemd/system $(DESTDIR)/etc/rivora
+	install -m 0755 target/release/rivorad target/release/rivoractl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 packaging/rivorad.service $(DESTDIR)/etc/systemd/system/rivorad.service
+	[ -e $(DESTDIR)/etc/rivora/rivora.yaml ] || install -m 0600 examples/nat.yaml $(DESTDIR)/etc/rivora/rivora.yaml
+	install -d $(DESTDIR)$(PREFIX)/share/doc/rivora
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/rivora/README.md
+	@echo "installed; edit /etc/rivora/rivora.yaml, then: systemctl daemon-reload && systemctl enable --now rivorad"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/rivorad $(DESTDIR)$(PREFIX)/bin/rivoractl $(DESTDIR)/etc/systemd/system/rivorad.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora
 
 clean:
 	$(CARGO) clean

@@ -29,6 +29,9 @@ struct Args {
     /// Detach and remove everything Rivora pinned, then exit.
     #[arg(long)]
     cleanup: bool,
+    /// Validate the configuration file and exit (0: valid).
+    #[arg(long)]
+    check: bool,
     /// Log format.
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -67,6 +70,11 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let config = args.config.context("-config is required")?;
+    if args.check {
+        let c = rivora::config::load(&config)?;
+        println!("{}", rivora::config::summary(&c));
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
