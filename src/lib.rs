@@ -2,5 +2,7 @@
 //! Maglev, NAT / DSR / L3 DSR.
 
 pub mod abi;
+pub mod api;
 pub mod bpf;
 pub mod dataplane;
+pub mod metrics;
