@@ -283,7 +283,7 @@ async fn unknown_things_are_404_and_change_nothing() {
     let fake = Arc::new(Fake::default());
     let cases = [
         (
-            format!(r#"{{"target":"10.9.9.9:80"}}"#),
+            r#"{"target":"10.9.9.9:80"}"#.to_string(),
             "no backend 10.9.9.9:80",
         ),
         (
