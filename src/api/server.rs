@@ -605,3 +605,38 @@ pub fn metrics_routes<S: ApiState>(state: Arc<S>) -> BoxedFilter<(Response,)> {
         .unify()
         .boxed()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        let t = BearerToken(Arc::from(&b"s3cret"[..]));
+        assert!(t.matches(b"s3cret"));
+        for wrong in [
+            &b""[..],
+            b"s3cre",
+            b"s3cret ",
+            b"s3cres",
+            b"S3cret",
+            b"s3cret\0",
+        ] {
+            assert!(!t.matches(wrong), "{:?}", String::from_utf8_lossy(wrong));
+        }
+        assert_eq!(format!("{t:?}"), "BearerToken(<redacted>)");
+    }
+
+    #[test]
+    fn token_file_is_trimmed_and_must_not_be_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t");
+        fs::write(&p, "  abc\n").unwrap();
+        assert!(BearerToken::from_file(&p).unwrap().matches(b"abc"));
+        fs::write(&p, "\n\t ").unwrap();
+        assert!(matches!(
+            BearerToken::from_file(&p),
+            Err(ServeError::TokenEmpty { .. })
+        ));
+    }
+}

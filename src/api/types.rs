@@ -34,7 +34,8 @@ pub struct ReloadResult {
     pub ok: bool,
     /// Unix time, seconds.
     pub at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always present (null on success) so scripts see a stable shape.
+    #[serde(default)]
     pub error: Option<String>,
 }
 
