@@ -2,6 +2,7 @@
 //! Maglev, NAT / DSR / L3 DSR.
 
 pub mod abi;
+pub mod api;
 pub mod bpf;
 pub mod config;
 pub mod daemon;
@@ -10,3 +11,4 @@ pub mod decap;
 pub mod healthcheck;
 pub mod maglev;
 pub mod model;
+pub mod metrics;

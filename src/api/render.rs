@@ -1,0 +1,388 @@
+//! Human-readable tables for `rivoractl`. Pure functions of the API types,
+//! so the binary stays thin and the layout is unit-tested.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::types::{
+    Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, ReloadResult, Status, VipInfo,
+    VipMode, XdpMode,
+};
+
+/// Columns padded to their widest cell, two spaces apart. Numeric columns
+/// are right-aligned so digits line up.
+#[derive(Debug, Clone)]
+pub struct Table {
+    headers: Vec<&'static str>,
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// Headers ending in `>` are right-aligned (the `>` is not printed).
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| h.trim_end_matches('>')).collect(),
+            right: headers.iter().map(|h| h.ends_with('>')).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) -> &mut Self {
+        self.rows.push(cells);
+        self
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(cols) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let header: Vec<String> = self.headers.iter().map(|h| h.to_string()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, (width, right)) in widths.iter().zip(&self.right).enumerate() {
+                let cell = row.get(i).map(String::as_str).unwrap_or("");
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = width - cell.chars().count();
+                if *right {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Unix seconds as RFC 3339 UTC, without pulling in a date crate.
+pub fn fmt_unix_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn mode(m: VipMode) -> &'static str {
+    match m {
+        VipMode::Nat => "nat",
+        VipMode::Dsr => "dsr",
+        VipMode::L3dsr => "l3dsr",
+    }
+}
+
+fn affinity(a: Affinity) -> &'static str {
+    match a {
+        Affinity::None => "none",
+        Affinity::ClientIp => "client_ip",
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+pub fn reload_line(r: &ReloadResult) -> String {
+    match (&r.ok, &r.error) {
+        (true, _) => format!("ok at {}", fmt_unix_utc(r.at)),
+        (false, Some(e)) => format!("FAILED at {}: {e}", fmt_unix_utc(r.at)),
+        (false, None) => format!("FAILED at {}", fmt_unix_utc(r.at)),
+    }
+}
+
+pub fn status(s: &Status) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "version            {}", s.version);
+    let _ = writeln!(out, "config generation  {}", s.config_generation);
+    let _ = writeln!(out, "last reload        {}", reload_line(&s.last_reload));
+    let _ = writeln!(out, "VIPs               {}", s.vip_count);
+    let _ = writeln!(out, "backends           {}", s.backend_count);
+    out.push('\n');
+    let mut t = Table::new(&["INTERFACE", "IFINDEX>", "XDP", "TC NAT"]);
+    for i in &s.interfaces {
+        let xdp = match i.xdp_mode {
+            XdpMode::Native => "native",
+            XdpMode::Generic => "generic",
+        };
+        t.row(vec![
+            i.name.clone(),
+            i.ifindex.to_string(),
+            xdp.into(),
+            if i.tc_attached {
+                "attached"
+            } else {
+                "detached"
+            }
+            .into(),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+fn healthy_of(v: &VipInfo) -> String {
+    let healthy = v
+        .backends
+        .iter()
+        .filter(|b| b.health == BackendHealth::Healthy)
+        .count();
+    format!("{healthy}/{}", v.backends.len())
+}
+
+pub fn vip_list(vips: &[VipInfo]) -> String {
+    let mut t = Table::new(&[
+        "VIP",
+        "MODE",
+        "AFFINITY",
+        "HEALTHY>",
+        "PACKETS>",
+        "BYTES>",
+        "RATE_LIMITED>",
+        "NO_BACKEND>",
+    ]);
+    for v in vips {
+        t.row(vec![
+            v.vip.clone(),
+            mode(v.mode).into(),
+            affinity(v.affinity).into(),
+            healthy_of(v),
+            v.packets.to_string(),
+            v.bytes.to_string(),
+            v.rate_limited.to_string(),
+            v.no_backend.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+pub fn vip_show(v: &VipInfo) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "vip           {}", v.vip);
+    let _ = writeln!(out, "mode          {}", mode(v.mode));
+    let _ = writeln!(out, "affinity      {}", affinity(v.affinity));
+    let _ = writeln!(out, "service id    {}", v.service_id);
+    let _ = writeln!(
+        out,
+        "maglev slice  {}..{} ({} slots)",
+        v.slice_start,
+        u64::from(v.slice_start) + u64::from(v.slice_len),
+        v.slice_len
+    );
+    let _ = writeln!(out, "packets       {}", v.packets);
+    let _ = writeln!(out, "bytes         {}", v.bytes);
+    let _ = writeln!(out, "rate limited  {}", v.rate_limited);
+    let _ = writeln!(out, "no backend    {}", v.no_backend);
+    out.push('\n');
+    let mut t = Table::new(&["BACKEND", "ID>", "WEIGHT>", "HEALTH", "DRAINED"]);
+    for b in &v.backends {
+        t.row(vec![
+            b.target.to_string(),
+            b.backend_id.to_string(),
+            b.weight.to_string(),
+            b.health.as_str().into(),
+            yes_no(b.drained),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+pub fn backend_list(backends: &[BackendInfo]) -> String {
+    let mut t = Table::new(&["BACKEND", "ID>", "HEALTH", "PROBE", "DRAINED", "VIPS"]);
+    for b in backends {
+        t.row(vec![
+            b.target.to_string(),
+            b.backend_id.to_string(),
+            b.health.as_str().into(),
+            b.probe.as_str().into(),
+            yes_no(b.drained_by_operator),
+            b.vips.join(","),
+        ]);
+    }
+    t.render()
+}
+
+pub fn drain_outcome(verb: &str, o: &DrainOutcome) -> String {
+    let vips = if o.vips.is_empty() {
+        "no VIP".to_string()
+    } else {
+        o.vips.join(", ")
+    };
+    if o.changed {
+        format!("{verb} {} on {vips}\n", o.target)
+    } else {
+        format!("{} already {verb} on {vips}: nothing changed\n", o.target)
+    }
+}
+
+/// One sample of `rivoractl stats`: counters, and per-second rates when an
+/// earlier sample and the time since it are given (`--watch`).
+pub fn stats(vips: &[VipInfo], drops: &Drops, previous: Option<(&[VipInfo], Duration)>) -> String {
+    let prev: BTreeMap<&str, (u64, u64)> = previous
+        .map(|(p, _)| {
+            p.iter()
+                .map(|v| (v.vip.as_str(), (v.packets, v.bytes)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let secs = previous.map(|(_, d)| d.as_secs_f64()).filter(|s| *s > 0.0);
+    let mut t = if secs.is_some() {
+        Table::new(&[
+            "VIP",
+            "PACKETS>",
+            "BYTES>",
+            "PKT/S>",
+            "BYTES/S>",
+            "RATE_LIMITED>",
+            "NO_BACKEND>",
+        ])
+    } else {
+        Table::new(&["VIP", "PACKETS>", "BYTES>", "RATE_LIMITED>", "NO_BACKEND>"])
+    };
+    for v in vips {
+        let mut row = vec![v.vip.clone(), v.packets.to_string(), v.bytes.to_string()];
+        if let Some(secs) = secs {
+            // A VIP new since the last sample, or counters that went back
+            // (a VIP re-created), shows no rate rather than a bogus one.
+            let rate = |now: u64, before: Option<u64>| match before {
+                Some(b) if now >= b => format!("{:.0}", (now - b) as f64 / secs),
+                _ => "-".to_string(),
+            };
+            let before = prev.get(v.vip.as_str());
+            row.push(rate(v.packets, before.map(|p| p.0)));
+            row.push(rate(v.bytes, before.map(|p| p.1)));
+        }
+        row.push(v.rate_limited.to_string());
+        row.push(v.no_backend.to_string());
+        t.row(row);
+    }
+    let mut out = t.render();
+    out.push('\n');
+    let mut d = Table::new(&["DROP REASON", "PACKETS>"]);
+    for (reason, n) in drops.by_reason.iter().filter(|(_, n)| **n > 0) {
+        d.row(vec![reason.clone(), n.to_string()]);
+    }
+    out.push_str(&d.render());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::types::{Ports, Proto, VipBackend};
+
+    fn vip(name: &str, packets: u64, bytes: u64) -> VipInfo {
+        VipInfo {
+            vip: name.into(),
+            addr: "10.0.0.1".parse().unwrap(),
+            ports: Ports {
+                first: 80,
+                last: 80,
+            },
+            proto: Proto::Tcp,
+            mode: VipMode::Nat,
+            affinity: Affinity::None,
+            service_id: 1,
+            slice_start: 0,
+            slice_len: 7,
+            backends: vec![
+                VipBackend {
+                    target: "10.0.1.1:8080".parse().unwrap(),
+                    backend_id: 1,
+                    weight: 1,
+                    health: BackendHealth::Healthy,
+                    drained: false,
+                },
+                VipBackend {
+                    target: "10.0.1.2:8080".parse().unwrap(),
+                    backend_id: 2,
+                    weight: 10,
+                    health: BackendHealth::Down,
+                    drained: false,
+                },
+            ],
+            packets,
+            bytes,
+            rate_limited: 3,
+            no_backend: 0,
+        }
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let mut t = Table::new(&["NAME", "N>", "NOTE"]);
+        t.row(vec!["a".into(), "1".into(), "".into()]);
+        t.row(vec!["long-name".into(), "12345".into(), "x".into()]);
+        assert_eq!(
+            t.render(),
+            "NAME           N  NOTE\n\
+             a              1\n\
+             long-name  12345  x\n"
+        );
+    }
+
+    #[test]
+    fn vip_list_golden() {
+        let out = vip_list(&[vip("tcp/10.0.0.1:80", 1234, 99999)]);
+        assert_eq!(
+            out,
+            "VIP              MODE  AFFINITY  HEALTHY  PACKETS  BYTES  RATE_LIMITED  NO_BACKEND\n\
+             tcp/10.0.0.1:80  nat   none          1/2     1234  99999             3           0\n"
+        );
+    }
+
+    #[test]
+    fn stats_rates_from_previous_sample() {
+        let before = [vip("tcp/10.0.0.1:80", 100, 1000)];
+        let now = [
+            vip("tcp/10.0.0.1:80", 300, 5000),
+            vip("udp/10.0.0.2:53", 5, 50),
+        ];
+        let mut drops = Drops::default();
+        drops.by_reason.insert("no_service".into(), 0);
+        drops.by_reason.insert("rate_limited".into(), 3);
+        let out = stats(&now, &drops, Some((&before, Duration::from_secs(2))));
+        assert_eq!(
+            out,
+            "VIP              PACKETS  BYTES  PKT/S  BYTES/S  RATE_LIMITED  NO_BACKEND\n\
+             tcp/10.0.0.1:80      300   5000    100     2000             3           0\n\
+             udp/10.0.0.2:53        5     50      -        -             3           0\n\
+             \n\
+             DROP REASON   PACKETS\n\
+             rate_limited        3\n"
+        );
+    }
+
+    #[test]
+    fn unix_time_formatting() {
+        assert_eq!(fmt_unix_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(fmt_unix_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(fmt_unix_utc(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+}

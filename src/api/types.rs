@@ -1,0 +1,402 @@
+//! What the API carries on the wire. Plain data: the daemon fills these from
+//! its desired state, the health checker and the stats maps; the server only
+//! serialises them.
+//!
+//! Response types accept unknown fields on purpose, so an older `rivoractl`
+//! keeps working against a newer `rivorad`. Request types deny them, so a
+//! misspelt field is an error rather than a silently ignored option.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiRequestError;
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    /// Bumped each time a configuration is applied (start or reload).
+    pub config_generation: u64,
+    pub last_reload: ReloadResult,
+    pub interfaces: Vec<InterfaceStatus>,
+    pub vip_count: u64,
+    pub backend_count: u64,
+}
+
+/// The outcome of the last configuration load (`POST /v1/reload` answers
+/// with one too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadResult {
+    pub ok: bool,
+    /// Unix time, seconds.
+    pub at: u64,
+    /// Always present (null on success) so scripts see a stable shape.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    pub name: String,
+    pub ifindex: u32,
+    pub xdp_mode: XdpMode,
+    /// Whether `tc_nat` is attached on TCX egress.
+    pub tc_attached: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XdpMode {
+    Native,
+    Generic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VipMode {
+    Nat,
+    Dsr,
+    L3dsr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Affinity {
+    None,
+    ClientIp,
+}
+
+/// The state `backend_health_map` holds for a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendHealth {
+    Healthy,
+    Draining,
+    Down,
+}
+
+impl BackendHealth {
+    pub const ALL: [BackendHealth; 3] = [Self::Healthy, Self::Draining, Self::Down];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Draining => "draining",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// What the active health checker last concluded, independent of drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeState {
+    Healthy,
+    Down,
+    /// Checks are on but have not reached rise or fall yet.
+    Unknown,
+    Disabled,
+}
+
+impl ProbeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Down => "down",
+            Self::Unknown => "unknown",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// An inclusive port range; a single-port VIP has `first == last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Ports {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl fmt::Display for Ports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+/// One entry of `GET /v1/vips` and the body of `GET /v1/vips/{vip}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipInfo {
+    /// The VIP's name, as [`VipName`] displays it: `tcp/10.0.0.1:80`.
+    pub vip: String,
+    pub addr: IpAddr,
+    pub ports: Ports,
+    pub proto: Proto,
+    pub mode: VipMode,
+    pub affinity: Affinity,
+    pub service_id: u32,
+    /// The VIP's slice of the shared Maglev table.
+    pub slice_start: u32,
+    pub slice_len: u32,
+    pub backends: Vec<VipBackend>,
+    pub packets: u64,
+    pub bytes: u64,
+    /// SYNs dropped by the VIP's rate limit (or the node-wide one).
+    pub rate_limited: u64,
+    /// Packets dropped because no backend was healthy.
+    pub no_backend: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipBackend {
+    pub target: SocketAddr,
+    pub backend_id: u32,
+    pub weight: u32,
+    pub health: BackendHealth,
+    /// Drained for this VIP by an operator (or a terminating endpoint).
+    pub drained: bool,
+}
+
+/// One entry of `GET /v1/backends`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendInfo {
+    pub target: SocketAddr,
+    pub backend_id: u32,
+    /// What the datapath sees: a failed probe wins over a drain.
+    pub health: BackendHealth,
+    pub probe: ProbeState,
+    pub drained_by_operator: bool,
+    /// Names of the VIPs this backend serves.
+    pub vips: Vec<String>,
+}
+
+/// `GET /v1/drops`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drops {
+    /// Keyed by the drop reason's metric label (`abi::drop_reason_label`).
+    pub by_reason: BTreeMap<String, u64>,
+    /// Keyed by VIP name.
+    pub rate_limited_by_vip: BTreeMap<String, u64>,
+}
+
+/// Body of `POST /v1/drain` and `POST /v1/undrain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// The backend, `addr:port` (`[v6]:port` for IPv6).
+    pub target: String,
+    /// Limit the drain to one VIP; every VIP the backend serves if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<String>,
+}
+
+impl DrainRequest {
+    /// Checks the syntax; whether the backend and VIP exist is the state's
+    /// business.
+    pub fn validate(&self) -> Result<DrainSpec, ApiRequestError> {
+        let target = SocketAddr::from_str(self.target.trim()).map_err(|_| {
+            ApiRequestError::InvalidTarget {
+                input: self.target.clone(),
+            }
+        })?;
+        let vip = self.vip.as_deref().map(VipName::from_str).transpose()?;
+        Ok(DrainSpec { target, vip })
+    }
+}
+
+/// A [`DrainRequest`] whose syntax has been checked: what the state sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainSpec {
+    pub target: SocketAddr,
+    pub vip: Option<VipName>,
+}
+
+/// What a drain or undrain did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainOutcome {
+    pub target: SocketAddr,
+    /// The VIPs whose drain state the request concerns.
+    pub vips: Vec<String>,
+    /// False when every VIP was already in the requested state: drains are
+    /// idempotent so scripts can retry.
+    pub changed: bool,
+}
+
+/// Body of `POST /v1/reload`: empty, or an empty JSON object. A type so that
+/// fields added later are refused by older daemons rather than ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadRequest {}
+
+/// Every 4xx and 5xx answer carries this body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+}
+
+/// A VIP's identity, `proto/addr:port` or `proto/addr:first-last`, with an
+/// IPv6 address in brackets: `udp/[2001:db8::1]:53`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VipName {
+    pub proto: Proto,
+    pub addr: IpAddr,
+    pub ports: Ports,
+}
+
+impl fmt::Display for VipName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let proto = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{proto}/{a}:{}", self.ports),
+            IpAddr::V6(a) => write!(f, "{proto}/[{a}]:{}", self.ports),
+        }
+    }
+}
+
+impl FromStr for VipName {
+    type Err = ApiRequestError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &'static str| ApiRequestError::InvalidVip {
+            input: input.to_string(),
+            reason,
+        };
+        let (proto, rest) = input
+            .split_once('/')
+            .ok_or_else(|| bad("expected proto/addr:port"))?;
+        let proto = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => Proto::Tcp,
+            "udp" => Proto::Udp,
+            _ => return Err(bad("protocol must be tcp or udp")),
+        };
+        let (addr, ports) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| bad("expected proto/addr:port"))?;
+        let addr = if let Some(inner) = addr.strip_prefix('[') {
+            let inner = inner
+                .strip_suffix(']')
+                .ok_or_else(|| bad("unclosed '[' in IPv6 address"))?;
+            match IpAddr::from_str(inner) {
+                Ok(a @ IpAddr::V6(_)) => a,
+                _ => return Err(bad("invalid IPv6 address")),
+            }
+        } else {
+            match IpAddr::from_str(addr) {
+                Ok(a @ IpAddr::V4(_)) => a,
+                Ok(IpAddr::V6(_)) => return Err(bad("an IPv6 address must be in brackets")),
+                Err(_) => return Err(bad("invalid IP address")),
+            }
+        };
+        let port = |s: &str| u16::from_str(s).map_err(|_| bad("invalid port"));
+        let ports = match ports.split_once('-') {
+            Some((a, b)) => Ports {
+                first: port(a)?,
+                last: port(b)?,
+            },
+            None => {
+                let p = port(ports)?;
+                Ports { first: p, last: p }
+            }
+        };
+        if ports.first == 0 || ports.first > ports.last {
+            return Err(bad("ports must be 1-65535 with first <= last"));
+        }
+        Ok(VipName { proto, addr, ports })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vip_names_round_trip() {
+        for s in [
+            "tcp/10.0.0.1:80",
+            "udp/[2001:db8::1]:53",
+            "tcp/10.0.0.1:8000-8100",
+            "udp/[::1]:1-65535",
+        ] {
+            let v: VipName = s.parse().expect(s);
+            assert_eq!(v.to_string(), s);
+        }
+        let v: VipName = "TCP/[2001:DB8:0::1]:80".parse().unwrap();
+        assert_eq!(v.to_string(), "tcp/[2001:db8::1]:80", "canonical form");
+    }
+
+    #[test]
+    fn vip_names_reject_bad_syntax() {
+        for s in [
+            "",
+            "10.0.0.1:80",
+            "sctp/10.0.0.1:80",
+            "tcp/10.0.0.1",
+            "tcp/10.0.0.1:0",
+            "tcp/10.0.0.1:65536",
+            "tcp/10.0.0.1:90-80",
+            "tcp/2001:db8::1:80",
+            "tcp/[10.0.0.1]:80",
+            "tcp/[2001:db8::1:80",
+            "tcp/host.example:80",
+            "tcp/10.0.0.1:80-",
+        ] {
+            let err = s.parse::<VipName>().expect_err(s);
+            assert!(
+                matches!(err, ApiRequestError::InvalidVip { .. }),
+                "{s}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn drain_request_validation() {
+        let ok = DrainRequest {
+            target: "[2001:db8::2]:8080".into(),
+            vip: Some("tcp/10.0.0.1:80".into()),
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(ok.target, "[2001:db8::2]:8080".parse().unwrap());
+        assert_eq!(ok.vip.unwrap().to_string(), "tcp/10.0.0.1:80");
+
+        for target in ["10.0.0.2", "10.0.0.2:x", "backend:80", ""] {
+            let err = DrainRequest {
+                target: target.into(),
+                vip: None,
+            }
+            .validate()
+            .expect_err(target);
+            assert!(matches!(err, ApiRequestError::InvalidTarget { .. }));
+        }
+        let err = DrainRequest {
+            target: "10.0.0.2:80".into(),
+            vip: Some("nope".into()),
+        }
+        .validate()
+        .unwrap_err();
+        assert!(matches!(err, ApiRequestError::InvalidVip { .. }));
+    }
+
+    #[test]
+    fn drain_request_denies_unknown_fields() {
+        let r: Result<DrainRequest, _> =
+            serde_json::from_str(r#"{"target":"10.0.0.2:80","vips":"tcp/10.0.0.1:80"}"#);
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,316 @@
+//! The real `rivoractl` binary against the API server with a fake state.
+
+mod api_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use api_support::{Fake, B1, VIP4, VIP6};
+use rivora::api::{serve_api, ApiConfig, ServerHandle, TcpApiConfig};
+
+struct Server {
+    // Field order: the handle must drop (and stop serving) while the
+    // runtime is still alive.
+    handle: Option<ServerHandle>,
+    rt: tokio::runtime::Runtime,
+    fake: Arc<Fake>,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(tcp_token: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("rivorad.sock");
+        let tcp = tcp_token.map(|token| {
+            let token_file = dir.path().join("token");
+            std::fs::write(&token_file, token).unwrap();
+            TcpApiConfig {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                token_file,
+            }
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fake = Arc::new(Fake::default());
+        let cfg = ApiConfig {
+            socket_path: socket.clone(),
+            tcp,
+            ..ApiConfig::default()
+        };
+        let handle = rt.block_on(serve_api(cfg, fake.clone())).unwrap();
+        Server {
+            handle: Some(handle),
+            rt,
+            fake,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        run(&self.socket, args)
+    }
+
+    fn tcp_addr(&self) -> String {
+        self.handle
+            .as_ref()
+            .unwrap()
+            .tcp_addr()
+            .unwrap()
+            .to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            self.rt.block_on(h.shutdown());
+        }
+    }
+}
+
+fn run(socket: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[track_caller]
+fn assert_exit(o: &Output, code: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+#[test]
+fn vip_list_json_is_the_apis_json() {
+    let s = Server::start(None);
+    let o = s.ctl(&["-o", "json", "vip", "list"]);
+    assert_exit(&o, 0);
+    let got: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let want = serde_json::to_value(s.fake.all_vips()).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn tables_by_default() {
+    let s = Server::start(None);
+
+    let o = s.ctl(&["vip", "list"]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].starts_with("VIP "), "{out}");
+    assert!(lines[1].starts_with(VIP4), "{out}");
+    assert!(lines[2].starts_with(VIP6), "{out}");
+    // Aligned: each column starts at the same offset on every line.
+    let col = lines[0].find("MODE").unwrap();
+    assert_eq!(&lines[1][col..col + 3], "nat");
+    assert_eq!(&lines[2][col..col + 3], "dsr");
+
+    let o = s.ctl(&["vip", "show", VIP6]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("affinity      client_ip\n"), "{out}");
+    assert!(out.contains("[2001:db8::10]:53"), "{out}");
+
+    let o = s.ctl(&["status"]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("config generation  3\n"), "{out}");
+    assert!(
+        out.contains("last reload        FAILED at 2023-11-14T22:13:20Z: rivora.yaml:12"),
+        "{out}"
+    );
+    assert!(out.contains("veth-long-name"), "{out}");
+
+    let o = s.ctl(&["backend", "list"]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("10.0.1.2:8080"), "{}", stdout(&o));
+
+    let o = s.ctl(&["stats"]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("rate_limited"), "{out}");
+    assert!(
+        !out.contains("no_service"),
+        "zero drop reasons are left out: {out}"
+    );
+
+    let o = s.ctl(&["-o", "json", "stats"]);
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["vips"][0]["packets"], 1500);
+    assert_eq!(v["drops"]["by_reason"]["rate_limited"], 4);
+
+    let o = s.ctl(&["reload"]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "reload ok at 2023-11-14T22:15:00Z\n");
+}
+
+#[test]
+fn drain_and_undrain() {
+    let s = Server::start(None);
+    let o = s.ctl(&["drain", B1, "--vip", VIP4]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), format!("drained {B1} on {VIP4}\n"));
+    assert!(s
+        .fake
+        .drained()
+        .contains(&(B1.parse().unwrap(), VIP4.to_string())));
+
+    let o = s.ctl(&["drain", B1, "--vip", VIP4]);
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("nothing changed"), "{}", stdout(&o));
+
+    let o = s.ctl(&["-o", "json", "undrain", B1]);
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["changed"], true);
+    assert!(s.fake.drained().is_empty());
+}
+
+#[test]
+fn api_errors_exit_1_with_the_message() {
+    let s = Server::start(None);
+    let o = s.ctl(&["vip", "show", "tcp/10.9.9.9:80"]);
+    assert_exit(&o, 1);
+    assert_eq!(stderr(&o), "rivoractl: no VIP tcp/10.9.9.9:80\n");
+
+    let o = s.ctl(&["drain", "not-a-target"]);
+    assert_exit(&o, 1);
+    assert!(
+        stderr(&o).contains("invalid backend target"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(s.fake.calls().is_empty());
+
+    let o = run(&s.socket.with_file_name("absent.sock"), &["status"]);
+    assert_exit(&o, 1);
+    assert!(
+        stderr(&o).contains("connecting to rivorad at unix:"),
+        "{}",
+        stderr(&o)
+    );
+
+    s.fake
+        .fail_reload
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let o = s.ctl(&["reload"]);
+    assert_exit(&o, 1);
+    assert!(
+        stderr(&o).contains("running configuration kept"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let s = Server::start(None);
+    for args in [
+        &["frobnicate"][..],
+        &["vip"],
+        &["vip", "show"],
+        &["-o", "yaml", "status"],
+        &["stats", "--interval", "1"],
+        &["stats", "--watch", "--interval", "0"],
+        &["--address", "127.0.0.1:1", "status"],
+    ] {
+        let o = s.ctl(args);
+        assert_exit(&o, 2);
+    }
+    assert!(s.fake.calls().is_empty());
+}
+
+#[test]
+fn config_validate_without_a_validator_says_so() {
+    let s = Server::start(None);
+    let o = s.ctl(&["config", "validate", "/etc/rivora/rivora.yaml"]);
+    assert_exit(&o, 1);
+    assert!(
+        stderr(&o).contains("no configuration validator is built into this rivoractl"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn completions() {
+    let o = run(Path::new("/nonexistent"), &["completions", "bash"]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("_rivoractl()"), "{out}");
+    assert!(out.contains("undrain"), "{out}");
+}
+
+#[test]
+fn tcp_with_token_file() {
+    let s = Server::start(Some("tok-123\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    let bad = dir.path().join("bad");
+    std::fs::write(&good, "tok-123").unwrap();
+    std::fs::write(&bad, "tok-124").unwrap();
+    let addr = s.tcp_addr();
+    let ctl = |token: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+            .args(["--address", &addr, "--token-file"])
+            .arg(token)
+            .args(["-o", "json", "status"])
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&good);
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["version"], "0.1.0-test");
+
+    let o = ctl(&bad);
+    assert_exit(&o, 1);
+    assert_eq!(stderr(&o), "rivoractl: missing or wrong bearer token\n");
+
+    let o = ctl(&dir.path().join("missing"));
+    assert_exit(&o, 1);
+    assert!(stderr(&o).contains("reading token file"), "{}", stderr(&o));
+}
+
+#[test]
+fn stats_watch_repeats_with_rates() {
+    let s = Server::start(None);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+        .arg("--socket")
+        .arg(&s.socket)
+        .args(["stats", "--watch", "--interval", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    child.kill().unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = stdout(&o);
+    assert!(out.matches("--- ").count() >= 2, "{out}");
+    assert!(out.contains("PKT/S"), "later samples show rates: {out}");
+}
