@@ -10,5 +10,5 @@ pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
 pub mod maglev;
-pub mod model;
 pub mod metrics;
+pub mod model;

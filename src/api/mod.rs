@@ -16,7 +16,6 @@
 //! | `POST /v1/reload` | empty body or `{}` in, [`ReloadResult`] out |
 //! | `GET /metrics` | Prometheus text, on the separate metrics listener |
 
-pub mod cli_hooks;
 pub mod client;
 mod error;
 pub mod render;

@@ -14,7 +14,7 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::de::DeserializeOwned;
 
 use rivora::api::client::{vip_path, Client};
-use rivora::api::{cli_hooks, render, DrainRequest, Drops, VipInfo, DEFAULT_SOCKET_PATH};
+use rivora::api::{render, DrainRequest, Drops, VipInfo, DEFAULT_SOCKET_PATH};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -197,10 +197,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }),
         Command::Stats { watch, interval } => stats(&cli, *watch, *interval),
         Command::Config(ConfigCommand::Validate { file }) => {
-            // rivorad's validator is registered here once the config module
-            // lands (see rivora::api::cli_hooks); until then this reports it
-            // is missing instead of pretending the file is valid.
-            let summary = cli_hooks::validate_config(file)?;
+            // The same validator rivorad runs at start and on reload.
+            let cfg = rivora::config::load(file)?;
+            let summary = rivora::config::summary(&cfg);
             match cli.output {
                 Output::Json => println!(
                     "{}",

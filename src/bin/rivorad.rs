@@ -1,6 +1,7 @@
 //! rivorad: the per-node daemon. Thin: flags, logging, signals; the work is
 //! in `rivora::daemon`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -8,13 +9,19 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use clap::Parser;
 use rivora::abi;
+use rivora::api::{serve_api, serve_metrics, ApiConfig, TcpApiConfig};
+use rivora::daemon::api::{DaemonApi, ProbeHistograms};
 use rivora::daemon::{self, Daemon, Options};
-use rivora::dataplane::DEFAULT_PIN_DIR;
+use rivora::dataplane::{Maps, DEFAULT_PIN_DIR};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
 
 #[derive(Parser, Debug)]
-#[command(name = "rivorad", version, about = "Rivora's per-node load-balancer daemon")]
+#[command(
+    name = "rivorad",
+    version,
+    about = "Rivora's per-node load-balancer daemon"
+)]
 struct Args {
     /// The static configuration file (YAML).
     #[arg(long, value_name = "FILE", required_unless_present = "cleanup")]
@@ -59,13 +66,22 @@ fn main() -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if args.log_format == "json" {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .init();
     }
 
     if args.cleanup {
-        daemon::cleanup(&args.pin_dir).with_context(|| format!("removing {}", args.pin_dir.display()))?;
+        daemon::cleanup(&args.pin_dir)
+            .with_context(|| format!("removing {}", args.pin_dir.display()))?;
         info!(pin_dir = %args.pin_dir.display(), "removed everything rivora pinned");
         return Ok(());
     }
@@ -86,10 +102,51 @@ fn main() -> Result<()> {
         persist_datapath: args.persist_datapath,
         maglev_size: args.maglev_size,
     };
-    let (d, mut events) = Daemon::start(opts, runtime.handle().clone())
+    let probes = Arc::new(Mutex::new(ProbeHistograms::default()));
+    let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
+        let probes = probes.clone();
+        Arc::new(move |_key, obs| {
+            if let Ok(mut h) = probes.lock() {
+                if obs.success() {
+                    h.success.observe(obs.latency_secs());
+                } else {
+                    h.failure.observe(obs.latency_secs());
+                }
+            }
+        })
+    };
+    let (d, mut events) = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
+    let api_conf = d.config.file.api.clone();
+    let metrics_addr = d.config.file.metrics.listen;
     let d = Arc::new(Mutex::new(d));
-    info!("ready");
+    let state = Arc::new(DaemonApi {
+        daemon: d.clone(),
+        maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
+        probes,
+    });
+    let api = runtime
+        .block_on(serve_api(
+            ApiConfig {
+                socket_path: api_conf.socket.clone(),
+                tcp: api_conf
+                    .listen
+                    .zip(api_conf.token_file.clone())
+                    .map(|(addr, token_file)| TcpApiConfig { addr, token_file }),
+                ..Default::default()
+            },
+            state.clone(),
+        ))
+        .with_context(|| format!("serving the API on {}", api_conf.socket.display()))?;
+    let metrics = match metrics_addr {
+        Some(addr) => Some(
+            runtime
+                .block_on(serve_metrics(addr, state.clone()))
+                .with_context(|| format!("serving metrics on {addr}"))?,
+        ),
+        None => None,
+    };
+    info!(socket = %api_conf.socket.display(), metrics = ?metrics_addr, "ready");
 
     let main_ref = d.clone();
     runtime.block_on(async move {
@@ -141,12 +198,19 @@ fn main() -> Result<()> {
         }
         health.abort();
         watcher.abort();
+        api.shutdown().await;
+        if let Some(m) = metrics {
+            m.shutdown().await;
+        }
         anyhow::Ok(())
     })?;
+    drop(state);
     // The tasks held references; the runtime going away drops them.
     drop(runtime);
     let d = Arc::try_unwrap(d).map_err(|_| anyhow::anyhow!("daemon still shared at exit"))?;
-    let d = d.into_inner().map_err(|_| anyhow::anyhow!("daemon lock poisoned"))?;
+    let d = d
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("daemon lock poisoned"))?;
     d.shutdown();
     info!("stopped");
     Ok(())

@@ -4,6 +4,7 @@
 //! the API. Every change goes through one `Daemon` behind one lock, so map
 //! writes never interleave.
 
+pub mod api;
 pub mod net;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{self, Config, ConfigError};
 use crate::dataplane::{
-    AttachPoint, AttachedLink, DataplaneError, Datapath, LoadOptions, Probe, ReconcileReport,
+    AttachPoint, AttachedLink, Datapath, DataplaneError, LoadOptions, Probe, ReconcileReport,
     Writer, XdpMode,
 };
 use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
@@ -82,7 +83,10 @@ pub struct Daemon {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// The probe targets a configuration asks for.
@@ -90,14 +94,21 @@ fn probe_targets(cfg: &Config, writer: &Writer) -> Vec<ProbeTarget<ProbeKey>> {
     let mut out = Vec::new();
     for ((vip, addr), spec) in &cfg.health {
         let Some(spec) = spec else { continue };
-        let Some(target) = backend_target(cfg, vip, *addr) else { continue };
+        let Some(target) = backend_target(cfg, vip, *addr) else {
+            continue;
+        };
         // A backend the pinned maps say is down stays down until a probe
         // says otherwise (restarts must not resurrect it).
         let initial = match writer.health(&target) {
             Some(crate::dataplane::render::Health::Down) => HealthState::Down,
             _ => HealthState::Healthy,
         };
-        out.push(ProbeTarget { key: (*vip, target), addr: *addr, spec: spec.clone(), initial });
+        out.push(ProbeTarget {
+            key: (*vip, target),
+            addr: *addr,
+            spec: spec.clone(),
+            initial,
+        });
     }
     out
 }
@@ -105,22 +116,39 @@ fn probe_targets(cfg: &Config, writer: &Writer) -> Vec<ProbeTarget<ProbeKey>> {
 /// The dataplane identity of the backend probed at `addr` for `vip`.
 fn backend_target(cfg: &Config, vip: &VipKey, addr: SocketAddr) -> Option<BackendTarget> {
     let v = cfg.desired.vips.iter().find(|v| v.key() == *vip)?;
-    let b = v.backends.iter().find(|b| {
-        b.addr == addr.ip() && (b.port == addr.port() || b.port == 0)
-    })?;
-    Some(BackendTarget { addr: b.addr, port: b.port })
+    let b = v
+        .backends
+        .iter()
+        .find(|b| b.addr == addr.ip() && (b.port == addr.port() || b.port == 0))?;
+    Some(BackendTarget {
+        addr: b.addr,
+        port: b.port,
+    })
 }
 
 impl Daemon {
     /// Load the configuration (an invalid file is an error, nothing is
     /// touched), the BPF objects and the pinned maps (adopting what they
     /// hold), apply the file, attach, and start probing.
-    pub fn start(opts: Options, runtime: tokio::runtime::Handle) -> Result<(Self, tokio::sync::mpsc::UnboundedReceiver<HealthEvent<ProbeKey>>), DaemonError> {
+    pub fn start(
+        opts: Options,
+        runtime: tokio::runtime::Handle,
+        observer: crate::healthcheck::Observer<ProbeKey>,
+    ) -> Result<
+        (
+            Self,
+            tokio::sync::mpsc::UnboundedReceiver<HealthEvent<ProbeKey>>,
+        ),
+        DaemonError,
+    > {
         let cfg = config::load(&opts.config)?;
-        let dp = Datapath::load(&LoadOptions { pin_dir: opts.pin_dir.clone(), maglev_size: opts.maglev_size })?;
+        let dp = Datapath::load(&LoadOptions {
+            pin_dir: opts.pin_dir.clone(),
+            maglev_size: opts.maglev_size,
+        })?;
         let writer = Writer::open_pinned(&opts.pin_dir)?;
         let adopted = writer.vips().len();
-        let (checker, events) = HealthChecker::new(runtime);
+        let (checker, events) = HealthChecker::with_observer(runtime, observer);
         let mut d = Self {
             opts,
             config: cfg.clone(),
@@ -129,7 +157,11 @@ impl Daemon {
             attached: Vec::new(),
             checker,
             generation: 0,
-            last_reload: ReloadStatus { ok: true, at: now_secs(), error: None },
+            last_reload: ReloadStatus {
+                ok: true,
+                at: now_secs(),
+                error: None,
+            },
             reloads_ok: 0,
             reloads_failed: 0,
             drains: BTreeSet::new(),
@@ -138,7 +170,13 @@ impl Daemon {
         info!(adopted, file = %d.opts.config.display(), "adopted pinned maps");
         let report = d.apply(&cfg)?;
         d.generation = 1;
-        info!(created = report.created, updated = report.updated, unchanged = report.unchanged, removed = report.removed, "configuration applied");
+        info!(
+            created = report.created,
+            updated = report.updated,
+            unchanged = report.unchanged,
+            removed = report.removed,
+            "configuration applied"
+        );
         d.attach()?;
         Ok((d, events))
     }
@@ -159,17 +197,25 @@ impl Daemon {
                 if v.mode == Mode::Dsr && b.mac.is_none() {
                     b.mac = Some(net::resolve_mac(b.addr, Duration::from_secs(1))?);
                 }
-                if self.drains.contains(&(Some(key), BackendTarget { addr: b.addr, port: b.port })) {
+                if self.drains.contains(&(
+                    Some(key),
+                    BackendTarget {
+                        addr: b.addr,
+                        port: b.port,
+                    },
+                )) {
                     b.weight = 0;
                 }
             }
         }
-        d.validate().map_err(|e| DaemonError::Config(ConfigError {
-            file: cfg.path.clone(),
-            line: None,
-            field: None,
-            message: e.to_string(),
-        }))?;
+        d.validate().map_err(|e| {
+            DaemonError::Config(ConfigError {
+                file: cfg.path.clone(),
+                line: None,
+                field: None,
+                message: e.to_string(),
+            })
+        })?;
         Ok(d)
     }
 
@@ -183,20 +229,27 @@ impl Daemon {
         // any adopted leftover it could not name goes too.
         let pruned = self.writer.prune_unclaimed()?;
         if !pruned.is_empty() {
-            info!(count = pruned.len(), "pruned adopted VIPs the file does not list");
+            info!(
+                count = pruned.len(),
+                "pruned adopted VIPs the file does not list"
+            );
         }
         if cfg.desired.vips.iter().any(|v| v.mode == Mode::L3Dsr) {
             // A tunnelled packet the FIB cannot send yet (no neighbour
             // entry) goes to the kernel with our own address as source:
             // accept_local keeps it from being dropped as martian.
             for ifc in &cfg.file.interfaces {
-                if let Err(e) = net::sysctl(&["net", "ipv4", "conf", &ifc.name, "accept_local"], "1") {
+                if let Err(e) =
+                    net::sysctl(&["net", "ipv4", "conf", &ifc.name, "accept_local"], "1")
+                {
                     warn!(interface = %ifc.name, error = %e, "cannot set accept_local for L3 DSR");
                 }
             }
         }
         let targets = probe_targets(cfg, &self.writer);
-        self.checker.set_targets(targets).map_err(|e| DaemonError::Health(e.to_string()))?;
+        self.checker
+            .set_targets(targets)
+            .map_err(|e| DaemonError::Health(e.to_string()))?;
         // Probes that no longer exist no longer hold a backend down.
         let live: BTreeSet<ProbeKey> = self.checker.status().into_iter().map(|s| s.key).collect();
         let stale: Vec<(BackendTarget, VipKey)> = self
@@ -212,8 +265,16 @@ impl Daemon {
             for (vip, e) in &report.failed {
                 error!(%vip, error = %e, "VIP not applied; its previous state (if any) keeps forwarding");
             }
-            let detail = report.failed.iter().map(|(v, e)| format!("{v}: {e}")).collect::<Vec<_>>().join("; ");
-            return Err(DaemonError::Apply { vips: report.failed.len(), detail });
+            let detail = report
+                .failed
+                .iter()
+                .map(|(v, e)| format!("{v}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(DaemonError::Apply {
+                vips: report.failed.len(),
+                detail,
+            });
         }
         Ok(report)
     }
@@ -223,18 +284,31 @@ impl Daemon {
             let (ifindex, _) = net::interface(&ifc.name)?;
             let (xdp, tc) = self.attach_one(&ifc.name, ifindex, ifc.xdp_mode)?;
             info!(interface = %ifc.name, ifindex, xdp = ?xdp.xdp_mode, "attached");
-            self.attached.push(Attached { name: ifc.name.clone(), ifindex, xdp, tc });
+            self.attached.push(Attached {
+                name: ifc.name.clone(),
+                ifindex,
+                xdp,
+                tc,
+            });
         }
         Ok(())
     }
 
     fn link_pin(&self, name: &str, kind: &str) -> PathBuf {
-        self.opts.pin_dir.join("links").join(format!("{kind}_{name}"))
+        self.opts
+            .pin_dir
+            .join("links")
+            .join(format!("{kind}_{name}"))
     }
 
     /// Attach to one interface, or with -persist-datapath take over the
     /// pinned links and swap the program behind them (no gap).
-    fn attach_one(&self, name: &str, ifindex: u32, mode: XdpMode) -> Result<(AttachedLink, AttachedLink), DaemonError> {
+    fn attach_one(
+        &self,
+        name: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> Result<(AttachedLink, AttachedLink), DaemonError> {
         let xdp_prog = &self.dp.xdp().progs.xdp_ingress;
         let tc_prog = &self.dp.tc().progs.tc_nat;
         if self.opts.persist_datapath {
@@ -265,7 +339,13 @@ impl Daemon {
         let result = config::load(&self.opts.config)
             .map_err(DaemonError::from)
             .and_then(|cfg| {
-                if cfg.file.interfaces.iter().map(|i| &i.name).ne(self.config.file.interfaces.iter().map(|i| &i.name)) {
+                if cfg.file.interfaces.iter().map(|i| &i.name).ne(self
+                    .config
+                    .file
+                    .interfaces
+                    .iter()
+                    .map(|i| &i.name))
+                {
                     warn!("interface changes take effect at the next restart");
                 }
                 let r = self.apply(&cfg)?;
@@ -276,12 +356,26 @@ impl Daemon {
             Ok(r) => {
                 self.generation += 1;
                 self.reloads_ok += 1;
-                self.last_reload = ReloadStatus { ok: true, at: now_secs(), error: None };
-                info!(generation = self.generation, created = r.created, updated = r.updated, removed = r.removed, "reloaded");
+                self.last_reload = ReloadStatus {
+                    ok: true,
+                    at: now_secs(),
+                    error: None,
+                };
+                info!(
+                    generation = self.generation,
+                    created = r.created,
+                    updated = r.updated,
+                    removed = r.removed,
+                    "reloaded"
+                );
             }
             Err(e) => {
                 self.reloads_failed += 1;
-                self.last_reload = ReloadStatus { ok: false, at: now_secs(), error: Some(e.to_string()) };
+                self.last_reload = ReloadStatus {
+                    ok: false,
+                    at: now_secs(),
+                    error: Some(e.to_string()),
+                };
                 error!(error = %e, "reload failed; the running configuration stays");
             }
         }
@@ -308,14 +402,24 @@ impl Daemon {
         if !down {
             self.probe_down.remove(target);
         }
-        self.writer.set_health(target, if down { Probe::Down } else { Probe::Up })?;
+        self.writer
+            .set_health(target, if down { Probe::Down } else { Probe::Up })?;
         Ok(())
     }
 
     /// Drain (or undrain) a backend everywhere, or for one VIP.
-    pub fn set_drain(&mut self, target: BackendTarget, vip: Option<VipKey>, drain: bool) -> Result<(), DaemonError> {
+    pub fn set_drain(
+        &mut self,
+        target: BackendTarget,
+        vip: Option<VipKey>,
+        drain: bool,
+    ) -> Result<(), DaemonError> {
         let k = (vip, target);
-        let changed = if drain { self.drains.insert(k) } else { self.drains.remove(&k) };
+        let changed = if drain {
+            self.drains.insert(k)
+        } else {
+            self.drains.remove(&k)
+        };
         if !changed {
             return Ok(());
         }

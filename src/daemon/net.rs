@@ -11,14 +11,19 @@ use crate::model::Mac;
 pub enum NetError {
     #[error("interface {name}: {why}")]
     Interface { name: String, why: String },
-    #[error("neighbour {addr}: no MAC after {waited_ms} ms (is it on a directly connected segment?)")]
+    #[error(
+        "neighbour {addr}: no MAC after {waited_ms} ms (is it on a directly connected segment?)"
+    )]
     Unresolved { addr: IpAddr, waited_ms: u128 },
 }
 
 /// An interface's ifindex and MAC. Asked of the kernel through a socket
 /// (not sysfs, which shows the namespace it was mounted in, not ours).
 pub fn interface(name: &str) -> Result<(u32, Mac), NetError> {
-    let err = |why: String| NetError::Interface { name: name.to_string(), why };
+    let err = |why: String| NetError::Interface {
+        name: name.to_string(),
+        why,
+    };
     let ifindex = crate::dataplane::attach::ifindex(name).map_err(|e| err(e.to_string()))?;
     if name.len() >= libc::IFNAMSIZ {
         return Err(err("name too long".into()));
@@ -42,7 +47,14 @@ pub fn interface(name: &str) -> Result<(u32, Mac), NetError> {
             return Err(err(format!("SIOCGIFHWADDR: {e}")));
         }
         let sa = req.ifr_ifru.ifru_hwaddr.sa_data;
-        Mac([sa[0] as u8, sa[1] as u8, sa[2] as u8, sa[3] as u8, sa[4] as u8, sa[5] as u8])
+        Mac([
+            sa[0] as u8,
+            sa[1] as u8,
+            sa[2] as u8,
+            sa[3] as u8,
+            sa[4] as u8,
+            sa[5] as u8,
+        ])
     };
     Ok((ifindex, mac))
 }
@@ -50,7 +62,10 @@ pub fn interface(name: &str) -> Result<(u32, Mac), NetError> {
 /// The neighbour table's MAC for `addr`, if it has a usable one.
 fn lookup(addr: IpAddr) -> Option<Mac> {
     let fam = if addr.is_ipv4() { "-4" } else { "-6" };
-    let out = Command::new("ip").args([fam, "neigh", "show", &addr.to_string()]).output().ok()?;
+    let out = Command::new("ip")
+        .args([fam, "neigh", "show", &addr.to_string()])
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     for line in text.lines() {
         // "10.0.0.2 dev eth0 lladdr 02:..:.. REACHABLE"
@@ -75,7 +90,13 @@ pub fn resolve_mac(addr: IpAddr, wait: Duration) -> Result<Mac, NetError> {
         return Ok(m);
     }
     let start = Instant::now();
-    let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("constant");
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("constant");
     if let Ok(s) = UdpSocket::bind(bind) {
         let _ = s.send_to(b"", SocketAddr::new(addr, 9));
     }
@@ -85,7 +106,10 @@ pub fn resolve_mac(addr: IpAddr, wait: Duration) -> Result<Mac, NetError> {
             return Ok(m);
         }
     }
-    Err(NetError::Unresolved { addr, waited_ms: start.elapsed().as_millis() })
+    Err(NetError::Unresolved {
+        addr,
+        waited_ms: start.elapsed().as_millis(),
+    })
 }
 
 /// Write a sysctl under /proc/sys given as path parts (an interface name
