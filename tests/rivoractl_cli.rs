@@ -245,15 +245,34 @@ fn usage_errors_exit_2() {
     assert!(s.fake.calls().is_empty());
 }
 
+/// `config validate` runs rivorad's own validator offline: no daemon needed.
 #[test]
-fn config_validate_without_a_validator_says_so() {
-    let s = Server::start(None);
-    let o = s.ctl(&["config", "validate", "/etc/rivora/rivora.yaml"]);
+fn config_validate_uses_the_daemons_validator() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nat.yaml");
+    let o = run(
+        Path::new("/nonexistent"),
+        &["config", "validate", good.to_str().unwrap()],
+    );
+    assert_exit(&o, 0);
+    assert!(stdout(&o).contains("valid"), "{}", stdout(&o));
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "interfaces: [{name: eth0}]\nvips:\n  - address: 10.0.0.1\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends: [{address: 10.1.0.1, weight: 2000000}]\n",
+    )
+    .unwrap();
+    let o = run(
+        Path::new("/nonexistent"),
+        &["config", "validate", bad.to_str().unwrap()],
+    );
     assert_exit(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("bad.yaml:7"), "names the file and line: {err}");
     assert!(
-        stderr(&o).contains("no configuration validator is built into this rivoractl"),
-        "{}",
-        stderr(&o)
+        err.contains("vips[0].backends[0].weight"),
+        "names the field: {err}"
     );
 }
 
