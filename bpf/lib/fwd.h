@@ -141,6 +141,14 @@ static __always_inline int rv_fib_send(struct xdp_md *ctx,
 	return bpf_redirect(p->ifindex, 0);
 }
 
+/* The route says nobody is there: decided before the packet is touched. */
+static __always_inline int rv_fib_says_unreachable(int rc)
+{
+	return rc == BPF_FIB_LKUP_RET_BLACKHOLE ||
+	       rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
+	       rc == BPF_FIB_LKUP_RET_PROHIBIT;
+}
+
 /*
  * What a FIB answer means for an encapsulated packet: send it ourselves,
  * let the kernel finish the job (no neighbour entry yet, forwarding off,
@@ -150,16 +158,11 @@ static __always_inline int rv_fib_send(struct xdp_md *ctx,
 static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
 					  const struct bpf_fib_lookup *p)
 {
-	switch (rc) {
-	case BPF_FIB_LKUP_RET_SUCCESS:
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
 		return rv_fib_send(ctx, p);
-	case BPF_FIB_LKUP_RET_BLACKHOLE:
-	case BPF_FIB_LKUP_RET_UNREACHABLE:
-	case BPF_FIB_LKUP_RET_PROHIBIT:
+	if (rv_fib_says_unreachable(rc))
 		return -RV_DROP_FIB_UNREACHABLE;
-	default:
-		return RV_XDP_PASS;
-	}
+	return RV_XDP_PASS;
 }
 
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
@@ -196,9 +199,7 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	p.ipv4_dst = backend;
 	p.ifindex = ctx->ingress_ifindex;
 	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (rc == BPF_FIB_LKUP_RET_BLACKHOLE ||
-	    rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
-	    rc == BPF_FIB_LKUP_RET_PROHIBIT)
+	if (rv_fib_says_unreachable(rc))
 		return -RV_DROP_FIB_UNREACHABLE;
 
 	ret = rv_push_room(ctx, sizeof(struct iphdr));
@@ -255,9 +256,7 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 	rv_addr6_copy(p.ipv6_dst, backend);
 	p.ifindex = ctx->ingress_ifindex;
 	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (rc == BPF_FIB_LKUP_RET_BLACKHOLE ||
-	    rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
-	    rc == BPF_FIB_LKUP_RET_PROHIBIT)
+	if (rv_fib_says_unreachable(rc))
 		return -RV_DROP_FIB_UNREACHABLE;
 
 	ret = rv_push_room(ctx, sizeof(struct ipv6hdr));
