@@ -188,6 +188,145 @@ static __always_inline int rv_reply(struct __sk_buff *skb, struct rv_pkt *pkt)
 	return RV_TCX_PASS;
 }
 
+/*
+ * An ICMP error on its way to a client that quotes the client's own packet
+ * as it left this node, i.e. after NAT: addressed to the backend. Such an
+ * error comes from the backend or from this node (fragmentation needed on
+ * the backend side, for one). The client only knows the VIP, so the quote
+ * is turned back into client -> VIP:port, and a source that is the backend
+ * becomes the VIP, with every checksum on the way fixed.
+ */
+static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
+					 const struct rv_pkt *pkt)
+{
+	__u32 icsum_off = pkt->l4_off + 2; /* icmphdr and icmp6hdr alike */
+	__u32 in_l3 = pkt->l4_off + 8;
+	__be32 old[4] = {}, vip[4] = {};
+	__u16 old_c, new_c;
+	__be16 ports[2], vport;
+	__u32 in_l4, l4c_off;
+	__u64 pseudo = 0;
+	__u8 proto;
+	int i, words = 1;
+
+	if (pkt->family == RV_FAMILY_V4) {
+		struct rv_nat_value *v;
+		struct rv_nat_key k = {};
+		struct iphdr in;
+
+		if (bpf_skb_load_bytes(skb, in_l3, &in, sizeof(in)) ||
+		    in.ihl < 5 || (in.frag_off & bpf_htons(RV_IP_OFFSET)) ||
+		    in.saddr != pkt->daddr[0])
+			return RV_TCX_NEXT;
+		proto = in.protocol;
+		in_l4 = in_l3 + in.ihl * 4;
+		if ((proto != RV_IPPROTO_TCP && proto != RV_IPPROTO_UDP) ||
+		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
+			return RV_TCX_NEXT;
+		k.backend_addr = in.daddr;
+		k.client_addr = in.saddr;
+		k.backend_port = ports[1];
+		k.client_port = ports[0];
+		k.proto = proto;
+		v = bpf_map_lookup_elem(&nat_reverse_map, &k);
+		if (!v)
+			return RV_TCX_NEXT;
+		old[0] = in.daddr;
+		vip[0] = v->vip_addr;
+		vport = v->vip_port;
+		/* The quoted IP header's checksum, and the ICMP checksum over
+		 * both the address and that checksum. */
+		if (bpf_l3_csum_replace(skb, in_l3 + 10, old[0], vip[0], 4) ||
+		    bpf_skb_load_bytes(skb, in_l3 + 10, &new_c, 2) ||
+		    bpf_skb_store_bytes(skb, in_l3 + 16, vip, 4, 0) ||
+		    bpf_l4_csum_replace(skb, icsum_off, old[0], vip[0], 4) ||
+		    bpf_l4_csum_replace(skb, icsum_off, in.check, new_c, 2))
+			return RV_TCX_NEXT;
+	} else {
+		struct rv_nat6_value *v;
+		struct rv_nat6_key k = {};
+		struct ipv6hdr in;
+
+		if (bpf_skb_load_bytes(skb, in_l3, &in, sizeof(in)))
+			return RV_TCX_NEXT;
+		__builtin_memcpy(k.client_addr, &in.saddr, 16);
+		if (k.client_addr[0] != pkt->daddr[0] ||
+		    k.client_addr[1] != pkt->daddr[1] ||
+		    k.client_addr[2] != pkt->daddr[2] ||
+		    k.client_addr[3] != pkt->daddr[3])
+			return RV_TCX_NEXT;
+		proto = in.nexthdr;
+		in_l4 = in_l3 + sizeof(in);
+		if ((proto != RV_IPPROTO_TCP && proto != RV_IPPROTO_UDP) ||
+		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
+			return RV_TCX_NEXT;
+		__builtin_memcpy(k.backend_addr, &in.daddr, 16);
+		k.backend_port = ports[1];
+		k.client_port = ports[0];
+		k.proto = proto;
+		v = bpf_map_lookup_elem(&nat_reverse_map6, &k);
+		if (!v)
+			return RV_TCX_NEXT;
+		rv_addr6_copy(old, k.backend_addr);
+		rv_addr6_copy(vip, v->vip_addr);
+		vport = v->vip_port;
+		words = 4;
+		/* ICMPv6 sums a pseudo-header: the outer addresses count. */
+		pseudo = BPF_F_PSEUDO_HDR;
+		if (bpf_skb_store_bytes(skb, in_l3 + 24, vip, 16, 0))
+			return RV_TCX_NEXT;
+#pragma unroll
+		for (i = 0; i < 4; i++)
+			if (bpf_l4_csum_replace(skb, icsum_off, old[i], vip[i],
+						4))
+				return RV_TCX_NEXT;
+	}
+
+	/* The quoted L4 checksum, where the quote carries it (a UDP one of 0
+	 * over IPv4 means none). */
+	l4c_off = in_l4 + rv_l4_csum_off(proto);
+	if (!bpf_skb_load_bytes(skb, l4c_off, &old_c, 2) &&
+	    (old_c || proto != RV_IPPROTO_UDP || pkt->family == RV_FAMILY_V6)) {
+#pragma unroll
+		for (i = 0; i < 4; i++)
+			if (i < words &&
+			    bpf_l4_csum_replace(skb, l4c_off, old[i], vip[i],
+						rv_l4_flags(proto, 4)))
+				return RV_TCX_NEXT;
+		if (bpf_l4_csum_replace(skb, l4c_off, ports[1], vport,
+					rv_l4_flags(proto, 2)) ||
+		    bpf_skb_load_bytes(skb, l4c_off, &new_c, 2) ||
+		    bpf_l4_csum_replace(skb, icsum_off, old_c, new_c, 2))
+			return RV_TCX_NEXT;
+	}
+	if (bpf_skb_store_bytes(skb, in_l4 + 2, &vport, 2, 0) ||
+	    bpf_l4_csum_replace(skb, icsum_off, ports[1], vport, 2))
+		return RV_TCX_NEXT;
+
+	/* Sent by the backend itself: it must come from the VIP. From a
+	 * router (this node included) it stays as it is. */
+	if (pkt->saddr[0] != old[0] || pkt->saddr[1] != old[1] ||
+	    pkt->saddr[2] != old[2] || pkt->saddr[3] != old[3])
+		return RV_TCX_PASS;
+	if (pkt->family == RV_FAMILY_V4) {
+		if (bpf_l3_csum_replace(skb, pkt->l3_off + RV_IPV4_CSUM_OFF,
+					old[0], vip[0], 4) ||
+		    bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV4_SADDR_OFF,
+					vip, 4, 0))
+			return RV_TCX_NEXT;
+		return RV_TCX_PASS;
+	}
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		if (bpf_l4_csum_replace(skb, icsum_off, old[i], vip[i],
+					4 | pseudo))
+			return RV_TCX_NEXT;
+	if (bpf_skb_store_bytes(skb, pkt->l3_off + RV_IPV6_SADDR_OFF, vip, 16,
+				0))
+		return RV_TCX_NEXT;
+	return RV_TCX_PASS;
+}
+
 SEC("tcx/egress")
 int tc_nat(struct __sk_buff *skb)
 {
@@ -206,6 +345,8 @@ int tc_nat(struct __sk_buff *skb)
 		return RV_TCX_NEXT;
 	if (pkt.flags & RV_PKT_LATER_FRAG)
 		return rv_reply_later_frag(skb, &pkt);
+	if (pkt.flags & RV_PKT_ICMP_ERR)
+		return rv_reply_icmp(skb, &pkt);
 	if (pkt.proto != RV_IPPROTO_TCP && pkt.proto != RV_IPPROTO_UDP)
 		return RV_TCX_NEXT;
 	return rv_reply(skb, &pkt);
