@@ -148,13 +148,16 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 					      const struct rv_service *svc,
 					      __u64 now)
 {
+	/* Another CPU may have stamped the entry a tick later than our
+	 * coarse clock reads: that is age 0, not an underflow. */
+	__u64 age = now > a->last_seen_ns ? now - a->last_seen_ns : 0;
+
 	if (rv_backend_state(a->backend_id) == RV_HEALTH_DOWN)
 		return 0;
 	if (svc->affinity == RV_AFFINITY_CLIENT_IP && svc->affinity_timeout_s &&
-	    now - a->last_seen_ns >
-		    (__u64)svc->affinity_timeout_s * RV_NSEC_PER_SEC)
+	    age > (__u64)svc->affinity_timeout_s * RV_NSEC_PER_SEC)
 		return 0;
-	if (now - a->last_seen_ns > RV_AFFINITY_TOUCH_NS) {
+	if (age > RV_AFFINITY_TOUCH_NS) {
 		a->last_seen_ns = now;
 		return 1 | RV_PICK_REFRESHED;
 	}
@@ -174,7 +177,10 @@ static __always_inline __u32 rv_pick_backend(__u32 svc_id,
 					     int record, int *pick)
 {
 	struct rv_affinity_value *a, fresh = {};
-	__u64 now = bpf_ktime_get_ns();
+	/* The coarse clock (a tick's resolution) is enough for second-scale
+	 * affinity times and costs a fraction of bpf_ktime_get_ns() on the
+	 * established path. */
+	__u64 now = bpf_ktime_get_coarse_ns();
 	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
 	__u32 backend_id;
 

@@ -19,7 +19,7 @@ static __always_inline int rv_rl_take(struct rv_rl_bucket *b,
 				      const struct rv_rl_config *cfg, __u64 now)
 {
 	__u64 cap = (__u64)cfg->burst * 1000;
-	__u64 elapsed = now - b->last_ns;
+	__u64 elapsed = now > b->last_ns ? now - b->last_ns : 0;
 	__u64 tokens = b->tokens_milli;
 
 	if (elapsed >= RV_RL_FULL_AFTER_NS)
@@ -55,7 +55,9 @@ static __always_inline int rv_rate_limit(const struct rv_pkt *pkt, __u32 svc_id,
 	if (!cfg || !cfg->enabled)
 		return 0;
 
-	now = bpf_ktime_get_ns();
+	/* Tick resolution: refill is computed from elapsed time, so a coarse
+	 * clock only delays tokens by a tick, never loses them. */
+	now = bpf_ktime_get_coarse_ns();
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_rl_key key = { .svc_id = scope,
 					 .saddr = pkt->saddr[0] };

@@ -359,15 +359,16 @@ pub fn flow_hash(
     h ^ (h >> 16)
 }
 
-/// bpf_ktime_get_ns(): CLOCK_MONOTONIC, for writing timestamps the
-/// datapath compares against (affinity last_seen_ns, bucket last_ns).
+/// bpf_ktime_get_coarse_ns(): CLOCK_MONOTONIC_COARSE, for writing
+/// timestamps the datapath compares against (affinity last_seen_ns,
+/// bucket last_ns).
 pub fn ktime_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC always exists.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: a valid timespec to fill; the clock always exists.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
