@@ -1220,6 +1220,16 @@ fn drain_keeps_long_lived_connection() {
     assert_eq!(rd.health_of(target(&topo, x)), "draining");
     assert_spread(&topo, "drained", vip, Proto::Tcp, &others);
     n = progress("drained", n);
+    // An operator drain outlives a reload.
+    rd.sighup();
+    let g = wait_for(Duration::from_secs(3), Duration::from_millis(50), || {
+        let g = rd.generation();
+        (g >= 2).then_some(g)
+    });
+    assert_eq!(g, Some(2), "SIGHUP reload while drained");
+    assert_eq!(rd.health_of(target(&topo, x)), "draining", "after a reload");
+    assert_spread(&topo, "drained, reloaded", vip, Proto::Tcp, &others);
+    n = progress("drained, reloaded", n);
     rd.ctl_ok(&["undrain", &xt]);
     assert_eq!(rd.health_of(target(&topo, x)), "healthy");
     assert_spread(&topo, "undrained", vip, Proto::Tcp, &all);
@@ -1553,16 +1563,16 @@ fn api_refuses_unauthorised_callers() {
     // The Unix socket: root gets in, uid 65534 is refused by its mode.
     let st = rd.status();
     assert_eq!(st["config_generation"], 1, "{st}");
-    let mode = fs::metadata(&rd.socket)
-        .expect("socket metadata")
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
     assert_eq!(
         connect_as_nobody(&rd.socket),
         libc::EACCES,
         "connect as uid 65534 (0: it got in; 101-104: the child could not try)"
     );
+    let mode = fs::metadata(&rd.socket)
+        .expect("socket metadata")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
 
     // The TCP listener: 401 without a token or with a wrong one, for reads
     // and writes alike; the right token gets in.
