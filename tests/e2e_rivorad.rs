@@ -36,6 +36,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -137,8 +138,19 @@ impl Drop for WorkDir {
 fn spawn_rivorad(ns: &Netns, config: &Path, pin_dir: &Path, log: &Path) -> Child {
     let out = File::create(log).expect("creating the rivorad log");
     let err = out.try_clone().expect("cloning the log fd");
-    Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", ns.name))
+    let mut cmd = Command::new("nsenter");
+    // SAFETY: prctl is async-signal-safe. If the test process dies
+    // without running its guards (killed by a timeout), rivorad gets
+    // SIGTERM and detaches rather than forwarding on in a leftover lab.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.arg(format!("--net=/run/netns/{}", ns.name))
         .arg(env!("CARGO_BIN_EXE_rivorad"))
         .arg("-config")
         .arg(config)
