@@ -134,9 +134,13 @@ impl Drop for WorkDir {
 }
 
 /// Start rivorad inside `ns` (`nsenter --net`, which execs: the child's pid
-/// is rivorad's), logging JSON to `log`.
-fn spawn_rivorad(ns: &Netns, config: &Path, pin_dir: &Path, log: &Path) -> Child {
-    let out = File::create(log).expect("creating the rivorad log");
+/// is rivorad's), appending its JSON log to `log`.
+fn spawn_rivorad(ns: &str, config: &Path, pin_dir: &Path, log: &Path, extra: &[&str]) -> Child {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("opening the rivorad log");
     let err = out.try_clone().expect("cloning the log fd");
     let mut cmd = Command::new("nsenter");
     // SAFETY: prctl is async-signal-safe. If the test process dies
@@ -150,13 +154,14 @@ fn spawn_rivorad(ns: &Netns, config: &Path, pin_dir: &Path, log: &Path) -> Child
             Ok(())
         });
     }
-    cmd.arg(format!("--net=/run/netns/{}", ns.name))
+    cmd.arg(format!("--net=/run/netns/{ns}"))
         .arg(env!("CARGO_BIN_EXE_rivorad"))
         .arg("-config")
         .arg(config)
         .arg("-pin-dir")
         .arg(pin_dir)
         .args(["-log-format", "json"])
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(out)
@@ -197,14 +202,14 @@ struct Rivorad {
 }
 
 impl Rivorad {
-    /// Write `yaml` as the config in `dir`, start rivorad in `ns` and wait
-    /// until it logs "ready".
-    fn start(ns: &Netns, dir: WorkDir, yaml: &str) -> Self {
+    /// Write `yaml` as the config in `dir`, start rivorad in `ns` (with
+    /// `extra` flags) and wait until it logs "ready".
+    fn start(ns: &Netns, dir: WorkDir, yaml: &str, extra: &[&str]) -> Self {
         let config = dir.config();
         fs::write(&config, yaml).expect("writing the config");
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/{}", unique("rivorad-e2e-")));
         let log = dir.0.join("rivorad.log");
-        let child = spawn_rivorad(ns, &config, &pin_dir, &log);
+        let child = spawn_rivorad(&ns.name, &config, &pin_dir, &log, extra);
         let mut rd = Rivorad {
             child,
             ns: ns.name.clone(),
@@ -215,13 +220,19 @@ impl Rivorad {
             exited: None,
             _dir: dir,
         };
+        rd.wait_ready(0);
+        rd
+    }
+
+    /// Wait until the log holds more than `before` "ready" lines.
+    fn wait_ready(&mut self, before: usize) {
         let t0 = Instant::now();
         loop {
-            if rd.log_text().contains("\"message\":\"ready\"") {
-                break;
+            if self.log_text().matches("\"message\":\"ready\"").count() > before {
+                return;
             }
-            if let Ok(Some(st)) = rd.child.try_wait() {
-                rd.exited = Some(st);
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.exited = Some(st);
                 panic!("rivorad exited ({st}) before it was ready");
             }
             assert!(
@@ -230,7 +241,16 @@ impl Rivorad {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        rd
+    }
+
+    /// Start a stopped rivorad again: same namespace, config, pins and
+    /// socket, with `extra` flags.
+    fn restart(&mut self, extra: &[&str]) {
+        assert!(self.exited.is_some(), "restart of a running rivorad");
+        let before = self.log_text().matches("\"message\":\"ready\"").count();
+        self.child = spawn_rivorad(&self.ns, &self.config, &self.pin_dir, &self.log, extra);
+        self.exited = None;
+        self.wait_ready(before);
     }
 
     fn log_text(&self) -> String {
@@ -889,7 +909,7 @@ fn traffic(mode: Mode) {
     let dir = WorkDir::new();
     let mut conf = Conf::new(&topo, &dir);
     conf.vips = vec![(false, "tcp"), (false, "udp"), (true, "tcp"), (true, "udp")];
-    let mut rd = Rivorad::start(&topo.node, dir, &conf.yaml());
+    let mut rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
     let setup = t0.elapsed();
     let (x, t) = attached(&topo.node, "n0");
     assert!(
@@ -1041,7 +1061,7 @@ fn health_kill_and_restore() {
     let dir = WorkDir::new();
     let mut conf = Conf::new(&topo, &dir);
     conf.health = FAST_HEALTH;
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml());
+    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     let victim = 1;
     let vt = target(&topo, victim);
@@ -1195,7 +1215,7 @@ fn drain_keeps_long_lived_connection() {
     let servers = Servers::start(&topo, false);
     let dir = WorkDir::new();
     let conf = Conf::new(&topo, &dir);
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml());
+    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     let all = [0, 1, 2];
 
@@ -1290,7 +1310,7 @@ fn reload_applies_changed_backends() {
     let dir = WorkDir::new();
     let mut conf = Conf::new(&topo, &dir);
     conf.backends = vec![0, 1];
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml());
+    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     assert_eq!(rd.generation(), 1);
     assert_spread(&topo, "initial b1 b2", vip, Proto::Tcp, &[0, 1]);
@@ -1381,7 +1401,7 @@ fn invalid_reload_keeps_forwarding() {
     let metrics: SocketAddr = "127.0.0.1:9440".parse().expect("literal");
     conf.extra = format!("metrics:\n  listen: {metrics}\n");
     let good = conf.yaml();
-    let rd = Rivorad::start(&topo.node, dir, &good);
+    let rd = Rivorad::start(&topo.node, dir, &good, &[]);
     let vip = vip4(&topo);
     let all = [0, 1, 2];
     let cfg = rd.config.display().to_string();
@@ -1568,7 +1588,7 @@ fn api_refuses_unauthorised_callers() {
         dir.socket().display(),
         token_file.display()
     );
-    let mut rd = Rivorad::start(&ns, dir, &yaml);
+    let mut rd = Rivorad::start(&ns, dir, &yaml, &[]);
     let (x, t) = attached(&ns, "v0");
     assert!(x != 0 && t == 1, "attached: XDP id {x}, TCX {t}");
 
@@ -1649,13 +1669,13 @@ fn invalid_config_at_start_changes_nothing() {
             "address: 10.9.1.1",
         ),
     ];
-    for (what, yaml, needle) in cases {
+    for (i, (what, yaml, needle)) in cases.into_iter().enumerate() {
         let config = dir.config();
         fs::write(&config, &yaml).expect("writing the config");
         let line = line_of(&yaml, needle);
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/{}", unique("rivorad-e2e-bad-")));
-        let log = dir.0.join("rivorad.log");
-        let mut child = spawn_rivorad(&ns, &config, &pin_dir, &log);
+        let log = dir.0.join(format!("rivorad-{i}.log"));
+        let mut child = spawn_rivorad(&ns.name, &config, &pin_dir, &log, &[]);
         let status = wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
             child.try_wait().expect("waiting for rivorad")
         });
@@ -1682,4 +1702,84 @@ fn invalid_config_at_start_changes_nothing() {
             "{what}: something attached to v0"
         );
     }
+}
+
+// ---------------------------------------------------------------------
+// 8. Restart: -persist-datapath forwards while rivorad is down; the next
+//    start adopts (IDs kept) and removes what the file no longer lists
+// ---------------------------------------------------------------------
+
+/// Service id of each VIP rivorad reports, by VIP name.
+fn service_ids(rd: &Rivorad) -> BTreeMap<String, u64> {
+    rd.ctl_json(&["vip", "list"])
+        .as_array()
+        .expect("vip list is an array")
+        .iter()
+        .map(|v| {
+            (
+                v["vip"].as_str().expect("vip name").to_string(),
+                v["service_id"].as_u64().expect("service_id"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn restart_persists_and_adopts() {
+    require_root();
+    let topo = Lab::topology(Mode::Nat);
+    let servers = Servers::start(&topo, true);
+    let dir = WorkDir::new();
+    let mut conf = Conf::new(&topo, &dir);
+    conf.vips = vec![(false, "tcp"), (true, "tcp")];
+    let persist = ["-persist-datapath"];
+    let mut rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &persist);
+    let all = [0, 1, 2];
+    let (tcp4, tcp6, udp4) = (
+        vip_name("tcp", vip4(&topo)),
+        vip_name("tcp", vip6(&topo)),
+        vip_name("udp", vip4(&topo)),
+    );
+    let before = service_ids(&rd);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        [&tcp4, &tcp6],
+        "VIPs at the first start"
+    );
+
+    // Down, with its links pinned: the datapath still forwards.
+    let st = rd.stop();
+    assert!(st.success(), "rivorad exited with {st}");
+    let (x, t) = attached(&topo.node, "n0");
+    assert!(
+        x != 0 && t == 1,
+        "pinned links stay attached: XDP {x}, TCX {t}"
+    );
+    assert_spread(&topo, "rivorad down", vip4(&topo), Proto::Tcp, &all);
+    assert_spread(&topo, "rivorad down", vip6(&topo), Proto::Tcp, &all);
+
+    // Started again on a changed file: the IPv6 VIP is gone, a UDP VIP new.
+    conf.vips = vec![(false, "tcp"), (false, "udp")];
+    fs::write(&rd.config, conf.yaml()).expect("rewriting the config");
+    rd.restart(&persist);
+    assert!(
+        rd.log_text().contains("took over pinned links"),
+        "the restart swapped the programs behind the pinned links"
+    );
+    let after = service_ids(&rd);
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        [&tcp4, &udp4],
+        "VIPs after the restart"
+    );
+    assert_eq!(after[&tcp4], before[&tcp4], "the adopted VIP kept its id");
+    assert_spread(&topo, "restarted", vip4(&topo), Proto::Tcp, &all);
+    assert_spread(&topo, "restarted", vip4(&topo), Proto::Udp, &all);
+    // The VIP the file dropped no longer reaches any backend.
+    let gone = exchanges(&topo, vip6(&topo), Proto::Tcp, 1);
+    assert!(
+        gone.iter().all(|r| r.is_err()),
+        "the removed IPv6 VIP still answers: {gone:?}"
+    );
+    drop(servers);
 }
