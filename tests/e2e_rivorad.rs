@@ -9,10 +9,12 @@
 //! - each mode (NAT, DSR, L3 DSR) carries real TCP and UDP over IPv4 and
 //!   IPv6 VIPs, spread over the three backends (`*_traffic`);
 //! - a killed backend is out within fall x interval (+ timeout + slack) and
-//!   no new connection fails after that; restored, it is back within
-//!   rise x interval (+ timeout + slack) (`health_kill_and_restore`);
+//!   no new connection fails after that (a reload meanwhile keeps it out);
+//!   restored, it is back within rise x interval (+ timeout + slack)
+//!   (`health_kill_and_restore`);
 //! - a drain through rivoractl keeps a long-lived connection flowing while
-//!   new connections go elsewhere; undrain restores (`drain_keeps_...`);
+//!   new connections go elsewhere, also across a reload; undrain restores
+//!   (`drain_keeps_long_lived_connection`);
 //! - a reload by SIGHUP and by editing the file applies a changed backend
 //!   set (`reload_applies_changed_backends`);
 //! - a reload of an invalid file keeps the old state forwarding, and shows
@@ -20,7 +22,10 @@
 //! - the API refuses a caller without permission or token
 //!   (`api_refuses_unauthorised_callers`);
 //! - an invalid file at start: non-zero exit naming file and line, nothing
-//!   changed (`invalid_config_at_start_changes_nothing`).
+//!   changed (`invalid_config_at_start_changes_nothing`);
+//! - with -persist-datapath the datapath forwards while rivorad is down,
+//!   and a restart on a changed file adopts the pinned state (IDs kept)
+//!   and removes what the file dropped (`restart_persists_and_adopts`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! work directory removed; its log printed if the test panics), every wait
@@ -1094,7 +1099,15 @@ fn health_kill_and_restore() {
     let seen_down = seen_down.unwrap_or_else(|| panic!("{vname} never went down"));
     let took_out = seen_down - killed;
 
-    std::thread::sleep(Duration::from_millis(1500));
+    // A reload while it is down does not bring it back.
+    rd.sighup();
+    let g = wait_for(Duration::from_secs(3), Duration::from_millis(50), || {
+        let g = rd.generation();
+        (g >= 2).then_some(g)
+    });
+    assert_eq!(g, Some(2), "SIGHUP reload while a backend is down");
+    assert_eq!(rd.health_of(vt), "down", "{vname} after a reload");
+    std::thread::sleep(Duration::from_millis(1000));
     servers.restore(&topo, victim);
     let restored = Instant::now();
     let back_bound = INTERVAL * RISE + TIMEOUT + SLACK;
