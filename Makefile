@@ -48,7 +48,7 @@ test-e2e: deps
 
 bench: deps
 	@scripts/bpffs.sh
-	$(CARGO) build --release --bin rivora-bench
+	$(CARGO) build --release --bin rivora-bench --bin rivorad
 	./target/release/rivora-bench
 
 demo: build

@@ -1,6 +1,9 @@
 //! A traffic lab in network namespaces: one client, one load-balancer node
-//! and three backends, with the real datapath loaded and attached, held in
-//! RAII guards so that a failing test still removes everything.
+//! and three backends, held in RAII guards so that a failing test still
+//! removes everything. [`Lab::new`] also loads the real datapath, attaches
+//! it to the node and fills its maps itself; [`Lab::topology`] builds only
+//! the namespaces (with what the switch and backends need), for tests that
+//! run the real rivorad on the node instead.
 //!
 //! Topology: one L2 segment, a bridge in a namespace of its own (the
 //! "switch"), carrying two subnets.
@@ -112,14 +115,17 @@ pub struct LabBackend {
     pub id6: u32,
 }
 
-pub struct Lab {
+/// The namespaces, addresses and routes of a lab, with what the backends
+/// and the switch need in each mode (`xdp_pass` on `pn`, the decap program
+/// on L3 DSR backends), but no datapath on the node: for tests that bring
+/// their own (the real rivorad), or as the base of [`Lab`].
+pub struct Topology {
     // Dropped in declaration order: links first (detach), then the
-    // programs, the datapath pins and the namespaces.
+    // programs and the namespaces.
     links: Vec<AttachedLink>,
     /// The decap object of each backend (L3 DSR only), same order.
     decaps: Vec<Decap>,
     _pass: Decap,
-    pub dp: TestDp,
     pub backends: Vec<LabBackend>,
     pub client: Netns,
     pub node: Netns,
@@ -130,8 +136,30 @@ pub struct Lab {
     /// The node's addresses on the backend subnet: the tunnel sources.
     pub node_v4: Ipv4Addr,
     pub node_v6: Ipv6Addr,
+    /// The client's addresses.
+    pub client_v4: Ipv4Addr,
+    pub client_v6: Ipv6Addr,
+}
+
+/// A [`Topology`] with the real datapath loaded by the test itself and
+/// attached to the node's `n0`, its maps filled for one TCP and one UDP
+/// service per family. Dereferences to its topology.
+pub struct Lab {
+    // Dropped in declaration order: the node's links first (detach), then
+    // the datapath pins, then the topology.
+    links: Vec<AttachedLink>,
+    pub dp: TestDp,
     /// Each service's Maglev slice as written: (service id, backend ids).
     pub slices: Vec<(u32, Vec<u32>)>,
+    topo: Topology,
+}
+
+impl std::ops::Deref for Lab {
+    type Target = Topology;
+
+    fn deref(&self) -> &Topology {
+        &self.topo
+    }
 }
 
 /// Run `f` on a new thread inside namespace `ns` and return its handle:
@@ -220,7 +248,8 @@ pub fn maglev_slice(ids: &[u32], seed: u64) -> Vec<u32> {
     slots
 }
 
-impl Lab {
+impl Topology {
+    /// Build the namespaces, links, addresses and routes for `mode`.
     pub fn new(mode: Mode) -> Self {
         // The lab's second octet: only for reading addresses in a dump;
         // the namespaces already keep labs apart.
@@ -329,21 +358,7 @@ impl Lab {
             });
         }
 
-        // The datapath, loaded here and attached from a thread inside the
-        // node (an ifindex is per namespace).
-        let dp = TestDp::new();
         let mut links = Vec::new();
-        let xdp_fd = dup(dp.dp.xdp().progs.xdp_ingress.as_fd());
-        let tc_fd = dup(dp.dp.tc().progs.tc_nat.as_fd());
-        let (node_links, n0_index) = node.run(move || {
-            let idx = ifindex("n0").expect("n0 in the node");
-            let x =
-                AttachedLink::attach_xdp(&xdp_fd, idx, XdpMode::Native).expect("xdp_ingress on n0");
-            let t = AttachedLink::attach_tcx_egress(&tc_fd, idx).expect("tc_nat on n0");
-            (vec![x, t], idx)
-        });
-        links.extend(node_links);
-
         // XDP_TX out of n0 lands on its peer, which must run XDP itself.
         let pass = Decap::load().expect("loading the decap object");
         let pass_progs = pass.progs().expect("decap program fds");
@@ -355,22 +370,6 @@ impl Lab {
 
         let mut decaps = Vec::new();
         if mode == Mode::L3Dsr {
-            // While the node has no neighbour entry for a backend,
-            // bpf_fib_lookup answers NO_NEIGH and xdp_ingress hands the
-            // tunnelled packet to the kernel, whose source is one of the
-            // node's own addresses: without accept_local the kernel drops
-            // it as a martian, and since XDP never triggers neighbour
-            // resolution itself, the entry never appears and every packet
-            // to that backend is lost. The lab leaves the neighbour table
-            // cold on purpose, so the first packets take that kernel path
-            // and the rest XDP_TX.
-            sysctls(
-                &node,
-                &[
-                    ("net.ipv4.conf.all.accept_local", "1"),
-                    ("net.ipv4.conf.n0.accept_local", "1"),
-                ],
-            );
             for b in &backends {
                 let d = Decap::load().expect("loading the decap object");
                 d.add_vip(IpAddr::V4(vip4)).expect("decap VIP v4");
@@ -385,42 +384,10 @@ impl Lab {
             }
         }
 
-        // Maps: backends, then slices and services, then the VIPs.
-        let bport = match mode {
-            Mode::Nat => NAT_BACKEND_PORT,
-            Mode::Dsr | Mode::L3Dsr => 0,
-        };
-        for b in &backends {
-            dp.backend4(b.id4, b.v4, bport, b.mac);
-            dp.backend6(b.id6, b.v6, bport, b.mac);
-        }
-        let ids4: Vec<u32> = backends.iter().map(|b| b.id4).collect();
-        let ids6: Vec<u32> = backends.iter().map(|b| b.id6).collect();
-        let slice_len = (BACKENDS * SLOTS_PER_BACKEND) as u32;
-        let mut slices = Vec::new();
-        for (svc, family, ids) in [
-            (SVC_V4_TCP, rv_family::RV_FAMILY_V4, &ids4),
-            (SVC_V4_UDP, rv_family::RV_FAMILY_V4, &ids4),
-            (SVC_V6_TCP, rv_family::RV_FAMILY_V6, &ids6),
-            (SVC_V6_UDP, rv_family::RV_FAMILY_V6, &ids6),
-        ] {
-            let start = (svc - 1) * slice_len;
-            let slice = maglev_slice(ids, u64::from(svc));
-            dp.service(svc, mode.rv(), family, start, &slice);
-            slices.push((svc, slice));
-        }
-        dp.iface_mac(n0_index, mac_of(&node, "n0"));
-        dp.tunnel(node_v4, node_v6);
-        dp.vip4(vip4, VIP_PORT, PROTO_TCP, SVC_V4_TCP);
-        dp.vip4(vip4, VIP_PORT, PROTO_UDP, SVC_V4_UDP);
-        dp.vip6(vip6, VIP_PORT, PROTO_TCP, SVC_V6_TCP);
-        dp.vip6(vip6, VIP_PORT, PROTO_UDP, SVC_V6_UDP);
-
-        Lab {
+        Topology {
             links,
             decaps,
             _pass: pass,
-            dp,
             backends,
             client,
             node,
@@ -430,25 +397,9 @@ impl Lab {
             vip6,
             node_v4,
             node_v6,
-            slices,
+            client_v4,
+            client_v6,
         }
-    }
-
-    /// The backend Maglev assigns to a new flow from `client` to service
-    /// `svc` on the VIP port (every backend healthy, so the hashed slot
-    /// itself): the datapath's flow hash, modulo the slice.
-    pub fn maglev_backend(&self, svc: u32, client: SocketAddr, proto: u8) -> &LabBackend {
-        let (_, slice) = self
-            .slices
-            .iter()
-            .find(|(id, _)| *id == svc)
-            .unwrap_or_else(|| panic!("no service {svc} in the lab"));
-        let hash = flow_hash(client.ip(), client.port(), VIP_PORT, proto, false);
-        let id = slice[hash as usize % slice.len()];
-        self.backends
-            .iter()
-            .find(|b| b.id4 == id || b.id6 == id)
-            .unwrap_or_else(|| panic!("slot holds unknown backend id {id}"))
     }
 
     /// The port backends listen on in this mode.
@@ -501,5 +452,108 @@ impl Lab {
         self.decaps
             .get(i)
             .map(|d| d.stats().expect("reading decap_stats"))
+    }
+}
+
+impl Lab {
+    /// The lab's namespaces with no datapath on the node (see
+    /// [`Topology`]).
+    pub fn topology(mode: Mode) -> Topology {
+        Topology::new(mode)
+    }
+
+    /// A topology with the test's own datapath attached to the node's n0
+    /// and its maps filled.
+    pub fn new(mode: Mode) -> Self {
+        let topo = Topology::new(mode);
+        let (node, backends) = (&topo.node, &topo.backends);
+        let (vip4, vip6) = (topo.vip4, topo.vip6);
+
+        // The datapath, loaded here and attached from a thread inside the
+        // node (an ifindex is per namespace).
+        let dp = TestDp::new();
+        let xdp_fd = dup(dp.dp.xdp().progs.xdp_ingress.as_fd());
+        let tc_fd = dup(dp.dp.tc().progs.tc_nat.as_fd());
+        let (links, n0_index) = node.run(move || {
+            let idx = ifindex("n0").expect("n0 in the node");
+            let x =
+                AttachedLink::attach_xdp(&xdp_fd, idx, XdpMode::Native).expect("xdp_ingress on n0");
+            let t = AttachedLink::attach_tcx_egress(&tc_fd, idx).expect("tc_nat on n0");
+            (vec![x, t], idx)
+        });
+
+        if mode == Mode::L3Dsr {
+            // While the node has no neighbour entry for a backend,
+            // bpf_fib_lookup answers NO_NEIGH and xdp_ingress hands the
+            // tunnelled packet to the kernel, whose source is one of the
+            // node's own addresses: without accept_local the kernel drops
+            // it as a martian, and since XDP never triggers neighbour
+            // resolution itself, the entry never appears and every packet
+            // to that backend is lost. The lab leaves the neighbour table
+            // cold on purpose, so the first packets take that kernel path
+            // and the rest XDP_TX.
+            sysctls(
+                node,
+                &[
+                    ("net.ipv4.conf.all.accept_local", "1"),
+                    ("net.ipv4.conf.n0.accept_local", "1"),
+                ],
+            );
+        }
+
+        // Maps: backends, then slices and services, then the VIPs.
+        let bport = match mode {
+            Mode::Nat => NAT_BACKEND_PORT,
+            Mode::Dsr | Mode::L3Dsr => 0,
+        };
+        for b in backends {
+            dp.backend4(b.id4, b.v4, bport, b.mac);
+            dp.backend6(b.id6, b.v6, bport, b.mac);
+        }
+        let ids4: Vec<u32> = backends.iter().map(|b| b.id4).collect();
+        let ids6: Vec<u32> = backends.iter().map(|b| b.id6).collect();
+        let slice_len = (BACKENDS * SLOTS_PER_BACKEND) as u32;
+        let mut slices = Vec::new();
+        for (svc, family, ids) in [
+            (SVC_V4_TCP, rv_family::RV_FAMILY_V4, &ids4),
+            (SVC_V4_UDP, rv_family::RV_FAMILY_V4, &ids4),
+            (SVC_V6_TCP, rv_family::RV_FAMILY_V6, &ids6),
+            (SVC_V6_UDP, rv_family::RV_FAMILY_V6, &ids6),
+        ] {
+            let start = (svc - 1) * slice_len;
+            let slice = maglev_slice(ids, u64::from(svc));
+            dp.service(svc, mode.rv(), family, start, &slice);
+            slices.push((svc, slice));
+        }
+        dp.iface_mac(n0_index, mac_of(node, "n0"));
+        dp.tunnel(topo.node_v4, topo.node_v6);
+        dp.vip4(vip4, VIP_PORT, PROTO_TCP, SVC_V4_TCP);
+        dp.vip4(vip4, VIP_PORT, PROTO_UDP, SVC_V4_UDP);
+        dp.vip6(vip6, VIP_PORT, PROTO_TCP, SVC_V6_TCP);
+        dp.vip6(vip6, VIP_PORT, PROTO_UDP, SVC_V6_UDP);
+
+        Lab {
+            links,
+            dp,
+            slices,
+            topo,
+        }
+    }
+
+    /// The backend Maglev assigns to a new flow from `client` to service
+    /// `svc` on the VIP port (every backend healthy, so the hashed slot
+    /// itself): the datapath's flow hash, modulo the slice.
+    pub fn maglev_backend(&self, svc: u32, client: SocketAddr, proto: u8) -> &LabBackend {
+        let (_, slice) = self
+            .slices
+            .iter()
+            .find(|(id, _)| *id == svc)
+            .unwrap_or_else(|| panic!("no service {svc} in the lab"));
+        let hash = flow_hash(client.ip(), client.port(), VIP_PORT, proto, false);
+        let id = slice[hash as usize % slice.len()];
+        self.backends
+            .iter()
+            .find(|b| b.id4 == id || b.id6 == id)
+            .unwrap_or_else(|| panic!("slot holds unknown backend id {id}"))
     }
 }

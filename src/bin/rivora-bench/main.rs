@@ -2,6 +2,7 @@
 //! (one flat object of "metric_key": number). Each area adds its keys in its
 //! own module.
 
+mod daemon;
 mod health;
 mod writer;
 mod xdp;
@@ -73,6 +74,10 @@ fn main() -> Result<()> {
     if want("health") {
         println!("health checker");
         health::run(&mut results).context("health bench")?;
+    }
+    if want("daemon") {
+        println!("rivorad at full scale");
+        daemon::run(&mut results).context("daemon bench")?;
     }
 
     for n in &results.notes {

@@ -1,0 +1,180 @@
+//! `rivorad_rss_mib_full_scale`: the resident memory of the real rivorad
+//! (the release build next to this binary) serving a configuration at the
+//! ABI's full scale, 4,096 VIPs and 8,192 backends, health checks off
+//! (issue 4: at most 64 MiB). Also prints how long it took to start.
+//!
+//! rivorad runs in a throwaway network namespace with one veth pair to
+//! attach to, its pins in a private directory; everything is removed on
+//! the way out, also on error.
+
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use rivora::abi;
+
+use crate::Results;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Everything the bench creates, removed on drop: rivorad (SIGTERM, then
+/// SIGKILL), its pins, the namespace, the work directory.
+struct Scratch {
+    ns: String,
+    dir: PathBuf,
+    pin_dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = rivora::daemon::cleanup(&self.pin_dir);
+        let _ = fs::remove_dir_all(&self.pin_dir);
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn sh(args: &[&str]) -> Result<()> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// 4,096 NAT VIPs of 2 backends each (8,192 backends), probing off.
+fn full_scale_config(socket: &Path) -> String {
+    let mut y = format!(
+        "interfaces:\n  - name: v0\n    xdpMode: native\napi:\n  socket: {}\nvips:\n",
+        socket.display()
+    );
+    for i in 0..abi::MAX_VIPS {
+        let (hi, lo) = (i >> 8, i & 0xff);
+        let _ = write!(
+            y,
+            "  - address: 10.0.{hi}.{lo}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
+             healthCheck: false\n    backends:\n      - {{ address: 10.1.{hi}.{lo}, port: 8080 }}\n      \
+             - {{ address: 10.2.{hi}.{lo}, port: 8080 }}\n"
+        );
+    }
+    y
+}
+
+/// VmRSS of `pid`, in KiB.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/PID/status")
+}
+
+pub fn run(results: &mut Results) -> Result<()> {
+    let exe = std::env::current_exe().context("locating rivora-bench")?;
+    let rivorad = exe
+        .parent()
+        .context("rivora-bench has no directory")?
+        .join("rivorad");
+    ensure!(
+        rivorad.exists(),
+        "{} is missing: build it with `cargo build --release --bins`",
+        rivorad.display()
+    );
+    let id = std::process::id();
+    let mut s = Scratch {
+        ns: format!("rvbench-daemon-{id}"),
+        dir: std::env::temp_dir().join(format!("rivora-bench-daemon-{id}")),
+        pin_dir: PathBuf::from(format!("/sys/fs/bpf/rivora-bench-daemon-{id}")),
+        child: None,
+    };
+    let _ = fs::remove_dir_all(&s.dir);
+    fs::create_dir_all(&s.dir).context("creating the work directory")?;
+    let _ = Command::new("ip").args(["netns", "del", &s.ns]).output();
+    sh(&["ip", "netns", "add", &s.ns])?;
+    let netns = format!("--net=/run/netns/{}", s.ns);
+    sh(&[
+        "nsenter", &netns, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+    ])?;
+    sh(&["nsenter", &netns, "ip", "link", "set", "v1", "up"])?;
+    sh(&["nsenter", &netns, "ip", "link", "set", "v0", "up"])?;
+
+    let config = s.dir.join("rivora.yaml");
+    fs::write(&config, full_scale_config(&s.dir.join("rivorad.sock")))
+        .context("writing the config")?;
+    let log = s.dir.join("rivorad.log");
+    let out = File::create(&log).context("creating the log")?;
+    let err = out.try_clone().context("cloning the log fd")?;
+    let started = Instant::now();
+    let child = Command::new("nsenter")
+        .arg(&netns)
+        .arg(&rivorad)
+        .arg("-config")
+        .arg(&config)
+        .arg("-pin-dir")
+        .arg(&s.pin_dir)
+        .args(["-log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("starting rivorad")?;
+    let pid = child.id();
+    s.child = Some(child);
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("\"message\":\"ready\"") {
+            ensure!(
+                text.contains(&format!("\"created\":{}", abi::MAX_VIPS)),
+                "rivorad did not create {} VIPs:\n{text}",
+                abi::MAX_VIPS
+            );
+            break;
+        }
+        if let Some(c) = s.child.as_mut() {
+            if let Some(st) = c.try_wait().context("waiting for rivorad")? {
+                bail!("rivorad exited ({st}) before it was ready:\n{text}");
+            }
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            bail!("rivorad not ready within {READY_TIMEOUT:?}:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start_ms = started.elapsed().as_secs_f64() * 1000.0;
+    // Settled: the highest of a few samples over a second.
+    let mut rss = 0;
+    for _ in 0..10 {
+        rss = rss.max(rss_kib(pid)?);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    results.set("rivorad_rss_mib_full_scale", rss as f64 / 1024.0);
+    println!("  (rivorad start to ready at full scale: {start_ms:.0} ms)");
+    results.note(format!(
+        "rivorad_rss_mib_full_scale: VmRSS of rivorad with {} VIPs x 2 backends, probes off, \
+         after ready (target <= 64); start to ready took {start_ms:.0} ms",
+        abi::MAX_VIPS
+    ));
+    Ok(())
+}
