@@ -69,7 +69,7 @@ install: build
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/rivorad $(DESTDIR)$(PREFIX)/bin/rivoractl $(DESTDIR)/etc/systemd/system/rivorad.service
-	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora $(DESTDIR)/var/lib/rivora
 
 clean:
 	$(CARGO) clean
