@@ -802,6 +802,11 @@ fn restart_under_traffic_keeps_every_flow() {
         conns.len(),
         conns.iter().map(|c| c.echoed).sum::<u64>()
     );
+    assert_eq!(
+        total_sent,
+        client.udp_sent.load(Ordering::Relaxed),
+        "per-flow and total send counts agree"
+    );
     assert_eq!(lost, 0, "UDP datagrams lost across the restarts");
     drop(log);
 

@@ -345,6 +345,7 @@ pub fn attached(ns: &Netns, dev: &'static str) -> (bool, u32) {
             libbpf_sys::bpf_prog_query_opts(idx as i32, libbpf_sys::BPF_TCX_EGRESS, &mut opts)
         };
         assert_eq!(rc, 0, "querying TCX egress");
-        (xdp, opts.count)
+        // SAFETY: both union members are the same u32.
+        (xdp, unsafe { opts.__bindgen_anon_1.count })
     })
 }
