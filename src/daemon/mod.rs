@@ -149,12 +149,16 @@ impl Daemon {
         ),
         DaemonError,
     > {
+        let t0 = std::time::Instant::now();
         let cfg = config::load(&opts.config)?;
+        let config_ms = t0.elapsed().as_millis() as u64;
         let dp = Datapath::load(&LoadOptions {
             pin_dir: opts.pin_dir.clone(),
             maglev_size: opts.maglev_size,
         })?;
+        let load_ms = t0.elapsed().as_millis() as u64 - config_ms;
         let mut writer = Writer::open_pinned(&opts.pin_dir)?;
+        let adopt_ms = t0.elapsed().as_millis() as u64 - config_ms - load_ms;
         let adopted = writer.vips().len();
         let drain_store = DrainStore::new(&opts.state_dir);
         let drains = match drain_store.load()? {
@@ -204,7 +208,16 @@ impl Daemon {
             drain_store,
             probe_down: BTreeMap::new(),
         };
-        info!(adopted, drains = d.drains.len(), file = %d.opts.config.display(), "adopted pinned maps");
+        info!(
+            adopted,
+            drains = d.drains.len(),
+            file = %d.opts.config.display(),
+            config_ms,
+            load_ms,
+            adopt_ms,
+            "adopted pinned maps"
+        );
+        let t1 = std::time::Instant::now();
         let report = d.apply(&cfg)?;
         d.generation = 1;
         info!(
@@ -212,6 +225,7 @@ impl Daemon {
             updated = report.updated,
             unchanged = report.unchanged,
             removed = report.removed,
+            apply_ms = t1.elapsed().as_millis() as u64,
             "configuration applied"
         );
         d.attach()?;

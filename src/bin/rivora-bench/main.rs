@@ -3,6 +3,7 @@
 //! own module.
 
 mod health;
+mod restart;
 mod writer;
 mod xdp;
 
@@ -73,6 +74,11 @@ fn main() -> Result<()> {
     if want("health") {
         println!("health checker");
         health::run(&mut results).context("health bench")?;
+    }
+
+    if want("restart") {
+        println!("restarts: hot swap and adoption (real rivorad in namespaces)");
+        restart::run(&mut results).context("restart bench")?;
     }
 
     for n in &results.notes {
