@@ -86,7 +86,11 @@ fn variant_bin() -> PathBuf {
     BIN.get_or_init(|| {
         if let Some(p) = std::env::var_os("RIVORA_VARIANT_RIVORAD") {
             let p = PathBuf::from(p);
-            assert!(p.exists(), "RIVORA_VARIANT_RIVORAD={} does not exist", p.display());
+            assert!(
+                p.exists(),
+                "RIVORA_VARIANT_RIVORAD={} does not exist",
+                p.display()
+            );
             return p;
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -350,9 +354,8 @@ fn start_servers(lab: &RLab) -> Servers {
         }
         for port in tcp_ports {
             let (name, stop) = (b.name.clone(), stop.clone());
-            let l = b
-                .ns
-                .run(move || TcpListener::bind(("0.0.0.0", port)).expect("tcp listen"));
+            let l =
+                b.ns.run(move || TcpListener::bind(("0.0.0.0", port)).expect("tcp listen"));
             l.set_nonblocking(false).expect("blocking");
             handles.push(spawn_in(&b.ns, move || tcp_echo(name, stop, l)));
         }
@@ -520,7 +523,9 @@ fn start_client(lab: &RLab) -> Client {
     for (i, vip) in [lab.vip(1), lab.vip(2)].into_iter().enumerate() {
         let (stop, sent) = (stop.clone(), udp_sent.clone());
         let first = (i * UDP_FLOWS_PER_VIP) as u32;
-        udp.push(spawn_in(&lab.client, move || udp_stream(vip, first, stop, sent)));
+        udp.push(spawn_in(&lab.client, move || {
+            udp_stream(vip, first, stop, sent)
+        }));
     }
     Client {
         stop,
@@ -609,16 +614,21 @@ fn restart_under_traffic_keeps_every_flow() {
     // Operator drains: b3:9090 everywhere, b1:9090 for the health VIP only.
     let hc_vip = format!("tcp/{}:90", lab.vip(3));
     rivoractl(&lab, &["drain", &format!("{}:9090", b(2))]);
-    rivoractl(&lab, &["drain", &format!("{}:9090", b(0)), "--vip", &hc_vip]);
+    rivoractl(
+        &lab,
+        &["drain", &format!("{}:9090", b(0)), "--vip", &hc_vip],
+    );
     assert!(matches!(
         backend_health(&maps, b(2), 9090),
         Some((_, Health::Draining))
     ));
 
     let mut client = start_client(&lab);
-    wait_for("every TCP connection to echo", Duration::from_secs(10), || {
-        client.echoed.load(Ordering::Relaxed) >= (2 * TCP_CONNS_PER_VIP) as u64 * 3
-    });
+    wait_for(
+        "every TCP connection to echo",
+        Duration::from_secs(10),
+        || client.echoed.load(Ordering::Relaxed) >= (2 * TCP_CONNS_PER_VIP) as u64 * 3,
+    );
     assert_flowing(&client, &servers, "first start");
     let before = ids_in_maps(lab.pin_dir());
     let doomed = vip_key(lab.vip(1), 443, Protocol::Tcp);
@@ -626,9 +636,18 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_eq!(before.len(), 6, "six VIPs in the maps: {before:?}");
 
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    let down_sampler = sample_health(lab.pin_dir().to_path_buf(), b(1), 9090, sampler_stop.clone());
-    let drain_sampler =
-        sample_health(lab.pin_dir().to_path_buf(), b(2), 9090, sampler_stop.clone());
+    let down_sampler = sample_health(
+        lab.pin_dir().to_path_buf(),
+        b(1),
+        9090,
+        sampler_stop.clone(),
+    );
+    let drain_sampler = sample_health(
+        lab.pin_dir().to_path_buf(),
+        b(2),
+        9090,
+        sampler_stop.clone(),
+    );
 
     // 2. SIGKILL: the datapath keeps forwarding with nobody home.
     let st = d.stop(libc::SIGKILL, Duration::from_secs(5));
@@ -647,13 +666,21 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_ne!(prog2, prog1, "the second start swapped its own program in");
     assert_eq!(tag2, tag1, "same build, same instructions");
     assert!(d.log_text().contains("took over the pinned link"));
-    assert_eq!(ids_in_maps(lab.pin_dir()), before, "ids after SIGKILL + start");
+    assert_eq!(
+        ids_in_maps(lab.pin_dir()),
+        before,
+        "ids after SIGKILL + start"
+    );
     assert_flowing(&client, &servers, "after the second start");
 
     // 4. SIGTERM with -persist-datapath detaches nothing.
     let st = d.stop(libc::SIGTERM, Duration::from_secs(10));
     assert!(st.success(), "clean exit: {st}\n{}", d.log_text());
-    assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached after SIGTERM");
+    assert_eq!(
+        attached(&lab.node, "n0"),
+        (true, 1),
+        "still attached after SIGTERM"
+    );
     assert_flowing(&client, &servers, "rivorad stopped with SIGTERM");
 
     // 5. Upgrade to a build whose XDP program differs.
@@ -692,7 +719,10 @@ fn restart_under_traffic_keeps_every_flow() {
     let after = ids_in_maps(lab.pin_dir());
     let added = vip_key(lab.vip(1), 81, Protocol::Tcp);
     assert!(!after.contains_key(&doomed), "the removed VIP was pruned");
-    let (added_id, _) = after.get(&added).expect("the added VIP is programmed").clone();
+    let (added_id, _) = after
+        .get(&added)
+        .expect("the added VIP is programmed")
+        .clone();
     let adopted_ids: BTreeSet<u32> = before.values().map(|(id, _)| *id).collect();
     assert!(
         !adopted_ids.contains(&added_id),
@@ -706,9 +736,11 @@ fn restart_under_traffic_keeps_every_flow() {
     // The added VIP forwards.
     let added_vip = lab.vip(1);
     let reply = spawn_in(&lab.client, move || {
-        let mut s = TcpStream::connect_timeout(&SocketAddr::from((added_vip, 81)), TCP_REPLY_TIMEOUT)
-            .expect("connecting to the added VIP");
-        s.set_read_timeout(Some(TCP_REPLY_TIMEOUT)).expect("timeout");
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::from((added_vip, 81)), TCP_REPLY_TIMEOUT)
+                .expect("connecting to the added VIP");
+        s.set_read_timeout(Some(TCP_REPLY_TIMEOUT))
+            .expect("timeout");
         s.write_all(b"7\n").expect("send");
         let mut buf = [0u8; 64];
         let n = s.read(&mut buf).expect("echo from the added VIP");
@@ -716,7 +748,10 @@ fn restart_under_traffic_keeps_every_flow() {
     })
     .join()
     .expect("added VIP client");
-    assert!(reply.ends_with(" 7\n"), "echo through the added VIP: {reply:?}");
+    assert!(
+        reply.ends_with(" 7\n"),
+        "echo through the added VIP: {reply:?}"
+    );
     assert_flowing(&client, &servers, "after the config change");
 
     // Health and drains survived all of it.
@@ -735,7 +770,10 @@ fn restart_under_traffic_keeps_every_flow() {
     );
     let vips: Vec<rivora::api::VipInfo> =
         serde_json::from_str(&rivoractl(&lab, &["-o", "json", "vip", "list"])).expect("vip list");
-    let hc = vips.iter().find(|v| v.vip == hc_vip).expect("the health VIP");
+    let hc = vips
+        .iter()
+        .find(|v| v.vip == hc_vip)
+        .expect("the health VIP");
     let drained: BTreeSet<String> = hc
         .backends
         .iter()
@@ -821,9 +859,17 @@ fn restart_under_traffic_keeps_every_flow() {
         .arg(lab.pin_dir())
         .output()
         .expect("rivorad -cleanup");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!lab.pin_dir().exists(), "pins removed");
-    assert_eq!(attached(&lab.node, "n0"), (false, 0), "links detached by -cleanup");
+    assert_eq!(
+        attached(&lab.node, "n0"),
+        (false, 0),
+        "links detached by -cleanup"
+    );
     drop(maps);
     drop(servers);
 }
@@ -838,7 +884,13 @@ fn start_expect_refusal(lab: &RLab, args: Vec<String>, log: &str) -> String {
 
 /// Names of the pins, with each link's program id: what "touching
 /// nothing" is checked against.
-fn pin_snapshot(lab: &RLab) -> (Vec<String>, Option<(u32, String)>, BTreeMap<VipKey, (u32, Vec<u32>)>) {
+fn pin_snapshot(
+    lab: &RLab,
+) -> (
+    Vec<String>,
+    Option<(u32, String)>,
+    BTreeMap<VipKey, (u32, Vec<u32>)>,
+) {
     let mut names: Vec<String> = walk(lab.pin_dir());
     names.sort();
     (
@@ -965,7 +1017,11 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     let ids = ids_in_maps(lab.pin_dir());
     assert_eq!(ids.len(), 5);
     assert!(d.stop(libc::SIGTERM, Duration::from_secs(10)).success());
-    assert_eq!(attached(&lab.node, "n0"), (false, 0), "detached on a clean exit");
+    assert_eq!(
+        attached(&lab.node, "n0"),
+        (false, 0),
+        "detached on a clean exit"
+    );
     assert!(lab.pin_dir().join("vip_map").exists(), "maps stay pinned");
     // The next start adopts.
     let mut d = start(false, "2.log");
@@ -978,12 +1034,22 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     let xdp_pin = lab.pin_dir().join("links/xdp_n0");
     let (p1, _) = link_prog(&xdp_pin).expect("pinned link");
     d.stop(libc::SIGKILL, Duration::from_secs(5));
-    assert_eq!(attached(&lab.node, "n0"), (true, 1), "pinned links outlive SIGKILL");
+    assert_eq!(
+        attached(&lab.node, "n0"),
+        (true, 1),
+        "pinned links outlive SIGKILL"
+    );
     let mut d = start(false, "4.log");
     assert!(!xdp_pin.exists(), "unpinned by a start without the flag");
     assert!(!lab.pin_dir().join("links/tcx_n0").exists());
-    assert_eq!(attached(&lab.node, "n0"), (true, 1), "one program each, not two");
-    assert!(d.log_text().contains("took over a pinned link and unpinned it"));
+    assert_eq!(
+        attached(&lab.node, "n0"),
+        (true, 1),
+        "one program each, not two"
+    );
+    assert!(d
+        .log_text()
+        .contains("took over a pinned link and unpinned it"));
     assert!(d.stop(libc::SIGTERM, Duration::from_secs(10)).success());
     assert_eq!(attached(&lab.node, "n0"), (false, 0));
     let _ = p1;
@@ -1011,16 +1077,28 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     lab.node.exec(
         "ip link del s0 && ip link add s0 type veth peer name s1 && ip link set s0 up && ip link set s1 up",
     );
-    assert_eq!(attached(&lab.node, "s0"), (false, 0), "a new s0 has nothing");
+    assert_eq!(
+        attached(&lab.node, "s0"),
+        (false, 0),
+        "a new s0 has nothing"
+    );
     let mut d = Rivorad::spawn(&rivorad_bin(), &lab.node, &args, &lab.path("6.log"));
     d.wait_ready(READY);
-    assert!(d.log_text().contains("stale pinned link"), "{}", d.log_text());
+    assert!(
+        d.log_text().contains("stale pinned link"),
+        "{}",
+        d.log_text()
+    );
     assert_eq!(attached(&lab.node, "s0"), (true, 1), "attached anew");
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
     // Dropping s0 from the file detaches its pinned links at the next start.
     d.stop(libc::SIGKILL, Duration::from_secs(5));
     let mut d = start(true, "7.log");
-    assert_eq!(attached(&lab.node, "s0"), (false, 0), "unlisted interface detached");
+    assert_eq!(
+        attached(&lab.node, "s0"),
+        (false, 0),
+        "unlisted interface detached"
+    );
     assert!(!lab.pin_dir().join("links/xdp_s0").exists());
     d.stop(libc::SIGKILL, Duration::from_secs(5));
 }

@@ -150,15 +150,49 @@ impl Daemon {
         DaemonError,
     > {
         let t0 = std::time::Instant::now();
-        let cfg = config::load(&opts.config)?;
-        let config_ms = t0.elapsed().as_millis() as u64;
-        let dp = Datapath::load(&LoadOptions {
+        let load_opts = LoadOptions {
             pin_dir: opts.pin_dir.clone(),
             maglev_size: opts.maglev_size,
-        })?;
-        let load_ms = t0.elapsed().as_millis() as u64 - config_ms;
-        let mut writer = Writer::open_pinned(&opts.pin_dir)?;
-        let adopt_ms = t0.elapsed().as_millis() as u64 - config_ms - load_ms;
+        };
+        let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
+        // A restart spends most of its time in the verifier (xdp_ingress),
+        // so over existing pins, once the preflight has shown they fit
+        // this binary, the objects load on one thread while this one
+        // parses the file and adopts the maps (reading, and repairing
+        // only what no VIP can reach). Loading over existing pins creates
+        // and writes nothing. On a first start the file is checked first,
+        // so that an invalid one pins nothing.
+        let (cfg, config_ms, dp, load_ms, writer, adopt_ms) =
+            if opts.pin_dir.join("meta_map").exists() {
+                Datapath::preflight(&load_opts)?;
+                std::thread::scope(|s| -> Result<_, DaemonError> {
+                    let loader = s.spawn(|| {
+                        let t = std::time::Instant::now();
+                        Datapath::load(&load_opts).map(|d| (d, ms(t)))
+                    });
+                    // An early return here still joins the loader (the
+                    // scope does).
+                    let cfg = config::load(&opts.config)?;
+                    let config_ms = ms(t0);
+                    let t = std::time::Instant::now();
+                    let writer = Writer::open_pinned(&opts.pin_dir)?;
+                    let adopt_ms = ms(t);
+                    let (dp, load_ms) = loader
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                    Ok((cfg, config_ms, dp, load_ms, writer, adopt_ms))
+                })?
+            } else {
+                let cfg = config::load(&opts.config)?;
+                let config_ms = ms(t0);
+                let t = std::time::Instant::now();
+                let dp = Datapath::load(&load_opts)?;
+                let load_ms = ms(t);
+                let t = std::time::Instant::now();
+                let writer = Writer::open_pinned(&opts.pin_dir)?;
+                (cfg, config_ms, dp, load_ms, writer, ms(t))
+            };
+        let mut writer = writer;
         let adopted = writer.vips().len();
         let drain_store = DrainStore::new(&opts.state_dir);
         let drains = match drain_store.load()? {
@@ -174,7 +208,10 @@ impl Daemon {
                     .map(|t| (None, t))
                     .collect();
                 if !d.is_empty() {
-                    info!(count = d.len(), "no drain file: took operator drains from backend_health_map");
+                    info!(
+                        count = d.len(),
+                        "no drain file: took operator drains from backend_health_map"
+                    );
                     drain_store.save(&d)?;
                 }
                 d
@@ -313,26 +350,18 @@ impl Daemon {
         // the same backend coming up would mark it healthy too early.
         for st in self.checker.status() {
             if st.state == HealthState::Down {
-                self.probe_down.entry(st.key.1).or_default().insert(st.key.0);
+                self.probe_down
+                    .entry(st.key.1)
+                    .or_default()
+                    .insert(st.key.0);
             }
         }
         // A backend the maps hold as down that no probe watches any more
         // would stay down for ever: without a probe a backend is healthy.
         let probed: BTreeSet<BackendTarget> =
             self.checker.status().into_iter().map(|s| s.key.1).collect();
-        let unprobed: BTreeSet<BackendTarget> = cfg
-            .desired
-            .vips
-            .iter()
-            .flat_map(|v| v.backends.iter())
-            .map(|b| BackendTarget {
-                addr: b.addr,
-                port: b.port,
-            })
-            .filter(|t| !probed.contains(t) && !self.probe_down.contains_key(t))
-            .collect();
-        for t in unprobed {
-            if self.writer.health(&t) == Some(crate::dataplane::render::Health::Down) {
+        for t in self.writer.down_targets() {
+            if !probed.contains(&t) && !self.probe_down.contains_key(&t) {
                 info!(backend = %t, "no probe watches this backend any more: healthy");
                 self.writer.set_health(&t, Probe::Up)?;
             }
@@ -422,7 +451,9 @@ impl Daemon {
                 let _ = l.detach();
             }
             match std::fs::remove_file(&p) {
-                Ok(()) => info!(pin = %p.display(), "detached a pinned link of an interface the file no longer lists"),
+                Ok(()) => {
+                    info!(pin = %p.display(), "detached a pinned link of an interface the file no longer lists")
+                }
                 Err(e) => warn!(pin = %p.display(), error = %e, "cannot remove a pinned link"),
             }
         }
@@ -467,7 +498,11 @@ impl Daemon {
                                 source: e,
                             })
                         })?;
-                        info!(interface = name, ?point, "took over a pinned link and unpinned it (no -persist-datapath)");
+                        info!(
+                            interface = name,
+                            ?point,
+                            "took over a pinned link and unpinned it (no -persist-datapath)"
+                        );
                     }
                     return Ok(link);
                 }
@@ -554,7 +589,12 @@ impl Daemon {
                 }
             }
         }
-        info!(interface = name, ?point, prog_id = info.prog_id, "took over the pinned link: program swapped in place");
+        info!(
+            interface = name,
+            ?point,
+            prog_id = info.prog_id,
+            "took over the pinned link: program swapped in place"
+        );
         Ok(Some(link))
     }
 

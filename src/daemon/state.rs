@@ -135,7 +135,9 @@ impl DrainStore {
         }
         fs::rename(&tmp, &self.path).map_err(err)?;
         // The rename is durable only once the directory is.
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
         Ok(())
     }
 }
@@ -190,10 +192,7 @@ mod tests {
         fs::write(s.path(), "not json").expect("write");
         assert!(matches!(s.load(), Err(StateError::Parse { .. })));
         fs::write(s.path(), r#"{"format": 2, "drains": []}"#).expect("write");
-        assert!(matches!(
-            s.load(),
-            Err(StateError::Format { found: 2, .. })
-        ));
+        assert!(matches!(s.load(), Err(StateError::Format { found: 2, .. })));
         let _ = fs::remove_dir_all(&d);
     }
 }

@@ -113,9 +113,7 @@ fn pinned_def(pin: &Path) -> Result<Option<MapDef>, DataplaneError> {
     let mut info: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
     // SAFETY: valid fd, buffer and length.
-    let rc = unsafe {
-        libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len)
-    };
+    let rc = unsafe { libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
     if rc < 0 {
         return Err(DataplaneError::load(format!(
             "{} is pinned but is not a readable map: {}",
@@ -275,6 +273,34 @@ pub fn ensure_bpffs() -> Result<(), DataplaneError> {
 }
 
 impl Datapath {
+    /// The checks `load` makes before it touches anything (layout version,
+    /// every pinned map's definition), without loading: after this, the
+    /// pinned maps can be read with this binary's layout while the
+    /// verifier runs. Parses the objects only (a few ms).
+    pub fn preflight(opts: &LoadOptions) -> Result<(), DataplaneError> {
+        let pinned_version = pinned_abi_version(&opts.pin_dir)?;
+        if let Some(v) = pinned_version {
+            if v != abi::ABI_VERSION {
+                return Err(DataplaneError::AbiMismatch {
+                    pinned: v,
+                    binary: abi::ABI_VERSION,
+                });
+            }
+        }
+        let mut storage = MaybeUninit::uninit();
+        let mut open = XdpIngressSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| DataplaneError::load(format!("opening xdp_ingress: {e}")))?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+        drop(open);
+        let mut storage = MaybeUninit::uninit();
+        let mut open = TcNatSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| DataplaneError::load(format!("opening tc_nat: {e}")))?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+        Ok(())
+    }
+
     pub fn load(opts: &LoadOptions) -> Result<Self, DataplaneError> {
         if opts.pin_dir.starts_with("/sys/fs/bpf") {
             ensure_bpffs()?;

@@ -514,6 +514,11 @@ impl<S: MapStore> Writer<S> {
         self.backends.targets_where(|h| h.draining)
     }
 
+    /// Targets a probe (or the adopted maps) hold as down.
+    pub fn down_targets(&self) -> Vec<BackendTarget> {
+        self.backends.targets_where(|h| h.probe_down)
+    }
+
     /// Record a probe result for every backend id at this address and
     /// port. Returns how many ids it covers (0: not a backend of any VIP).
     pub fn set_health(&mut self, t: &BackendTarget, probe: Probe) -> Result<usize, DataplaneError> {

@@ -12,9 +12,9 @@
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rivora::dataplane::attach::ifindex;
