@@ -882,15 +882,14 @@ fn start_expect_refusal(lab: &RLab, args: Vec<String>, log: &str) -> String {
     d.log_text()
 }
 
-/// Names of the pins, with each link's program id: what "touching
-/// nothing" is checked against.
-fn pin_snapshot(
-    lab: &RLab,
-) -> (
-    Vec<String>,
-    Option<(u32, String)>,
-    BTreeMap<VipKey, (u32, Vec<u32>)>,
-) {
+/// Per VIP: (service id, backend ids sorted).
+type Ids = BTreeMap<VipKey, (u32, Vec<u32>)>;
+
+/// The pins' names, the program behind the XDP link and the ids: what
+/// "touching nothing" is checked against.
+type Snapshot = (Vec<String>, Option<(u32, String)>, Ids);
+
+fn pin_snapshot(lab: &RLab) -> Snapshot {
     let mut names: Vec<String> = walk(lab.pin_dir());
     names.sort();
     (
