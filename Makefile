@@ -7,8 +7,9 @@ TEST_PKGS := iputils-ping
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 PREFIX ?= /usr/local
+VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt test test-unit test-packets test-e2e bench demo install uninstall clean
+.PHONY: all build deps lint fmt test test-unit test-packets test-e2e variant bench demo install uninstall clean
 
 all: build
 
@@ -32,7 +33,8 @@ test: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
 	$(MAKE) lint
-	$(CARGO) test --all-targets --no-fail-fast
+	$(MAKE) variant
+	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --all-targets --no-fail-fast
 
 test-unit: deps
 	$(CARGO) test --lib --bins
@@ -44,11 +46,20 @@ test-packets: deps
 test-e2e: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
-	$(CARGO) test --test 'e2e_*'
+	$(MAKE) variant
+	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --test 'e2e_*'
+
+# A rivorad whose XDP program differs from the default build's in its
+# instructions only (bpf/xdp_ingress.bpf.c, RV_BUILD_VARIANT): the restart
+# tests upgrade to it under traffic. Its own target dir, so the flag never
+# mixes with the default build's artefacts.
+variant:
+	RIVORA_BPF_CFLAGS=-DRV_BUILD_VARIANT $(CARGO) build --bin rivorad --target-dir target/variant
 
 bench: deps
 	@scripts/bpffs.sh
-	$(CARGO) build --release --bin rivora-bench --bin rivorad
+	# The restart area runs the real rivorad, built beside the bench.
+	$(CARGO) build --release --bins
 	./target/release/rivora-bench
 
 demo: build
@@ -69,7 +80,7 @@ install: build
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/rivorad $(DESTDIR)$(PREFIX)/bin/rivoractl $(DESTDIR)/etc/systemd/system/rivorad.service
-	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora $(DESTDIR)/var/lib/rivora
 
 clean:
 	$(CARGO) clean

@@ -339,7 +339,20 @@ SEC("xdp")
 int xdp_ingress(struct xdp_md *ctx)
 {
 	struct rv_pkt pkt = {};
-	int ret = rv_process(ctx, &pkt);
+	int ret;
+
+#ifdef RV_BUILD_VARIANT
+	/* A build whose instructions differ from the default one and whose
+	 * behaviour and maps do not: meta_map is an array of one entry, so
+	 * the lookup of key 0 always succeeds and the branch is never taken.
+	 * The restart tests upgrade to this build to show that a program
+	 * swap behind the pinned links keeps every flow. */
+	__u32 meta_key = 0;
+
+	if (!bpf_map_lookup_elem(&meta_map, &meta_key))
+		return RV_XDP_PASS;
+#endif
+	ret = rv_process(ctx, &pkt);
 
 	if (ret < 0) {
 		rv_count_drop(-ret);

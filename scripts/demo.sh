@@ -77,7 +77,7 @@ vips:
 YAML
 say "rivorad -config rivora.yaml (NAT VIP $VIP:80 -> three backends :8080)"
 sed 's/^/    /' "$WORK/rivora.yaml"
-in_ns "$NS_N" "$BIN/rivorad" -config "$WORK/rivora.yaml" -pin-dir "$PINS" >"$WORK/rivorad.log" 2>&1 &
+in_ns "$NS_N" "$BIN/rivorad" -config "$WORK/rivora.yaml" -pin-dir "$PINS" -state-dir "$WORK/state" >"$WORK/rivorad.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do grep -q '"ready"\|ready$' "$WORK/rivorad.log" 2>/dev/null && break; sleep 0.1; done
 grep -q 'ready' "$WORK/rivorad.log" || { cat "$WORK/rivorad.log"; echo "rivorad did not start" >&2; exit 1; }

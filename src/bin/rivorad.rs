@@ -33,6 +33,9 @@ struct Args {
     /// rivorad is down, and the next start swaps the programs in place.
     #[arg(long)]
     persist_datapath: bool,
+    /// Where rivorad keeps state the maps cannot hold (operator drains).
+    #[arg(long, value_name = "DIR", default_value = daemon::state::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
     /// Detach and remove everything Rivora pinned, then exit.
     #[arg(long)]
     cleanup: bool,
@@ -80,8 +83,11 @@ fn main() -> Result<()> {
     }
 
     if args.cleanup {
-        daemon::cleanup(&args.pin_dir)
+        let detached = daemon::cleanup(&args.pin_dir)
             .with_context(|| format!("removing {}", args.pin_dir.display()))?;
+        for l in &detached {
+            info!(link = %l.display(), "detached");
+        }
         info!(pin_dir = %args.pin_dir.display(), "removed everything rivora pinned");
         return Ok(());
     }
@@ -101,6 +107,7 @@ fn main() -> Result<()> {
         pin_dir: args.pin_dir.clone(),
         persist_datapath: args.persist_datapath,
         maglev_size: args.maglev_size,
+        state_dir: args.state_dir.clone(),
     };
     let probes = Arc::new(Mutex::new(ProbeHistograms::default()));
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {

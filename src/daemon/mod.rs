@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod net;
+pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -15,12 +16,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{error, info, warn};
 
 use crate::config::{self, Config, ConfigError};
+use crate::dataplane::attach::xdp_attached_mode;
 use crate::dataplane::{
     AttachPoint, AttachedLink, Datapath, DataplaneError, LoadOptions, Probe, ReconcileReport,
     Writer, XdpMode,
 };
 use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
 use crate::model::{BackendTarget, DesiredState, Mode, VipKey};
+use state::{DrainStore, Drains, StateError};
 
 /// A probe is one (VIP, backend) pair: a backend shared by VIPs on
 /// different ports is probed on each.
@@ -38,6 +41,8 @@ pub enum DaemonError {
     Health(String),
     #[error("{vips} VIP(s) could not be applied: {detail}")]
     Apply { vips: usize, detail: String },
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 #[derive(Debug, Clone)]
@@ -47,6 +52,8 @@ pub struct Options {
     /// Pin the XDP and TCX links so the datapath outlives rivorad.
     pub persist_datapath: bool,
     pub maglev_size: u32,
+    /// Where the daemon keeps what the maps cannot say (operator drains).
+    pub state_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -77,7 +84,8 @@ pub struct Daemon {
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     /// Operator drains: a backend everywhere (None) or for one VIP.
-    pub drains: BTreeSet<(Option<VipKey>, BackendTarget)>,
+    pub drains: Drains,
+    drain_store: DrainStore,
     /// Probes that currently say down, by backend.
     probe_down: BTreeMap<BackendTarget, BTreeSet<VipKey>>,
 }
@@ -141,13 +149,82 @@ impl Daemon {
         ),
         DaemonError,
     > {
-        let cfg = config::load(&opts.config)?;
-        let dp = Datapath::load(&LoadOptions {
+        let t0 = std::time::Instant::now();
+        let load_opts = LoadOptions {
             pin_dir: opts.pin_dir.clone(),
             maglev_size: opts.maglev_size,
-        })?;
-        let writer = Writer::open_pinned(&opts.pin_dir)?;
+        };
+        let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
+        // A restart spends most of its time in the verifier (xdp_ingress),
+        // so over existing pins, once the preflight has shown they fit
+        // this binary, the objects load on one thread while this one
+        // parses the file and adopts the maps (reading, and repairing
+        // only what no VIP can reach). Loading over existing pins creates
+        // and writes nothing. On a first start the file is checked first,
+        // so that an invalid one pins nothing.
+        let (cfg, config_ms, dp, load_ms, writer, adopt_ms) =
+            if opts.pin_dir.join("meta_map").exists() {
+                Datapath::preflight(&load_opts)?;
+                std::thread::scope(|s| -> Result<_, DaemonError> {
+                    let loader = s.spawn(|| {
+                        let t = std::time::Instant::now();
+                        Datapath::load(&load_opts).map(|d| (d, ms(t)))
+                    });
+                    // An early return here still joins the loader (the
+                    // scope does).
+                    let cfg = config::load(&opts.config)?;
+                    let config_ms = ms(t0);
+                    let t = std::time::Instant::now();
+                    let writer = Writer::open_pinned(&opts.pin_dir)?;
+                    let adopt_ms = ms(t);
+                    let (dp, load_ms) = loader
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                    Ok((cfg, config_ms, dp, load_ms, writer, adopt_ms))
+                })?
+            } else {
+                let cfg = config::load(&opts.config)?;
+                let config_ms = ms(t0);
+                let t = std::time::Instant::now();
+                let dp = Datapath::load(&load_opts)?;
+                let load_ms = ms(t);
+                let t = std::time::Instant::now();
+                let writer = Writer::open_pinned(&opts.pin_dir)?;
+                (cfg, config_ms, dp, load_ms, writer, ms(t))
+            };
+        let mut writer = writer;
         let adopted = writer.vips().len();
+        let drain_store = DrainStore::new(&opts.state_dir);
+        let drains = match drain_store.load()? {
+            Some(d) => d,
+            None => {
+                // No file yet (first start, or an upgrade from a binary
+                // that kept none): backend_health_map's "draining" is an
+                // operator drain for every VIP, the one kind it can state
+                // unambiguously.
+                let d: Drains = writer
+                    .draining_targets()
+                    .into_iter()
+                    .map(|t| (None, t))
+                    .collect();
+                if !d.is_empty() {
+                    info!(
+                        count = d.len(),
+                        "no drain file: took operator drains from backend_health_map"
+                    );
+                    drain_store.save(&d)?;
+                }
+                d
+            }
+        };
+        // A target the maps hold as draining that no drain names any more
+        // (undrained while a write was lost in a crash) is undrained: the
+        // file, written before the maps, is the operator's last word.
+        for t in writer.draining_targets() {
+            if !drains.contains(&(None, t)) {
+                writer.set_drain(&t, false)?;
+            }
+        }
         let (checker, events) = HealthChecker::with_observer(runtime, observer);
         let mut d = Self {
             opts,
@@ -164,10 +241,20 @@ impl Daemon {
             },
             reloads_ok: 0,
             reloads_failed: 0,
-            drains: BTreeSet::new(),
+            drains,
+            drain_store,
             probe_down: BTreeMap::new(),
         };
-        info!(adopted, file = %d.opts.config.display(), "adopted pinned maps");
+        info!(
+            adopted,
+            drains = d.drains.len(),
+            file = %d.opts.config.display(),
+            config_ms,
+            load_ms,
+            adopt_ms,
+            "adopted pinned maps"
+        );
+        let t1 = std::time::Instant::now();
         let report = d.apply(&cfg)?;
         d.generation = 1;
         info!(
@@ -175,6 +262,7 @@ impl Daemon {
             updated = report.updated,
             unchanged = report.unchanged,
             removed = report.removed,
+            apply_ms = t1.elapsed().as_millis() as u64,
             "configuration applied"
         );
         d.attach()?;
@@ -246,10 +334,38 @@ impl Daemon {
                 }
             }
         }
+        // Global drains again: a backend id this reconcile created for a
+        // drained target starts healthy.
+        for (vip, t) in &self.drains {
+            if vip.is_none() {
+                self.writer.set_drain(t, true)?;
+            }
+        }
         let targets = probe_targets(cfg, &self.writer);
         self.checker
             .set_targets(targets)
             .map_err(|e| DaemonError::Health(e.to_string()))?;
+        // A probe that starts down (adopted as down from the maps) sends
+        // no event until it changes: record it, or another VIP's probe of
+        // the same backend coming up would mark it healthy too early.
+        for st in self.checker.status() {
+            if st.state == HealthState::Down {
+                self.probe_down
+                    .entry(st.key.1)
+                    .or_default()
+                    .insert(st.key.0);
+            }
+        }
+        // A backend the maps hold as down that no probe watches any more
+        // would stay down for ever: without a probe a backend is healthy.
+        let probed: BTreeSet<BackendTarget> =
+            self.checker.status().into_iter().map(|s| s.key.1).collect();
+        for t in self.writer.down_targets() {
+            if !probed.contains(&t) && !self.probe_down.contains_key(&t) {
+                info!(backend = %t, "no probe watches this backend any more: healthy");
+                self.writer.set_health(&t, Probe::Up)?;
+            }
+        }
         // Probes that no longer exist no longer hold a backend down.
         let live: BTreeSet<ProbeKey> = self.checker.status().into_iter().map(|s| s.key).collect();
         let stale: Vec<(BackendTarget, VipKey)> = self
@@ -280,6 +396,14 @@ impl Daemon {
     }
 
     fn attach(&mut self) -> Result<(), DaemonError> {
+        let listed: BTreeSet<String> = self
+            .config
+            .file
+            .interfaces
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
+        self.drop_unlisted_links(&listed);
         for ifc in self.config.file.interfaces.clone() {
             let (ifindex, _) = net::interface(&ifc.name)?;
             let (xdp, tc) = self.attach_one(&ifc.name, ifindex, ifc.xdp_mode)?;
@@ -294,43 +418,184 @@ impl Daemon {
         Ok(())
     }
 
-    fn link_pin(&self, name: &str, kind: &str) -> PathBuf {
+    fn link_pin(&self, name: &str, point: AttachPoint) -> PathBuf {
+        let kind = match point {
+            AttachPoint::Xdp => "xdp",
+            AttachPoint::TcxEgress => "tcx",
+        };
         self.opts
             .pin_dir
             .join("links")
             .join(format!("{kind}_{name}"))
     }
 
-    /// Attach to one interface, or with -persist-datapath take over the
-    /// pinned links and swap the program behind them (no gap).
+    /// Pinned links of interfaces the file no longer lists: the file is
+    /// the whole desired set, so they are detached and unpinned.
+    fn drop_unlisted_links(&self, listed: &BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(self.opts.pin_dir.join("links")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let ifname = file
+                .strip_prefix("xdp_")
+                .or_else(|| file.strip_prefix("tcx_"))
+                .unwrap_or(&file);
+            if listed.contains(ifname) {
+                continue;
+            }
+            let p = e.path();
+            if let Ok(l) = AttachedLink::open_pinned(&p, AttachPoint::Xdp, 0) {
+                // A defunct link (its interface gone) cannot be detached
+                // and needs not be.
+                let _ = l.detach();
+            }
+            match std::fs::remove_file(&p) {
+                Ok(()) => {
+                    info!(pin = %p.display(), "detached a pinned link of an interface the file no longer lists")
+                }
+                Err(e) => warn!(pin = %p.display(), error = %e, "cannot remove a pinned link"),
+            }
+        }
+    }
+
+    /// Attach to one interface. Pinned links (left by a run with
+    /// -persist-datapath) are taken over and their program swapped in
+    /// place, so packets never see the interface without a program.
     fn attach_one(
         &self,
         name: &str,
         ifindex: u32,
         mode: XdpMode,
     ) -> Result<(AttachedLink, AttachedLink), DaemonError> {
-        let xdp_prog = &self.dp.xdp().progs.xdp_ingress;
-        let tc_prog = &self.dp.tc().progs.tc_nat;
-        if self.opts.persist_datapath {
-            let xp = self.link_pin(name, "xdp");
-            let tp = self.link_pin(name, "tcx");
-            if xp.exists() && tp.exists() {
-                let xdp = AttachedLink::open_pinned(&xp, AttachPoint::Xdp, ifindex)?;
-                let tc = AttachedLink::open_pinned(&tp, AttachPoint::TcxEgress, ifindex)?;
-                xdp.update(xdp_prog)?;
-                tc.update(tc_prog)?;
-                info!(interface = name, "took over pinned links (program swapped)");
-                return Ok((xdp, tc));
+        let xdp = self.take_or_attach(name, ifindex, AttachPoint::Xdp, mode)?;
+        // If this fails, a fresh (unpinned) XDP link detaches as `xdp` is
+        // dropped; a pinned one keeps forwarding.
+        let tc = self.take_or_attach(name, ifindex, AttachPoint::TcxEgress, mode)?;
+        Ok((xdp, tc))
+    }
+
+    fn take_or_attach(
+        &self,
+        name: &str,
+        ifindex: u32,
+        point: AttachPoint,
+        mode: XdpMode,
+    ) -> Result<AttachedLink, DaemonError> {
+        let pin = self.link_pin(name, point);
+        if pin.exists() {
+            match self.take_over(&pin, name, ifindex, point, mode)? {
+                Some(link) => {
+                    if !self.opts.persist_datapath {
+                        // Unpinned, this process holds the link's last
+                        // reference: it detaches when rivorad exits, as
+                        // it must without -persist-datapath. Taking it
+                        // over first (rather than detaching and attaching
+                        // anew) leaves no gap now.
+                        std::fs::remove_file(&pin).map_err(|e| {
+                            DaemonError::Dataplane(DataplaneError::Attach {
+                                what: format!("unpinning {}", pin.display()),
+                                source: e,
+                            })
+                        })?;
+                        info!(
+                            interface = name,
+                            ?point,
+                            "took over a pinned link and unpinned it (no -persist-datapath)"
+                        );
+                    }
+                    return Ok(link);
+                }
+                None => {
+                    std::fs::remove_file(&pin).map_err(|e| {
+                        DaemonError::Dataplane(DataplaneError::Attach {
+                            what: format!("removing the stale pin {}", pin.display()),
+                            source: e,
+                        })
+                    })?;
+                }
             }
         }
-        let xdp = AttachedLink::attach_xdp(xdp_prog, ifindex, mode)?;
-        let tc = AttachedLink::attach_tcx_egress(tc_prog, ifindex)?;
+        let link = match point {
+            AttachPoint::Xdp => {
+                AttachedLink::attach_xdp(&self.dp.xdp().progs.xdp_ingress, ifindex, mode)?
+            }
+            AttachPoint::TcxEgress => {
+                AttachedLink::attach_tcx_egress(&self.dp.tc().progs.tc_nat, ifindex)?
+            }
+        };
         if self.opts.persist_datapath {
-            let _ = std::fs::create_dir_all(self.opts.pin_dir.join("links"));
-            xdp.pin(&self.link_pin(name, "xdp"))?;
-            tc.pin(&self.link_pin(name, "tcx"))?;
+            let dir = self.opts.pin_dir.join("links");
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                DaemonError::Dataplane(DataplaneError::Attach {
+                    what: format!("creating {}", dir.display()),
+                    source: e,
+                })
+            })?;
+            link.pin(&pin)?;
         }
-        Ok((xdp, tc))
+        Ok(link)
+    }
+
+    /// Take over the link pinned at `pin` and swap this binary's program
+    /// in behind it. None when the pin is stale: the link is defunct (its
+    /// interface went away, perhaps to come back under the same name with
+    /// a new ifindex) or not the kind of link the name says; the caller
+    /// then attaches anew.
+    fn take_over(
+        &self,
+        pin: &Path,
+        name: &str,
+        ifindex: u32,
+        point: AttachPoint,
+        mode: XdpMode,
+    ) -> Result<Option<AttachedLink>, DaemonError> {
+        let mut link = match AttachedLink::open_pinned(pin, point, ifindex) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(pin = %pin.display(), error = %e, "pinned link unusable; attaching anew");
+                return Ok(None);
+            }
+        };
+        let info = link.info()?;
+        if info.point != Some(point) || info.ifindex != ifindex {
+            warn!(
+                pin = %pin.display(),
+                interface = name,
+                ifindex,
+                link_ifindex = info.ifindex,
+                "stale pinned link (interface gone or recreated); attaching anew"
+            );
+            return Ok(None);
+        }
+        match point {
+            AttachPoint::Xdp => link.update(&self.dp.xdp().progs.xdp_ingress)?,
+            AttachPoint::TcxEgress => link.update(&self.dp.tc().progs.tc_nat)?,
+        }
+        if point == AttachPoint::Xdp {
+            let attached = xdp_attached_mode(ifindex)?;
+            link.xdp_mode = attached;
+            if let Some(have) = attached {
+                if mode != XdpMode::Auto && have != mode {
+                    // Native and generic XDP cannot be attached at once:
+                    // changing the mode means a detach, a gap this start
+                    // does not take on its own.
+                    warn!(
+                        interface = name,
+                        configured = ?mode,
+                        attached = ?have,
+                        "the pinned XDP link keeps its mode; to change it: rivorad -cleanup, then start (a short gap)"
+                    );
+                }
+            }
+        }
+        info!(
+            interface = name,
+            ?point,
+            prog_id = info.prog_id,
+            "took over the pinned link: program swapped in place"
+        );
+        Ok(Some(link))
     }
 
     /// Re-read the file. An invalid file changes nothing (the running state
@@ -423,6 +688,16 @@ impl Daemon {
         if !changed {
             return Ok(());
         }
+        // The file first: if the maps then fail, the next reload or start
+        // applies what the operator asked for.
+        if let Err(e) = self.drain_store.save(&self.drains) {
+            if drain {
+                self.drains.remove(&k);
+            } else {
+                self.drains.insert(k);
+            }
+            return Err(e.into());
+        }
         match vip {
             None => {
                 self.writer.set_drain(&target, drain)?;
@@ -436,9 +711,12 @@ impl Daemon {
     }
 
     /// Detach (unless the links are pinned: then the datapath keeps
-    /// forwarding without us). The maps stay pinned either way.
+    /// forwarding without us, and closing our link fds leaves them be).
+    /// The maps stay pinned either way.
     pub fn shutdown(self) {
-        if !self.opts.persist_datapath {
+        if self.opts.persist_datapath {
+            info!("links stay pinned: the datapath keeps forwarding");
+        } else {
             for a in &self.attached {
                 let _ = a.xdp.detach();
                 let _ = a.tc.detach();
@@ -452,17 +730,26 @@ impl Daemon {
     }
 }
 
-/// Remove everything Rivora pinned under `pin_dir`: links first (which
-/// detaches them), then the maps.
-pub fn cleanup(pin_dir: &Path) -> std::io::Result<()> {
-    let links = pin_dir.join("links");
-    if let Ok(entries) = std::fs::read_dir(&links) {
+/// Remove everything Rivora pinned under `pin_dir`: links first,
+/// detached explicitly (unpinning alone would leave a link attached for
+/// as long as a running rivorad holds it), then the maps. Returns the
+/// links detached. The drain file under the state directory is kept: it
+/// is the operator's intent, and the upgrade migration (cleanup, then
+/// start) must not forget it.
+pub fn cleanup(pin_dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut detached = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(pin_dir.join("links")) {
         for e in entries.flatten() {
             let p = e.path();
             if let Ok(l) = AttachedLink::open_pinned(&p, AttachPoint::Xdp, 0) {
-                let _ = l.detach();
+                match l.detach() {
+                    Ok(()) => detached.push(p),
+                    // Defunct (its interface is gone): nothing to detach.
+                    Err(e) => warn!(pin = %p.display(), error = %e, "link not detached"),
+                }
             }
         }
     }
-    Datapath::unpin_all(pin_dir)
+    Datapath::unpin_all(pin_dir)?;
+    Ok(detached)
 }

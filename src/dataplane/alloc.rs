@@ -469,6 +469,18 @@ impl BackendRegistry {
         self.health.get(t).copied().unwrap_or_default()
     }
 
+    /// Every target whose inputs satisfy `f`.
+    pub fn targets_where(&self, f: impl Fn(&HealthInputs) -> bool) -> Vec<BackendTarget> {
+        let mut v: Vec<BackendTarget> = self
+            .health
+            .iter()
+            .filter(|(_, h)| f(h))
+            .map(|(t, _)| *t)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn set_health_inputs(&mut self, t: &BackendTarget, h: HealthInputs) {
         if let Some(e) = self.health.get_mut(t) {
             *e = h;

@@ -179,6 +179,49 @@ impl AttachedLink {
         Ok(())
     }
 
+    /// What the kernel says about this link: its type, the program behind
+    /// it and the interface it is attached to (0 once the interface is
+    /// gone: the link then still exists but is defunct).
+    pub fn info(&self) -> Result<LinkInfo, DataplaneError> {
+        // SAFETY: zeroed bpf_link_info is a valid out buffer of the size
+        // passed.
+        let mut info: libbpf_sys::bpf_link_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
+        // SAFETY: valid fd, buffer and length.
+        let rc = unsafe {
+            libbpf_sys::bpf_link_get_info_by_fd(self.fd.as_raw_fd(), &mut info, &mut len)
+        };
+        if rc < 0 {
+            return Err(errno_err(
+                format!("reading the {:?} link's info", self.point),
+                rc,
+            ));
+        }
+        // SAFETY: the union member read is the one the kernel filled for
+        // this link type (both start with the ifindex).
+        let (point, ifindex) = unsafe {
+            match info.type_ {
+                libbpf_sys::BPF_LINK_TYPE_XDP => {
+                    (Some(AttachPoint::Xdp), info.__bindgen_anon_1.xdp.ifindex)
+                }
+                libbpf_sys::BPF_LINK_TYPE_TCX
+                    if info.__bindgen_anon_1.tcx.attach_type == libbpf_sys::BPF_TCX_EGRESS =>
+                {
+                    (
+                        Some(AttachPoint::TcxEgress),
+                        info.__bindgen_anon_1.tcx.ifindex,
+                    )
+                }
+                _ => (None, 0),
+            }
+        };
+        Ok(LinkInfo {
+            point,
+            prog_id: info.prog_id,
+            ifindex,
+        })
+    }
+
     /// Detach now, even if pinned.
     pub fn detach(&self) -> Result<(), DataplaneError> {
         // SAFETY: valid link fd.
@@ -194,6 +237,37 @@ impl AttachedLink {
         }
         Ok(())
     }
+}
+
+/// A link as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// None: not an XDP or TCX egress link.
+    pub point: Option<AttachPoint>,
+    pub prog_id: u32,
+    /// 0 when the interface it was attached to is gone.
+    pub ifindex: u32,
+}
+
+/// The mode of the XDP program attached to `ifindex` (in this network
+/// namespace), if any: a pinned link does not record its flags, the
+/// interface does.
+pub fn xdp_attached_mode(ifindex: u32) -> Result<Option<XdpMode>, DataplaneError> {
+    // SAFETY: zeroed opts with sz set is the documented libbpf convention.
+    let mut opts: libbpf_sys::bpf_xdp_query_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_xdp_query_opts>() as _;
+    // SAFETY: valid opts; the return is 0 or -errno.
+    let rc = unsafe { libbpf_sys::bpf_xdp_query(ifindex as i32, 0, &mut opts) };
+    if rc < 0 {
+        return Err(errno_err(format!("querying XDP on ifindex {ifindex}"), rc));
+    }
+    Ok(match u32::from(opts.attach_mode) {
+        libbpf_sys::XDP_ATTACHED_DRV => Some(XdpMode::Native),
+        libbpf_sys::XDP_ATTACHED_SKB => Some(XdpMode::Generic),
+        libbpf_sys::XDP_ATTACHED_NONE => None,
+        // Offloaded or several modes at once: not something rivorad makes.
+        _ => Some(XdpMode::Auto),
+    })
 }
 
 fn path_cstr(path: &Path) -> Result<CString, DataplaneError> {

@@ -2,8 +2,10 @@
 //! directory, so that xdp_ingress, tc_nat, rivorad's writer and a later
 //! rivorad all share the same maps.
 
+use std::ffi::CString;
 use std::fs;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -72,6 +74,7 @@ unsafe impl Send for Datapath {}
 fn pin_maps<'a>(
     maps: impl Iterator<Item = libbpf_rs::OpenMapMut<'a>>,
     opts: &LoadOptions,
+    pinned_version: Option<u32>,
 ) -> Result<(), DataplaneError> {
     for mut map in maps {
         let name = map.name().to_string_lossy().into_owned();
@@ -83,10 +86,157 @@ fn pin_maps<'a>(
             map.set_max_entries(opts.maglev_size)
                 .map_err(|e| DataplaneError::load(format!("resizing maglev_table: {e}")))?;
         }
-        map.set_pin_path(opts.pin_dir.join(&name))
+        let pin = opts.pin_dir.join(&name);
+        check_pinned_def(&map, &name, &pin, pinned_version)?;
+        map.set_pin_path(&pin)
             .map_err(|e| DataplaneError::load(format!("pin path for {name}: {e}")))?;
     }
     Ok(())
+}
+
+/// A map's definition as the kernel compares it when libbpf reuses a pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MapDef {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    flags: u32,
+}
+
+/// The definition of the map pinned at `pin`, if something is pinned there.
+fn pinned_def(pin: &Path) -> Result<Option<MapDef>, DataplaneError> {
+    let Some(fd) = open_pin(pin)? else {
+        return Ok(None);
+    };
+    // SAFETY: zeroed bpf_map_info is a valid out buffer of the size passed.
+    let mut info: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
+    // SAFETY: valid fd, buffer and length.
+    let rc = unsafe { libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
+    if rc < 0 {
+        return Err(DataplaneError::load(format!(
+            "{} is pinned but is not a readable map: {}",
+            pin.display(),
+            std::io::Error::from_raw_os_error(-rc)
+        )));
+    }
+    Ok(Some(MapDef {
+        map_type: info.type_,
+        key_size: info.key_size,
+        value_size: info.value_size,
+        max_entries: info.max_entries,
+        flags: info.map_flags,
+    }))
+}
+
+fn open_pin(pin: &Path) -> Result<Option<OwnedFd>, DataplaneError> {
+    if !pin.exists() {
+        return Ok(None);
+    }
+    let c = CString::new(pin.as_os_str().as_encoded_bytes())
+        .map_err(|_| DataplaneError::load(format!("pin path {} has a NUL", pin.display())))?;
+    // SAFETY: NUL-terminated path; the return is a new fd or -errno.
+    let rc = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
+    if rc < 0 {
+        return Err(DataplaneError::load(format!(
+            "opening {}: {}",
+            pin.display(),
+            std::io::Error::from_raw_os_error(-rc)
+        )));
+    }
+    // SAFETY: rc is a fresh fd we own.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(rc) }))
+}
+
+/// Before libbpf reuses a pinned map, check that it can: libbpf's own
+/// check fails with a bare "couldn't reuse pinned map: parameter
+/// mismatch", and a map missing from a complete pinned set would be
+/// created empty beside maps that hold live flows (half-migrated). Either
+/// way nothing has been created or written yet when this fails.
+fn check_pinned_def(
+    map: &libbpf_rs::OpenMapMut<'_>,
+    name: &str,
+    pin: &Path,
+    pinned_version: Option<u32>,
+) -> Result<(), DataplaneError> {
+    let want = MapDef {
+        map_type: u32::from(map.map_type()),
+        key_size: map.key_size(),
+        value_size: map.value_size(),
+        max_entries: map.max_entries(),
+        flags: map.map_flags(),
+    };
+    let Some(have) = pinned_def(pin)? else {
+        if pinned_version.is_some() {
+            return Err(DataplaneError::PinnedMapMissing {
+                map: name.to_string(),
+                pin_dir: pin.parent().unwrap_or(pin).display().to_string(),
+            });
+        }
+        return Ok(());
+    };
+    let fields = [
+        ("type", have.map_type, want.map_type),
+        ("key size", have.key_size, want.key_size),
+        ("value size", have.value_size, want.value_size),
+        ("max entries", have.max_entries, want.max_entries),
+        ("flags", have.flags, want.flags),
+    ];
+    for (field, pinned, binary) in fields {
+        if pinned != binary {
+            let hint = if name == "maglev_table" && field == "max entries" {
+                format!(
+                    " (the pinned Maglev table has {pinned} slots: start with -maglev-size {pinned}, \
+                     or migrate to {binary})"
+                )
+            } else {
+                String::new()
+            };
+            return Err(DataplaneError::PinnedMapMismatch {
+                map: name.to_string(),
+                field,
+                pinned,
+                binary,
+                hint,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The layout version recorded in the pinned meta_map, if a complete
+/// pinned set is there (None: nothing pinned yet, or a first start that
+/// never finished). `abi_version` is rv_meta's first field in every
+/// layout, so it reads whatever the value size.
+pub fn pinned_abi_version(pin_dir: &Path) -> Result<Option<u32>, DataplaneError> {
+    let pin = pin_dir.join("meta_map");
+    let Some(def) = pinned_def(&pin)? else {
+        return Ok(None);
+    };
+    let Some(fd) = open_pin(&pin)? else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; def.value_size.max(4) as usize];
+    let key = 0u32;
+    // SAFETY: valid map fd; key is 4 bytes (meta_map's key in every
+    // layout) and buf holds the map's whole value.
+    let rc = unsafe {
+        libbpf_sys::bpf_map_lookup_elem(
+            fd.as_raw_fd(),
+            (&key as *const u32).cast(),
+            buf.as_mut_ptr().cast(),
+        )
+    };
+    if rc < 0 {
+        return Err(DataplaneError::load(format!(
+            "reading {}: {}",
+            pin.display(),
+            std::io::Error::from_raw_os_error(-rc)
+        )));
+    }
+    let v = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    Ok((v != 0).then_some(v))
 }
 
 /// Mount bpffs at /sys/fs/bpf if nothing is mounted there yet.
@@ -123,6 +273,34 @@ pub fn ensure_bpffs() -> Result<(), DataplaneError> {
 }
 
 impl Datapath {
+    /// The checks `load` makes before it touches anything (layout version,
+    /// every pinned map's definition), without loading: after this, the
+    /// pinned maps can be read with this binary's layout while the
+    /// verifier runs. Parses the objects only (a few ms).
+    pub fn preflight(opts: &LoadOptions) -> Result<(), DataplaneError> {
+        let pinned_version = pinned_abi_version(&opts.pin_dir)?;
+        if let Some(v) = pinned_version {
+            if v != abi::ABI_VERSION {
+                return Err(DataplaneError::AbiMismatch {
+                    pinned: v,
+                    binary: abi::ABI_VERSION,
+                });
+            }
+        }
+        let mut storage = MaybeUninit::uninit();
+        let mut open = XdpIngressSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| DataplaneError::load(format!("opening xdp_ingress: {e}")))?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+        drop(open);
+        let mut storage = MaybeUninit::uninit();
+        let mut open = TcNatSkelBuilder::default()
+            .open(&mut storage)
+            .map_err(|e| DataplaneError::load(format!("opening tc_nat: {e}")))?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+        Ok(())
+    }
+
     pub fn load(opts: &LoadOptions) -> Result<Self, DataplaneError> {
         if opts.pin_dir.starts_with("/sys/fs/bpf") {
             ensure_bpffs()?;
@@ -131,12 +309,24 @@ impl Datapath {
             DataplaneError::load(format!("creating {}: {e}", opts.pin_dir.display()))
         })?;
 
+        // The layout version first: a binary that cannot use the pinned
+        // maps stops here, before libbpf creates, pins or writes anything.
+        let pinned_version = pinned_abi_version(&opts.pin_dir)?;
+        if let Some(v) = pinned_version {
+            if v != abi::ABI_VERSION {
+                return Err(DataplaneError::AbiMismatch {
+                    pinned: v,
+                    binary: abi::ABI_VERSION,
+                });
+            }
+        }
+
         let storage = Owned::<()>::storage();
         let storage_ptr: *mut MaybeUninit<OpenObject> = storage;
         let mut open = XdpIngressSkelBuilder::default()
             .open(storage)
             .map_err(|e| DataplaneError::load(format!("opening xdp_ingress: {e}")))?;
-        pin_maps(open.open_object_mut().maps_mut(), opts)?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
         let xdp = open
             .load()
             .map_err(|e| DataplaneError::load(format!("loading xdp_ingress: {e}")))?;
@@ -150,7 +340,7 @@ impl Datapath {
         let mut open = TcNatSkelBuilder::default()
             .open(storage)
             .map_err(|e| DataplaneError::load(format!("opening tc_nat: {e}")))?;
-        pin_maps(open.open_object_mut().maps_mut(), opts)?;
+        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
         let tc = open
             .load()
             .map_err(|e| DataplaneError::load(format!("loading tc_nat: {e}")))?;

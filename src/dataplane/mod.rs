@@ -27,8 +27,18 @@ use crate::model::{ModelError, VipKey};
 pub enum DataplaneError {
     #[error("loading the BPF objects: {0}")]
     Load(String),
-    #[error("pinned maps have layout version {pinned}, this binary writes version {binary}: see README \"Upgrading\" for the migration")]
+    #[error("the pinned maps have layout version {pinned}, this binary expects version {binary}: it cannot reuse them and changed nothing. Migrate with `rivorad -cleanup` (detaches and removes the pinned maps: every established flow is reset), then start this binary (README \"Restarting and upgrading\")")]
     AbiMismatch { pinned: u32, binary: u32 },
+    #[error("pinned map {map} has {field} {pinned}, this binary expects {binary}{hint}: it cannot reuse the pinned maps and changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (README \"Restarting and upgrading\")")]
+    PinnedMapMismatch {
+        map: String,
+        field: &'static str,
+        pinned: u32,
+        binary: u32,
+        hint: String,
+    },
+    #[error("{pin_dir} holds a pinned map set without {map}, which this binary needs (a layout change without a version bump, or a pin removed by hand): it changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (README \"Restarting and upgrading\")")]
+    PinnedMapMissing { map: String, pin_dir: String },
     #[error("attaching {what}: {source}")]
     Attach {
         what: String,

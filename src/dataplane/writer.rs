@@ -507,6 +507,18 @@ impl<S: MapStore> Writer<S> {
         (!ids.is_empty()).then(|| self.backends.health_inputs(t).state())
     }
 
+    /// Targets the maps (or this writer) hold as draining. After adoption
+    /// this is what backend_health_map said: a target that was both
+    /// drained and down reads as down alone.
+    pub fn draining_targets(&self) -> Vec<BackendTarget> {
+        self.backends.targets_where(|h| h.draining)
+    }
+
+    /// Targets a probe (or the adopted maps) hold as down.
+    pub fn down_targets(&self) -> Vec<BackendTarget> {
+        self.backends.targets_where(|h| h.probe_down)
+    }
+
     /// Record a probe result for every backend id at this address and
     /// port. Returns how many ids it covers (0: not a backend of any VIP).
     pub fn set_health(&mut self, t: &BackendTarget, probe: Probe) -> Result<usize, DataplaneError> {

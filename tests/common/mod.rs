@@ -5,6 +5,7 @@
 
 pub mod lab;
 pub mod netns;
+pub mod rlab;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;

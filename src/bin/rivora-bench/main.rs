@@ -4,6 +4,7 @@
 
 mod daemon;
 mod health;
+mod restart;
 mod writer;
 mod xdp;
 
@@ -78,6 +79,11 @@ fn main() -> Result<()> {
     if want("daemon") {
         println!("rivorad at full scale");
         daemon::run(&mut results).context("daemon bench")?;
+    }
+
+    if want("restart") {
+        println!("restarts: hot swap and adoption (real rivorad in namespaces)");
+        restart::run(&mut results).context("restart bench")?;
     }
 
     for n in &results.notes {

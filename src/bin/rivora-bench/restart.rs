@@ -1,0 +1,380 @@
+//! Restart figures (issue 5), with the real rivorad binary (built beside
+//! this one) run in network namespaces with -persist-datapath:
+//!
+//! - `hotswap_gap_packets`: a numbered UDP stream through a NAT VIP
+//!   (client -> node -> backend, routed veths), while a second rivorad
+//!   start swaps the programs behind the pinned links; the backend counts
+//!   every sequence number, and the figure is how many never arrived.
+//! - `restart_adopt_ms`: from process start to the "ready" log line with
+//!   4,096 VIPs (2 backends each) pinned by an earlier run: the median of
+//!   5 restarts.
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use rivora::dataplane::Datapath;
+
+use crate::{median, Results};
+
+/// Datagrams per second in the hot-swap stream.
+const RATE: u64 = 20_000;
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn sh(cmd: &str) -> Result<String> {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .context("spawning sh")?;
+    if !out.status.success() {
+        bail!(
+            "`{cmd}` failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Namespaces, a pin directory and a work directory, removed on drop
+/// (also on error).
+struct Lab {
+    tag: String,
+    namespaces: Vec<String>,
+    pins: PathBuf,
+    work: PathBuf,
+}
+
+impl Lab {
+    fn new(kind: &str) -> Result<Self> {
+        let tag = format!("rvb{kind}{}", std::process::id() % 100_000);
+        let work = std::env::temp_dir().join(format!("rivora-bench-{tag}"));
+        fs::create_dir_all(&work).context("work dir")?;
+        Ok(Self {
+            pins: PathBuf::from(format!("/sys/fs/bpf/rivora-bench-{tag}")),
+            tag,
+            namespaces: Vec::new(),
+            work,
+        })
+    }
+
+    fn ns(&mut self, name: &str) -> Result<String> {
+        let full = format!("{}{name}", self.tag);
+        let _ = sh(&format!("ip netns del {full} 2>/dev/null"));
+        sh(&format!("ip netns add {full}"))?;
+        self.namespaces.push(full.clone());
+        in_ns(&full, "ip link set lo up")?;
+        Ok(full)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = rivora::daemon::cleanup(&self.pins);
+        let _ = Datapath::unpin_all(&self.pins);
+        for ns in &self.namespaces {
+            let _ = sh(&format!("ip netns del {ns}"));
+        }
+        let _ = fs::remove_dir_all(&self.work);
+    }
+}
+
+fn in_ns(ns: &str, cmd: &str) -> Result<String> {
+    sh(&format!(
+        "nsenter --net=/run/netns/{ns} sh -c '{}'",
+        cmd.replace('\'', "'\\''")
+    ))
+}
+
+fn rivorad_bin() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating rivora-bench")?;
+    let bin = exe.with_file_name("rivorad");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: build it (make bench builds every binary)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// rivorad in `ns`, killed on drop.
+struct Daemon(Child, PathBuf, Instant);
+
+impl Daemon {
+    fn start(ns: &str, lab: &Lab, cfg: &Path, log: &str) -> Result<Self> {
+        let log = lab.work.join(log);
+        let err = File::create(&log).context("log file")?;
+        let t = Instant::now();
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg(rivorad_bin()?)
+            .arg("-config")
+            .arg(cfg)
+            .arg("-pin-dir")
+            .arg(&lab.pins)
+            .arg("-state-dir")
+            .arg(lab.work.join("state"))
+            .args(["-log-format", "json", "-persist-datapath"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .context("starting rivorad")?;
+        Ok(Self(child, log, t))
+    }
+
+    /// Time from spawn to the "ready" line.
+    fn ready(&mut self) -> Result<Duration> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(f) = File::open(&self.1) {
+                if BufReader::new(f)
+                    .lines()
+                    .map_while(Result::ok)
+                    .any(|l| l.contains(r#""message":"ready""#))
+                {
+                    return Ok(self.2.elapsed());
+                }
+            }
+            if let Some(st) = self.0.try_wait()? {
+                bail!(
+                    "rivorad exited ({st}):\n{}",
+                    fs::read_to_string(&self.1).unwrap_or_default()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("rivorad not ready after {READY_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.0.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("rivorad did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+pub fn run(results: &mut Results) -> Result<()> {
+    hotswap(results).context("hotswap_gap_packets")?;
+    adopt(results).context("restart_adopt_ms")?;
+    Ok(())
+}
+
+/// Run `f` on a thread in namespace `ns`.
+fn spawn_in<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).expect("opening netns");
+        // SAFETY: setns on this thread only; the fd is valid.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
+fn hotswap(results: &mut Results) -> Result<()> {
+    let mut lab = Lab::new("h")?;
+    let (c, n, b) = (lab.ns("c")?, lab.ns("n")?, lab.ns("b")?);
+    sh(&format!(
+        "ip link add c0 netns {c} type veth peer name n0 netns {n} && \
+         ip link add b0 netns {b} type veth peer name n1 netns {n}"
+    ))?;
+    in_ns(
+        &c,
+        "ip addr add 10.210.1.2/24 dev c0 && ip link set c0 up && \
+         ip route add 10.210.100.0/24 via 10.210.1.1 && ethtool -K c0 tx off >/dev/null",
+    )?;
+    in_ns(
+        &n,
+        "ip addr add 10.210.1.1/24 dev n0 && ip addr add 10.210.2.1/24 dev n1 && \
+         ip link set n0 up && ip link set n1 up && echo 1 > /proc/sys/net/ipv4/ip_forward",
+    )?;
+    in_ns(
+        &b,
+        "ip addr add 10.210.2.11/24 dev b0 && ip link set b0 up && \
+         ip route add default via 10.210.2.1",
+    )?;
+    let cfg = lab.work.join("rivora.yaml");
+    fs::write(
+        &cfg,
+        format!(
+            "interfaces:\n  - name: n0\n    xdpMode: native\napi:\n  socket: {}\nvips:\n  - name: stream\n    \
+             address: 10.210.100.1\n    port: 5000\n    protocol: udp\n    mode: nat\n    healthCheck: false\n    \
+             backends:\n      - {{ address: 10.210.2.11, port: 6000 }}\n",
+            lab.work.join("api.sock").display()
+        ),
+    )?;
+
+    let mut d = Daemon::start(&n, &lab, &cfg, "1.log")?;
+    d.ready()?;
+
+    // The backend: a bitmap of the sequence numbers seen.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sink = {
+        let stop = stop.clone();
+        let sock = UdpSocket::bind_in(&b, "10.210.2.11:6000")?;
+        spawn_in(&b, move || {
+            let mut seen: Vec<bool> = Vec::new();
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::Relaxed) {
+                match sock.recv(&mut buf) {
+                    Ok(n) if n >= 8 => {
+                        let seq = u64::from_be_bytes(buf[..8].try_into().expect("8")) as usize;
+                        if seen.len() <= seq {
+                            seen.resize(seq + 1, false);
+                        }
+                        seen[seq] = true;
+                    }
+                    _ => {}
+                }
+            }
+            seen
+        })
+    };
+    // The client: RATE datagrams/s, paced against the clock.
+    let sender = {
+        let stop = stop.clone();
+        spawn_in(&c, move || -> std::io::Result<(u64, Duration)> {
+            let s = UdpSocket::bind("0.0.0.0:0")?;
+            s.connect("10.210.100.1:5000")?;
+            let t0 = Instant::now();
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let due = t0 + Duration::from_nanos(k * 1_000_000_000 / RATE);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                // A transient send error would hide a loss: retry.
+                while s.send(&k.to_be_bytes()).is_err() {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                k += 1;
+            }
+            Ok((k, t0.elapsed()))
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    // The swap: a second start takes the pinned links over.
+    d.stop()?;
+    let mut d2 = Daemon::start(&n, &lab, &cfg, "2.log")?;
+    d2.ready()?;
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let (sent, took) = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    std::thread::sleep(Duration::from_millis(200));
+    let seen = sink.join().map_err(|_| anyhow::anyhow!("sink panicked"))?;
+    let lost = (0..sent as usize)
+        .filter(|&i| !seen.get(i).copied().unwrap_or(false))
+        .count();
+    let log2 = fs::read_to_string(&d2.1).unwrap_or_default();
+    anyhow::ensure!(
+        log2.contains("took over the pinned link"),
+        "the second start did not take over the pinned links"
+    );
+    d2.stop()?;
+    results.set("hotswap_gap_packets", lost as f64);
+    results.note(format!(
+        "hotswap_gap_packets: {lost} of {sent} UDP datagrams lost at {:.0}/s offered ({RATE}/s target) across a stop and a start that swapped the programs behind the pinned links",
+        sent as f64 / took.as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// `UdpSocket::bind` inside a namespace (the socket then lives there).
+trait BindIn: Sized {
+    fn bind_in(ns: &str, addr: &str) -> Result<Self>;
+}
+
+impl BindIn for UdpSocket {
+    fn bind_in(ns: &str, addr: &str) -> Result<Self> {
+        let addr = addr.to_string();
+        let s = spawn_in(ns, move || UdpSocket::bind(addr))
+            .join()
+            .map_err(|_| anyhow::anyhow!("bind thread panicked"))??;
+        s.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let bytes: i32 = 16 << 20;
+        // SAFETY: setsockopt with a valid int; the backend must not drop
+        // for want of buffer while the client bursts.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as u32,
+            );
+        }
+        Ok(s)
+    }
+}
+
+fn adopt(results: &mut Results) -> Result<()> {
+    let mut lab = Lab::new("a")?;
+    let n = lab.ns("n")?;
+    in_ns(
+        &n,
+        "ip link add n0 type veth peer name n1 && ip link set n0 up && ip link set n1 up",
+    )?;
+    let vips = rivora::abi::MAX_VIPS;
+    let mut y = format!(
+        "interfaces:\n  - name: n0\n    xdpMode: native\napi:\n  socket: {}\nvips:\n",
+        lab.work.join("api.sock").display()
+    );
+    for i in 0..vips {
+        let (hi, lo) = (i >> 8, i & 0xff);
+        y += &format!(
+            "  - {{ name: v{i}, address: 10.0.{hi}.{lo}, port: 80, protocol: tcp, mode: nat, healthCheck: false, \
+             backends: [{{ address: 10.1.{hi}.{lo}, port: 8080 }}, {{ address: 10.2.{hi}.{lo}, port: 8080 }}] }}\n"
+        );
+    }
+    let cfg = lab.work.join("rivora.yaml");
+    fs::write(&cfg, y)?;
+    let mut d = Daemon::start(&n, &lab, &cfg, "first.log")?;
+    let first = d.ready()?;
+    d.stop()?;
+    let mut samples = Vec::new();
+    for i in 0..5 {
+        let mut d = Daemon::start(&n, &lab, &cfg, &format!("again{i}.log"))?;
+        samples.push(d.ready()?.as_secs_f64() * 1e3);
+        d.stop()?;
+    }
+    results.set("restart_adopt_ms", median(samples));
+    results.note(format!(
+        "restart_adopt_ms: median of 5 starts to ready over {vips} pinned VIPs x 2 backends (-persist-datapath); the first start, writing them all, took {:.0} ms",
+        first.as_secs_f64() * 1e3
+    ));
+    Ok(())
+}
