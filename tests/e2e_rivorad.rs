@@ -1776,7 +1776,8 @@ fn restart_persists_and_adopts() {
     fs::write(&rd.config, conf.yaml()).expect("rewriting the config");
     rd.restart(&persist);
     assert!(
-        rd.log_text().contains("took over the pinned link: program swapped in place"),
+        rd.log_text()
+            .contains("took over the pinned link: program swapped in place"),
         "the restart swapped the programs behind the pinned links"
     );
     let after = service_ids(&rd);
