@@ -6,10 +6,13 @@ BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/ab
 TEST_PKGS := iputils-ping
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
+# What make bench-lab runs in its namespaces: generators, servers, the paths
+# Rivora is compared with.
+LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt test test-unit test-packets test-e2e variant bench demo install uninstall clean
+.PHONY: all build deps lint fmt test test-unit test-packets test-e2e variant bench bench-lab demo install uninstall clean
 
 all: build
 
@@ -61,6 +64,14 @@ bench: deps
 	# The restart area runs the real rivorad, built beside the bench.
 	$(CARGO) build --release --bins
 	./target/release/rivora-bench
+
+# Rivora against direct routing, nftables DNAT and haproxy in a namespace lab
+# (scripts/lab-bench.sh, BENCHMARKS.md); merges lab_* keys into
+# target/bench/results.json. Not part of make bench.
+bench-lab: build
+	@scripts/deps.sh $(LAB_PKGS)
+	@scripts/bpffs.sh
+	scripts/lab-bench.sh
 
 demo: build
 	@scripts/deps.sh $(DEMO_PKGS)
