@@ -49,7 +49,7 @@ CURRENT=""    # the path the node is set up for
 in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
 log() { printf '%s\n' "$*" >&2; }
 # Stop a process we started, and its children should it have forked.
-stop_pid() { pkill -TERM -P "$1" 2>/dev/null; kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; return 0; }
+stop_pid() { pkill -TERM -P "$1" 2>/dev/null || true; kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 cleanup() {
 	set +e
@@ -74,7 +74,15 @@ done
 
 # ---------------------------------------------------------------- the lab
 lab_up() {
-	for ns in "$NS_C" "$NS_N" "${NS_B[@]}"; do ip netns add "$ns"; in_ns "$ns" ip link set lo up; done
+	for ns in "$NS_C" "$NS_N" "${NS_B[@]}"; do
+		ip netns add "$ns"
+		in_ns "$ns" ip link set lo up
+		# No TIME_WAIT sockets: wrk makes ~25k connections/s over the same
+		# few address pairs, and TIME_WAIT left by one path's run (60 s)
+		# made the next paths' SYNs wait for retransmits (conn/s fell from
+		# ~25k to under 1k in whole runs). Same for every path.
+		echo 0 | in_ns "$ns" tee /proc/sys/net/ipv4/tcp_max_tw_buckets >/dev/null
+	done
 	ip link add c0 netns "$NS_C" type veth peer name n0 netns "$NS_N"
 	in_ns "$NS_C" ip addr add 10.210.1.2/24 dev c0
 	in_ns "$NS_C" ip link set c0 up
@@ -267,8 +275,8 @@ flush_ct() {
 measure_tcp() { # -> Gbit/s received, one stream
 	flush_ct
 	local j
-	j=$(in_ns "$NS_C" iperf3 -c "$TARGET" -p 5201 -t "$DURATION" -J 2>&1) || {
-		log "  iperf3: $(python3 -c 'import json,sys; print(json.load(sys.stdin).get("error"))' <<<"$j" 2>/dev/null || echo "$j" | tail -2)"
+	j=$(in_ns "$NS_C" iperf3 -c "$TARGET" -p 5201 -t "$DURATION" -J 2>"$WORK/iperf3-client.err") || {
+		log "  iperf3: $(python3 -c 'import json,sys; print(json.load(sys.stdin).get("error"))' <<<"$j" 2>/dev/null) $(tail -2 "$WORK/iperf3-client.err")"
 		echo nan; return
 	}
 	python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))' <<<"$j" 2>/dev/null || {
