@@ -241,8 +241,10 @@ async fn up_down_up(bind: &str) {
     assert!(server.accepted.load(Ordering::Relaxed) >= 3);
     assert_eq!(hc.state(&server.addr), Some(HealthState::Healthy));
 
-    server.stop().await;
+    // Taken before the stop: a probe may fail between the stop returning
+    // and the next line, and the streak starts with that failure.
     let killed = std::time::Instant::now();
+    server.stop().await;
     let bound = ms(fall as u64 * interval + timeout) + SLACK;
     let ev = next_event(&mut rx, bound, "killed backend").await;
     let at = std::time::Instant::now();
@@ -262,8 +264,8 @@ async fn up_down_up(bind: &str) {
     );
     assert_eq!(hc.state(&server.addr), Some(HealthState::Down));
 
-    server.restart().await;
     let restored = std::time::Instant::now();
+    server.restart().await;
     let bound = ms(rise as u64 * interval) + SLACK;
     let ev = next_event(&mut rx, bound, "restored backend").await;
     let at = std::time::Instant::now();
