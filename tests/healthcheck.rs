@@ -418,9 +418,10 @@ async fn initial_down_rises() {
         initial: HealthState::Down,
         ..ProbeTarget::new(server.addr, tcp_spec(40, 20, 3, 1))
     };
+    // Before the call: probing may start before it returns.
+    let added = Instant::now();
     hc.set_targets(vec![target]).expect("valid targets");
     assert_eq!(hc.state(&server.addr), Some(HealthState::Down));
-    let added = Instant::now();
     // First probe within one interval (jitter), then rise - 1 more.
     let ev = next_event(&mut rx, ms(3 * 40) + SLACK, "initially down").await;
     assert_eq!(ev.state, HealthState::Healthy);
