@@ -153,10 +153,23 @@ fn upsert_update_remove() {
     let (_, dst) = syn_through(&dp, client, 40001, vip, 80);
     assert_eq!(dst.to_string(), "10.1.0.3");
 
+    // The flows left state behind; removal (after its grace period)
+    // scrubs every per-flow table of the removed service.
+    let maps = rivora::dataplane::Maps::open(&pins.0).unwrap();
+    let flows = |m: &rivora::dataplane::Maps| {
+        (
+            m.connection_affinity_map
+                .keys::<rivora::abi::rv_flow_key>()
+                .len(),
+            m.nat_reverse_map.keys::<rivora::abi::rv_nat_key>().len(),
+        )
+    };
+    assert_eq!(flows(&maps), (2, 2), "two flows went through the VIP");
     w.remove_vip(&v.key()).unwrap();
     w.remove_vip(&range.key()).unwrap();
     let img = check(&mut w);
     assert_eq!(img, MapImage::default(), "{}", dump(&img));
+    assert_eq!(flows(&maps), (0, 0), "flow state of removed VIPs scrubbed");
     let (verdict, dst) = syn_through(&dp, client, 40002, vip, 80);
     assert_eq!(
         (verdict, dst),

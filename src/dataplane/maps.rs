@@ -225,6 +225,20 @@ impl PinnedMap {
 
     /// Every entry by key walk: for maps without batch operations (LPM
     /// tries). An entry deleted between the walk and its lookup is skipped.
+    /// Delete every entry `pred` selects (scrubbing a removed service's
+    /// flow state out of the per-flow tables).
+    pub fn remove_where<K: Pod, V: Pod>(
+        &self,
+        pred: impl Fn(&K, &V) -> bool,
+    ) -> Result<(), DataplaneError> {
+        for (k, v) in self.entries::<K, V>()? {
+            if pred(&k, &v) {
+                self.remove(&k)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn entries_by_walk<K: Pod, V: Pod>(&self) -> Result<Vec<(K, V)>, DataplaneError> {
         let mut out = Vec::new();
         for k in self.keys::<K>() {

@@ -280,72 +280,28 @@ impl MapStore for Maps {
         if svcs.is_empty() {
             return Ok(());
         }
-        for (k, _) in self
-            .connection_affinity_map
-            .entries::<rv_flow_key, rv_affinity_value>()?
-        {
-            if svcs.contains(&k.svc_id) {
-                self.connection_affinity_map.remove(&k)?;
-            }
-        }
-        for (k, _) in self
-            .connection_affinity_map6
-            .entries::<rv_flow6_key, rv_affinity_value>()?
-        {
-            if svcs.contains(&k.svc_id) {
-                self.connection_affinity_map6.remove(&k)?;
-            }
-        }
-        for (k, v) in self.nat_reverse_map.entries::<rv_nat_key, rv_nat_value>()? {
-            if svcs.contains(&v.svc_id) {
-                self.nat_reverse_map.remove(&k)?;
-            }
-        }
-        for (k, v) in self
-            .nat_reverse_map6
-            .entries::<rv_nat6_key, rv_nat6_value>()?
-        {
-            if svcs.contains(&v.svc_id) {
-                self.nat_reverse_map6.remove(&k)?;
-            }
-        }
-        for (k, v) in self.frag_map.entries::<rv_frag_key, rv_frag_value>()? {
-            if svcs.contains(&v.svc_id) {
-                self.frag_map.remove(&k)?;
-            }
-        }
-        for (k, v) in self.frag_map6.entries::<rv_frag6_key, rv_frag_value>()? {
-            if svcs.contains(&v.svc_id) {
-                self.frag_map6.remove(&k)?;
-            }
-        }
-        for (k, v) in self
-            .frag_rev_map
-            .entries::<rv_frag_key, rv_frag_rev_value>()?
-        {
-            if svcs.contains(&v.svc_id) {
-                self.frag_rev_map.remove(&k)?;
-            }
-        }
-        for (k, v) in self
-            .frag_rev_map6
-            .entries::<rv_frag6_key, rv_frag_rev6_value>()?
-        {
-            if svcs.contains(&v.svc_id) {
-                self.frag_rev_map6.remove(&k)?;
-            }
-        }
+        let by_key = |svc: u32| svcs.contains(&svc);
+        self.connection_affinity_map
+            .remove_where::<rv_flow_key, rv_affinity_value>(|k, _| by_key(k.svc_id))?;
+        self.connection_affinity_map6
+            .remove_where::<rv_flow6_key, rv_affinity_value>(|k, _| by_key(k.svc_id))?;
+        self.nat_reverse_map
+            .remove_where::<rv_nat_key, rv_nat_value>(|_, v| by_key(v.svc_id))?;
+        self.nat_reverse_map6
+            .remove_where::<rv_nat6_key, rv_nat6_value>(|_, v| by_key(v.svc_id))?;
+        self.frag_map
+            .remove_where::<rv_frag_key, rv_frag_value>(|_, v| by_key(v.svc_id))?;
+        self.frag_map6
+            .remove_where::<rv_frag6_key, rv_frag_value>(|_, v| by_key(v.svc_id))?;
+        self.frag_rev_map
+            .remove_where::<rv_frag_key, rv_frag_rev_value>(|_, v| by_key(v.svc_id))?;
+        self.frag_rev_map6
+            .remove_where::<rv_frag6_key, rv_frag_rev6_value>(|_, v| by_key(v.svc_id))?;
         // A reused service id must not inherit a SYN flood's empty buckets.
-        for (k, _) in self.rl_buckets_map.entries::<rv_rl_key, rv_rl_bucket>()? {
-            if svcs.contains(&k.svc_id) {
-                self.rl_buckets_map.remove(&k)?;
-            }
-        }
-        for (k, _) in self.rl_buckets_map6.entries::<rv_rl6_key, rv_rl_bucket>()? {
-            if svcs.contains(&k.svc_id) {
-                self.rl_buckets_map6.remove(&k)?;
-            }
-        }
+        self.rl_buckets_map
+            .remove_where::<rv_rl_key, rv_rl_bucket>(|k, _| by_key(k.svc_id))?;
+        self.rl_buckets_map6
+            .remove_where::<rv_rl6_key, rv_rl_bucket>(|k, _| by_key(k.svc_id))?;
         Ok(())
     }
 
