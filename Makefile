@@ -8,7 +8,7 @@ TEST_PKGS := iputils-ping
 DEMO_PKGS := python3 curl
 # What make bench-lab runs in its namespaces: generators, servers, the paths
 # Rivora is compared with.
-LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3
+LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
@@ -59,15 +59,20 @@ test-e2e: deps
 variant:
 	RIVORA_BPF_CFLAGS=-DRV_BUILD_VARIANT $(CARGO) build --bin rivorad --target-dir target/variant
 
+# The micro benchmarks (rivora-bench), then the lab (scripts/lab-bench.sh):
+# Rivora against direct routing, nftables DNAT and haproxy in network
+# namespaces. Both write target/bench/results.json; the lab also
+# target/bench/lab.svg. BENCHMARKS.md explains the figures.
 bench: deps
+	@scripts/deps.sh $(LAB_PKGS)
 	@scripts/bpffs.sh
-	# The restart area runs the real rivorad, built beside the bench.
+	# The restart area and the lab run the real rivorad, built beside the bench.
 	$(CARGO) build --release --bins
 	./target/release/rivora-bench
+	scripts/lab-bench.sh
 
-# Rivora against direct routing, nftables DNAT and haproxy in a namespace lab
-# (scripts/lab-bench.sh, BENCHMARKS.md); merges lab_* keys into
-# target/bench/results.json. Not part of make bench.
+# The lab alone (REPS, PATHS, MEASURES, DURATION, PPS_DURATION, PROFILE:
+# see scripts/lab-bench.sh).
 bench-lab: build
 	@scripts/deps.sh $(LAB_PKGS)
 	@scripts/bpffs.sh

@@ -1,111 +1,211 @@
 #!/usr/bin/env bash
-# make bench-lab: Rivora against what users would pick instead, on one
-# machine, in one run (issue 6). A lab of network namespaces:
+# The lab bench (issue 6): Rivora against what users would pick instead,
+# on one machine, in one run. `make bench` runs it after the micro
+# benchmarks; `make bench-lab` runs it alone. BENCHMARKS.md explains the
+# lab, the measures and how to read them.
 #
-#   client (c0 10.210.1.2) -- (n0 10.210.1.1) node (br0 10.210.2.1) -- b1 10.210.2.11
-#                                                                     -- b2 10.210.2.12
-#                                                                     -- b3 10.210.2.13
+# One L2 segment (a bridge in a namespace of its own) carrying two subnets,
+# the shape DSR needs and the one tests/common/lab.rs uses:
 #
-# The node is switched between paths, interleaved within each repetition:
-#   direct      the node as a plain router; the client targets backend 1
-#   nft_dnat    kube-proxy's nftables shape: a verdict map on
-#               daddr . l4proto . dport, then numgen random mod 3 -> dnat to
-#               (the iperf3 service uses jhash ip saddr mod 3, as iperf3's
-#               control and data connections must reach the same backend)
-#   rivora_nat  the release rivorad, NAT VIP (XDP on n0, tc_nat on n0 egress)
-#   haproxy     haproxy in TCP mode on the node (roundrobin; source for iperf3)
-# and measured with:
-#   tcp   iperf3, one stream, 5 s, client TSO/GSO off on every path (XDP on
-#         n0 clears GSO on c0 anyway: see ../shared/lab-notes.md)
-#   cps   wrk against nginx backends with "Connection: close": every request
-#         is a new TCP connection
+#   client c0 10.210.1.2 ---+                      +--- b1 10.210.2.11
+#                           +-- [br0 in switch] ---+--- b2 10.210.2.12
+#   node NODEIF 10.210.1.1 -+                      +--- b3 10.210.2.13
+#               10.210.2.1
 #
-# Environment: REPS (default 3), PATHS (default "direct nft_dnat rivora_nat
-# haproxy"), DURATION (seconds per measure, default 5), WRK_CONNS (default
-# 32), RESULTS (default target/bench/results.json; empty: do not write).
-# Prints one "RESULT" line per run, then a table of medians with min-max and
-# ratios to direct and nft_dnat, and merges lab_tcp_gbps_<path> and
-# lab_cps_<path> into $RESULTS. Everything is torn down on exit.
+# Paths, switched on the node and interleaved within each repetition:
+#   direct        the node as a plain router; the client targets backend 1
+#   nft_dnat      kube-proxy's nftables shape (verdict map, numgen / jhash,
+#                 dnat to)
+#   rivora_nat    the release rivorad, NAT VIPs
+#   rivora_dsr    the release rivorad, DSR VIPs; backends hold the VIP on lo
+#                 and answer the client on-link
+#   rivora_l3dsr  the release rivorad, L3 DSR (IPIP) VIPs; backends also run
+#                 Rivora's decap program (this machine has no ipip module)
+#   haproxy       haproxy in TCP mode on the node (no UDP)
+# Measures (each path, each repetition):
+#   tcp1, tcp4    iperf3, one and four streams, client TSO/GSO off
+#   cps           wrk with "Connection: close" against nginx: new connections/s
+#   rr            wrk, one connection, one request at a time: latency p50/p99
+#   pps_1, pps_64k, pps_new
+#                 64-byte UDP frames from trafgen on core 0, one flow, 64k
+#                 flows (source ports 1-65535), a new flow every packet
+#                 (random source address in 10.211/16 and port); counted as
+#                 delivered by an nft rule in each backend; the node's
+#                 receive path (threaded NAPI) pinned to core 1, whose busy
+#                 time per delivered packet is reported as cpu_ns
+#
+# Environment: REPS (default 5), PATHS (default: all six), DURATION
+# (seconds per TCP/HTTP measure, default 4), PPS_DURATION (seconds per
+# packet-rate measure, default 3), MEASURES (default "tcp1 tcp4 cps rr pps"),
+# WRK_CONNS (default 32), RESULTS (default target/bench/results.json; empty:
+# write nothing), OUT (directory for the chart and the raw runs, default
+# target/bench), PROFILE (non-empty: perf record core 1 during each packet-rate
+# measure, reports in OUT/perf-<path>-<kind>.txt). Everything is torn down on exit, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=${REPS:-3}
-PATHS=${PATHS:-"direct nft_dnat rivora_nat haproxy"}
-DURATION=${DURATION:-5}
+REPS=${REPS:-5}
+PATHS=${PATHS:-"direct nft_dnat rivora_nat rivora_dsr rivora_l3dsr haproxy"}
+DURATION=${DURATION:-4}
+PPS_DURATION=${PPS_DURATION:-3}
+MEASURES=${MEASURES:-"tcp1 tcp4 cps rr pps"}
 WRK_CONNS=${WRK_CONNS:-32}
 RESULTS=${RESULTS-target/bench/results.json}
+OUT=${OUT:-target/bench}
+PROFILE=${PROFILE:-}
 BIN=./target/release
 
 TAG="rlb$$"
-NS_C="${TAG}c"; NS_N="${TAG}n"; NS_B=("${TAG}b1" "${TAG}b2" "${TAG}b3")
+NS_S="${TAG}s"; NS_C="${TAG}c"; NS_N="${TAG}n"; NS_B=("${TAG}b1" "${TAG}b2" "${TAG}b3")
+# The node's interface name is unique on the machine: its NAPI thread is
+# found by name (napi/<ifname>-<id>) to be pinned.
+NODEIF="rn$$"
 WORK=$(mktemp -d /tmp/rivora-lab.XXXXXX)
 PINS="/sys/fs/bpf/rivora-lab-$$"
 VIP=10.210.100.1
+NODE_C=10.210.1.1
+NODE_B=10.210.2.1
+CLIENT=10.210.1.2
 BACKENDS=(10.210.2.11 10.210.2.12 10.210.2.13)
-PIDS=()       # long-lived: servers in the backends
-PATH_PID=""   # the running rivorad or haproxy, if any
+HTTP_PORT=8080
+IPERF_PORT=5201
+SINK_PORT=9999
+PIDS=()       # long-lived: servers, XDP holders
+PATH_PIDS=()  # what the current path runs (rivorad, haproxy, decap holders)
 CURRENT=""    # the path the node is set up for
+GEN_CPU=0     # trafgen
+RX_CPU=1      # the node's NAPI thread
 
 in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
+# sysfs of a namespace: `ip netns exec` remounts /sys (and hides bpffs,
+# which only this needs not).
+sysfs_ns() { ip netns exec "$1" sh -c "$2"; }
 log() { printf '%s\n' "$*" >&2; }
-# Stop a process we started, and its children should it have forked.
 stop_pid() { pkill -TERM -P "$1" 2>/dev/null || true; kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 cleanup() {
 	set +e
 	[ -n "$CURRENT" ] && "down_$CURRENT" 2>/dev/null
-	for p in "${PIDS[@]}"; do stop_pid "$p"; done
+	for p in "${PATH_PIDS[@]}" "${PIDS[@]}"; do stop_pid "$p"; done
 	wait 2>/dev/null
-	for ns in "$NS_C" "$NS_N" "${NS_B[@]}"; do ip netns del "$ns" 2>/dev/null; done
+	for ns in "$NS_C" "$NS_N" "${NS_B[@]}" "$NS_S"; do ip netns del "$ns" 2>/dev/null; done
+	"$BIN/rivorad" -cleanup -pin-dir "$PINS" >/dev/null 2>&1
 	rm -rf "$PINS" "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ "$(id -u)" -eq 0 ] || { echo "lab-bench needs root (network namespaces, BPF)" >&2; exit 1; }
-for t in iperf3 wrk nft haproxy nginx ethtool nsenter python3 curl; do
-	command -v "$t" >/dev/null || PATH="$PATH:/usr/sbin:/sbin" command -v "$t" >/dev/null ||
-		{ echo "lab-bench: $t missing (scripts/deps.sh iperf3 wrk nftables haproxy nginx conntrack curl)" >&2; exit 1; }
-done
 export PATH="$PATH:/usr/sbin:/sbin"
-for p in $PATHS; do
-	case $p in rivora_*) [ -x "$BIN/rivorad" ] || { echo "lab-bench: build first (cargo build --release --bins)" >&2; exit 1; } ;; esac
+for t in iperf3 wrk nft haproxy nginx ethtool nsenter taskset python3 curl trafgen conntrack cc; do
+	command -v "$t" >/dev/null ||
+		{ echo "lab-bench: $t missing (make bench-lab installs what it needs)" >&2; exit 1; }
 done
+[ -x "$BIN/rivorad" ] && [ -x "$BIN/rivora-bench" ] || { echo "lab-bench: build first (cargo build --release --bins)" >&2; exit 1; }
+[ "$(nproc)" -ge 2 ] || { echo "lab-bench: needs 2 cores (generator and node apart)" >&2; exit 1; }
+
+# trafgen sizes its AF_PACKET send buffer through net.core.wmem_*, which is
+# read-only in a namespace; with the receiver on another core the ring then
+# fails to flush ("Resource temporarily unavailable"). Force a large send
+# buffer on its packet sockets instead (../shared/lab-notes.md).
+build_sndbuf_shim() {
+	cat >"$WORK/sndbuf.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sys/socket.h>
+
+int socket(int domain, int type, int protocol)
+{
+	static int (*real)(int, int, int);
+	int fd, size = 64 << 20;
+
+	if (!real)
+		real = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
+	fd = real(domain, type, protocol);
+	if (fd >= 0 && domain == AF_PACKET)
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof(size));
+	return fd;
+}
+C
+	cc -shared -fPIC -O2 -o "$WORK/sndbuf.so" "$WORK/sndbuf.c" -ldl
+}
 
 # ---------------------------------------------------------------- the lab
+sysctl_ns() { local ns=$1; shift; local kv; for kv in "$@"; do in_ns "$ns" sysctl -qw "$kv" >/dev/null; done; }
+
 lab_up() {
-	for ns in "$NS_C" "$NS_N" "${NS_B[@]}"; do
+	for ns in "$NS_S" "$NS_C" "$NS_N" "${NS_B[@]}"; do
 		ip netns add "$ns"
 		in_ns "$ns" ip link set lo up
-		# No TIME_WAIT sockets: wrk makes ~25k connections/s over the same
-		# few address pairs, and TIME_WAIT left by one path's run (60 s)
-		# made the next paths' SYNs wait for retransmits (conn/s fell from
-		# ~25k to under 1k in whole runs). Same for every path.
-		echo 0 | in_ns "$ns" tee /proc/sys/net/ipv4/tcp_max_tw_buckets >/dev/null
+		# No TIME_WAIT: wrk makes tens of thousands of connections a second
+		# over a few address pairs; TIME_WAIT left by one path made the
+		# next path's SYNs wait for retransmits. Same for every path.
+		sysctl_ns "$ns" net.ipv4.tcp_max_tw_buckets=0 net.ipv4.conf.all.accept_redirects=0 \
+			net.ipv4.conf.default.accept_redirects=0 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
 	done
-	ip link add c0 netns "$NS_C" type veth peer name n0 netns "$NS_N"
-	in_ns "$NS_C" ip addr add 10.210.1.2/24 dev c0
-	in_ns "$NS_C" ip link set c0 up
-	in_ns "$NS_C" ip route add "$VIP/32" via 10.210.1.1
-	in_ns "$NS_C" ip route add 10.210.2.0/24 via 10.210.1.1
-	# Complete checksums from the client (as a NIC hands them); no TSO/GSO
-	# on any path, so the node's per-packet cost shows (lab-notes).
+	in_ns "$NS_S" ip link add br0 type bridge stp_state 0 mcast_snooping 0
+	in_ns "$NS_S" ip link set br0 up
+	plug() { # ns ifname switch-port-name
+		ip link add "$2" netns "$1" type veth peer name "$3" netns "$NS_S"
+		in_ns "$NS_S" ip link set "$3" master br0 up
+		in_ns "$1" ip link set "$2" up
+	}
+	plug "$NS_C" c0 sc
+	plug "$NS_N" "$NODEIF" pn
+	for i in 1 2 3; do plug "${NS_B[$((i - 1))]}" "b$i" "sb$i"; done
+	# L3 DSR adds 20 bytes to what the client sends: the segment behind the
+	# client carries 1600-byte frames, as an L3 DSR fabric must (the
+	# client's own link stays at 1500, so its MSS is that of a normal host).
+	for i in 1 2 3; do
+		in_ns "$NS_S" ip link set "sb$i" mtu 1600
+		in_ns "${NS_B[$((i - 1))]}" ip link set "b$i" mtu 1600
+	done
+	in_ns "$NS_S" ip link set pn mtu 1600
+	in_ns "$NS_N" ip link set "$NODEIF" mtu 1600
+
+	in_ns "$NS_C" ip addr add "$CLIENT/24" dev c0
+	in_ns "$NS_C" ip route add "$VIP/32" via "$NODE_C"
+	in_ns "$NS_C" ip route add 10.210.2.0/24 via "$NODE_C"
+	# Complete checksums and no TSO/GSO from the client, on every path: XDP
+	# on the node clears GSO on its peer anyway, and frames a node sends
+	# back out with XDP_TX must carry complete checksums.
 	in_ns "$NS_C" ethtool -K c0 tx off tso off gso off >/dev/null
-	in_ns "$NS_N" ip addr add 10.210.1.1/24 dev n0
-	in_ns "$NS_N" ip link set n0 up
-	in_ns "$NS_N" ip link add br0 type bridge stp_state 0 mcast_snooping 0
-	in_ns "$NS_N" ip addr add 10.210.2.1/24 dev br0
-	in_ns "$NS_N" ip link set br0 up
-	echo 1 | in_ns "$NS_N" tee /proc/sys/net/ipv4/ip_forward >/dev/null
-	echo 0 | in_ns "$NS_N" tee /proc/sys/net/ipv4/conf/all/send_redirects >/dev/null
+
+	in_ns "$NS_N" ip addr add "$NODE_C/24" dev "$NODEIF"
+	in_ns "$NS_N" ip addr add "$NODE_B/24" dev "$NODEIF"
+	# One interface: everything the node forwards goes out where it came
+	# in, so no redirects. accept_local: an L3 DSR packet the FIB cannot
+	# finish yet goes to the kernel with the node's own source address.
+	sysctl_ns "$NS_N" net.ipv4.ip_forward=1 net.ipv4.conf.all.send_redirects=0 \
+		"net.ipv4.conf.$NODEIF.send_redirects=0" net.ipv4.conf.all.accept_local=1 \
+		"net.ipv4.conf.$NODEIF.accept_local=1" "net.ipv4.conf.$NODEIF.rp_filter=0"
+	# The node's receive path on a core of its own (lab-notes): NAPI on the
+	# veth (GRO, or XDP when attached), in a thread that is pinned below.
+	in_ns "$NS_N" ethtool -K "$NODEIF" gro on >/dev/null
+	sysfs_ns "$NS_N" "echo 1 > /sys/class/net/$NODEIF/threaded"
+
+	# XDP_TX out of the node lands on pn, which delivers only when it runs
+	# XDP itself. Attached for every path, so that they all cross the same
+	# switch.
+	hold_xdp "$NS_S" pn pass
+	PIDS+=("$HOLD_PID")
+
 	for i in 1 2 3; do
 		local ns=${NS_B[$((i - 1))]} a=${BACKENDS[$((i - 1))]}
-		ip link add "b$i" netns "$ns" type veth peer name "nb$i" netns "$NS_N"
-		in_ns "$NS_N" ip link set "nb$i" master br0 up
 		in_ns "$ns" ip addr add "$a/24" dev "b$i"
-		in_ns "$ns" ip link set "b$i" up
-		in_ns "$ns" ip route add default via 10.210.2.1
-		# nginx, one worker (the backends share the machine's 2 cores)
+		in_ns "$ns" ip route add default via "$NODE_B"
+		# For the DSR paths' VIP on lo: answer ARP for it nowhere.
+		sysctl_ns "$ns" net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 "net.ipv4.conf.b$i.rp_filter=0"
+		# The packet-rate sink: count and drop before conntrack.
+		in_ns "$ns" nft -f - <<NFT
+table ip sink {
+	counter delivered { }
+	chain pre {
+		type filter hook prerouting priority raw; policy accept;
+		udp dport $SINK_PORT counter name delivered drop
+	}
+}
+NFT
 		mkdir -p "$WORK/ngx$i/www" "$WORK/ngx$i/tmp"
 		echo "backend-$i" >"$WORK/ngx$i/www/index.html"
 		cat >"$WORK/ngx$i/nginx.conf" <<NGX
@@ -121,103 +221,160 @@ http {
 	fastcgi_temp_path $WORK/ngx$i/tmp;
 	uwsgi_temp_path $WORK/ngx$i/tmp;
 	scgi_temp_path $WORK/ngx$i/tmp;
-	server { listen $a:8080 reuseport backlog=4096; root $WORK/ngx$i/www; }
+	server { listen $HTTP_PORT reuseport backlog=4096; root $WORK/ngx$i/www; }
 }
 NGX
+		# Wildcard listeners: the backend's own address (NAT, nft, haproxy,
+		# direct) and the VIP on lo (DSR, L3 DSR) alike.
 		nsenter --net="/run/netns/$ns" nginx -c "$WORK/ngx$i/nginx.conf" -p "$WORK/ngx$i" -e "$WORK/ngx$i/error.log" &
 		PIDS+=($!)
-		nsenter --net="/run/netns/$ns" iperf3 -s -B "$a" -p 5201 >"$WORK/iperf3-$i.log" 2>&1 &
+		nsenter --net="/run/netns/$ns" iperf3 -s -p "$IPERF_PORT" >"$WORK/iperf3-$i.log" 2>&1 &
 		PIDS+=($!)
 	done
+	# Warm the node's neighbour table (XDP does not resolve neighbours) and
+	# check every backend answers.
 	for a in "${BACKENDS[@]}"; do
-		for _ in $(seq 50); do in_ns "$NS_C" curl -s -o /dev/null --max-time 1 "http://$a:8080/" && break; sleep 0.1; done
+		in_ns "$NS_N" ping -c1 -W1 "$a" >/dev/null || true
+		local ok=0
+		for _ in $(seq 50); do
+			if in_ns "$NS_C" curl -s -o /dev/null --max-time 1 "http://$a:$HTTP_PORT/"; then ok=1; break; fi
+			sleep 0.1
+		done
+		[ "$ok" -eq 1 ] || { log "lab: backend $a does not answer"; return 1; }
 	done
+	in_ns "$NS_N" ping -c1 -W1 "$CLIENT" >/dev/null || true
+	NODE_MAC=$(sysfs_ns "$NS_N" "cat /sys/class/net/$NODEIF/address")
+	CLIENT_MAC=$(sysfs_ns "$NS_C" "cat /sys/class/net/c0/address")
+}
+
+# Run `rivora-bench lab-xdp IFACE PROG [VIP...]` in a namespace and wait
+# until it has attached; HOLD_PID is the holder (the link goes with it).
+hold_xdp() {
+	local ns=$1 ifc=$2; shift 2
+	local out="$WORK/hold-$ns-$ifc.log"
+	nsenter --net="/run/netns/$ns" "$BIN/rivora-bench" lab-xdp "$ifc" "$@" >"$out" 2>&1 &
+	HOLD_PID=$!
+	for _ in $(seq 100); do
+		grep -q attached "$out" && return 0
+		kill -0 "$HOLD_PID" 2>/dev/null || break
+		sleep 0.05
+	done
+	cat "$out" >&2
+	log "lab: could not attach $* to $ifc in $ns"
+	return 1
 }
 
 # ----------------------------------------------------------- the paths
-# Each path has up_<path> and down_<path>, and sets TARGET (what the client
-# connects to).
+# up_<path> sets TARGET (what the client sends to); down_<path> undoes.
 
-up_direct() { TARGET=${BACKENDS[0]}; HTTP_PORT=8080; }
+up_direct() { TARGET=${BACKENDS[0]}; }
 down_direct() { :; }
 
 up_nft_dnat() {
-	TARGET=$VIP; HTTP_PORT=80
-	local b1=${BACKENDS[0]} b2=${BACKENDS[1]} b3=${BACKENDS[2]}
-	in_ns "$NS_N" nft -f - <<NFT
-table ip rivlab {
-	map service-ips {
-		type ipv4_addr . inet_proto . inet_service : verdict
-		elements = { $VIP . tcp . 80 : goto svc-http, $VIP . tcp . 5201 : goto svc-iperf }
-	}
-	chain prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		ip daddr . meta l4proto . th dport vmap @service-ips
-	}
-	chain svc-http {
-		numgen random mod 3 vmap { 0 : goto sep-http-1, 1 : goto sep-http-2, 2 : goto sep-http-3 }
-	}
-	chain sep-http-1 {
-		meta l4proto tcp dnat to $b1:8080
-	}
-	chain sep-http-2 {
-		meta l4proto tcp dnat to $b2:8080
-	}
-	chain sep-http-3 {
-		meta l4proto tcp dnat to $b3:8080
-	}
-	chain svc-iperf {
-		jhash ip saddr mod 3 vmap { 0 : goto sep-iperf-1, 1 : goto sep-iperf-2, 2 : goto sep-iperf-3 }
-	}
-	chain sep-iperf-1 {
-		meta l4proto tcp dnat to $b1:5201
-	}
-	chain sep-iperf-2 {
-		meta l4proto tcp dnat to $b2:5201
-	}
-	chain sep-iperf-3 {
-		meta l4proto tcp dnat to $b3:5201
-	}
-}
-NFT
+	TARGET=$VIP
+	local svc chain proto port sel i
+	{
+		echo "table ip rivlab {"
+		echo "  map service-ips {"
+		echo "    type ipv4_addr . inet_proto . inet_service : verdict"
+		echo "    elements = { $VIP . tcp . $HTTP_PORT : goto svc-http, $VIP . tcp . $IPERF_PORT : goto svc-iperf, $VIP . udp . $SINK_PORT : goto svc-sink }"
+		echo "  }"
+		echo "  chain prerouting {"
+		echo "    type nat hook prerouting priority dstnat; policy accept;"
+		echo "    ip daddr . meta l4proto . th dport vmap @service-ips"
+		echo "  }"
+		# iperf3's control and data connections must reach one backend:
+		# that service hashes the client address, as sessionAffinity would.
+		for svc in "http tcp $HTTP_PORT numgen random mod 3" "iperf tcp $IPERF_PORT jhash ip saddr mod 3" \
+			"sink udp $SINK_PORT numgen random mod 3"; do
+			read -r chain proto port sel <<<"$svc"
+			echo "  chain svc-$chain {"
+			echo "    $sel vmap { 0 : goto sep-$chain-1, 1 : goto sep-$chain-2, 2 : goto sep-$chain-3 }"
+			echo "  }"
+			for i in 1 2 3; do
+				echo "  chain sep-$chain-$i {"
+				echo "    meta l4proto $proto dnat to ${BACKENDS[$((i - 1))]}:$port"
+				echo "  }"
+			done
+		done
+		echo "}"
+	} >"$WORK/nft-dnat.nft"
+	in_ns "$NS_N" nft -f "$WORK/nft-dnat.nft"
 }
 down_nft_dnat() { in_ns "$NS_N" nft delete table ip rivlab; }
 
-up_rivora_nat() {
-	TARGET=$VIP; HTTP_PORT=80
-	local b
+# rivorad with the three VIPs in one mode.
+rivora_up() {
+	local mode=$1 b
 	{
 		echo "interfaces:"
-		echo "  - name: n0"
+		echo "  - name: $NODEIF"
+		echo "node:"
+		echo "  tunnelSource: { ipv4: $NODE_B }"
 		echo "healthCheck: { type: tcp, interval: 1s, timeout: 500ms, rise: 1, fall: 3 }"
 		echo "api:"
 		echo "  socket: $WORK/rivorad.sock"
 		echo "vips:"
-		echo "  - { name: http, address: $VIP, port: 80, protocol: tcp, mode: nat, backends: ["
-		for b in "${BACKENDS[@]}"; do echo "      { address: $b, port: 8080 },"; done
+		echo "  - { name: http, address: $VIP, port: $HTTP_PORT, protocol: tcp, mode: $mode, backends: ["
+		for b in "${BACKENDS[@]}"; do echo "      { address: $b },"; done
 		echo "    ] }"
-		echo "  - { name: iperf, address: $VIP, port: 5201, protocol: tcp, mode: nat, affinity: { type: clientIP }, healthCheck: false, backends: ["
-		for b in "${BACKENDS[@]}"; do echo "      { address: $b, port: 5201 },"; done
+		# No probes on the iperf3 VIP: an iperf3 server takes a probe's
+		# connect for a new test's control connection and breaks the test
+		# in progress. clientIP affinity: control and data connections on
+		# one backend.
+		echo "  - { name: iperf, address: $VIP, port: $IPERF_PORT, protocol: tcp, mode: $mode, affinity: { type: clientIP }, healthCheck: false, backends: ["
+		for b in "${BACKENDS[@]}"; do echo "      { address: $b },"; done
 		echo "    ] }"
-	} >"$WORK/rivora-nat.yaml"
-	# No probes on the iperf3 VIP: an iperf3 server takes a probe's connect
-	# for a new test's control connection and breaks the running test.
+		echo "  - { name: sink, address: $VIP, port: $SINK_PORT, protocol: udp, mode: $mode, healthCheck: false, backends: ["
+		for b in "${BACKENDS[@]}"; do echo "      { address: $b },"; done
+		echo "    ] }"
+	} >"$WORK/rivora-$mode.yaml"
 	: >"$WORK/rivorad.log"
-	nsenter --net="/run/netns/$NS_N" "$BIN/rivorad" -config "$WORK/rivora-nat.yaml" -pin-dir "$PINS" -state-dir "$WORK/state" \
-		>>"$WORK/rivorad.log" 2>&1 &
-	PATH_PID=$!
-	for _ in $(seq 100); do grep -q 'ready' "$WORK/rivorad.log" && break; sleep 0.1; done
-	grep -q 'ready' "$WORK/rivorad.log" || { cat "$WORK/rivorad.log" >&2; log "rivorad did not start"; return 1; }
+	nsenter --net="/run/netns/$NS_N" "$BIN/rivorad" -config "$WORK/rivora-$mode.yaml" -pin-dir "$PINS" \
+		-state-dir "$WORK/state" >>"$WORK/rivorad.log" 2>&1 &
+	PATH_PIDS+=($!)
+	for _ in $(seq 150); do grep -q 'ready' "$WORK/rivorad.log" && return 0; sleep 0.1; done
+	cat "$WORK/rivorad.log" >&2
+	log "rivorad did not start"
+	return 1
 }
-down_rivora_nat() {
-	[ -n "$PATH_PID" ] && stop_pid "$PATH_PID"
-	PATH_PID=""
+rivora_down() {
+	local p
+	for p in "${PATH_PIDS[@]}"; do stop_pid "$p"; done
+	PATH_PIDS=()
 	"$BIN/rivorad" -cleanup -pin-dir "$PINS" >/dev/null 2>&1 || true
 	rm -rf "$PINS"
 }
 
+# DSR backends hold the VIP on lo and reach the client subnet on-link, so
+# their answers never cross the node.
+dsr_backends() { # add|del
+	local i ns
+	for i in 1 2 3; do
+		ns=${NS_B[$((i - 1))]}
+		in_ns "$ns" ip addr "$1" "$VIP/32" dev lo 2>/dev/null || [ "$1" = del ]
+		in_ns "$ns" ip route "$1" 10.210.1.0/24 dev "b$i" 2>/dev/null || [ "$1" = del ]
+	done
+}
+
+up_rivora_nat() { TARGET=$VIP; rivora_up nat; }
+down_rivora_nat() { rivora_down; }
+up_rivora_dsr() { TARGET=$VIP; dsr_backends add; rivora_up dsr; }
+down_rivora_dsr() { rivora_down; dsr_backends del; }
+up_rivora_l3dsr() {
+	TARGET=$VIP
+	dsr_backends add
+	local i
+	for i in 1 2 3; do
+		hold_xdp "${NS_B[$((i - 1))]}" "b$i" decap "$VIP" || return 1
+		PATH_PIDS+=("$HOLD_PID")
+	done
+	rivora_up l3dsr
+}
+down_rivora_l3dsr() { rivora_down; dsr_backends del; }
+
 up_haproxy() {
-	TARGET=$VIP; HTTP_PORT=80
+	TARGET=$VIP
 	in_ns "$NS_N" ip addr add "$VIP/32" dev lo
 	{
 		echo "global"
@@ -228,29 +385,37 @@ up_haproxy() {
 		echo "  timeout client 60s"
 		echo "  timeout server 60s"
 		echo "frontend http"
-		echo "  bind $VIP:80"
+		echo "  bind $VIP:$HTTP_PORT"
 		echo "  default_backend http"
 		echo "backend http"
 		echo "  balance roundrobin"
 		local i=1 b
-		for b in "${BACKENDS[@]}"; do echo "  server b$i $b:8080"; i=$((i + 1)); done
+		for b in "${BACKENDS[@]}"; do echo "  server b$i $b:$HTTP_PORT"; i=$((i + 1)); done
 		echo "frontend iperf"
-		echo "  bind $VIP:5201"
+		echo "  bind $VIP:$IPERF_PORT"
 		echo "  default_backend iperf"
 		echo "backend iperf"
 		echo "  balance source"
 		i=1
-		for b in "${BACKENDS[@]}"; do echo "  server b$i $b:5201"; i=$((i + 1)); done
+		for b in "${BACKENDS[@]}"; do echo "  server b$i $b:$IPERF_PORT"; i=$((i + 1)); done
 	} >"$WORK/haproxy.cfg"
 	nsenter --net="/run/netns/$NS_N" haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
-	PATH_PID=$!
-	for _ in $(seq 50); do in_ns "$NS_C" curl -s -o /dev/null --max-time 1 "http://$VIP/" && return 0; sleep 0.1; done
-	cat "$WORK/haproxy.log" >&2; log "haproxy did not start"; return 1
+	PATH_PIDS+=($!)
 }
 down_haproxy() {
-	[ -n "$PATH_PID" ] && stop_pid "$PATH_PID"
-	PATH_PID=""
+	local p
+	for p in "${PATH_PIDS[@]}"; do stop_pid "$p"; done
+	PATH_PIDS=()
 	in_ns "$NS_N" ip addr del "$VIP/32" dev lo 2>/dev/null || true
+}
+
+# Pin the node's NAPI thread(s) to RX_CPU; attaching XDP re-creates them.
+pin_napi() {
+	local pid found=0
+	for pid in $(pgrep -f "^\[?napi/$NODEIF-" || true) $(pgrep "napi/$NODEIF" || true); do
+		taskset -pc "$RX_CPU" "$pid" >/dev/null && found=1
+	done
+	[ "$found" -eq 1 ] || log "lab: no napi/$NODEIF-* thread to pin"
 }
 
 switch_to() {
@@ -258,106 +423,158 @@ switch_to() {
 	CURRENT=""
 	"up_$1" || { log "path $1: setup failed"; return 1; }
 	CURRENT=$1
+	pin_napi
 	# The path must carry traffic before it is measured.
-	local ok=0
-	for _ in $(seq 30); do
-		if in_ns "$NS_C" curl -s -o /dev/null --max-time 1 "http://$TARGET:$HTTP_PORT/"; then ok=1; break; fi
+	local _
+	for _ in $(seq 50); do
+		in_ns "$NS_C" curl -s -o /dev/null --max-time 1 "http://$TARGET:$HTTP_PORT/" && return 0
 		sleep 0.2
 	done
-	[ "$ok" -eq 1 ] || { log "path $1: no answer from http://$TARGET:$HTTP_PORT/"; return 1; }
+	log "path $1: no answer from http://$TARGET:$HTTP_PORT/"
+	return 1
 }
 
-flush_ct() {
-	command -v conntrack >/dev/null && in_ns "$NS_N" conntrack -F >/dev/null 2>&1 || true
-}
+flush_ct() { in_ns "$NS_N" conntrack -F >/dev/null 2>&1 || true; }
 
 # ------------------------------------------------------------ measures
-measure_tcp() { # -> Gbit/s received, one stream
+# Each prints "key=value" pairs; nan for a failed measure.
+
+measure_tcp() { # streams key
 	flush_ct
 	local j
-	j=$(in_ns "$NS_C" iperf3 -c "$TARGET" -p 5201 -t "$DURATION" -J 2>"$WORK/iperf3-client.err") || {
-		log "  iperf3: $(python3 -c 'import json,sys; print(json.load(sys.stdin).get("error"))' <<<"$j" 2>/dev/null) $(tail -2 "$WORK/iperf3-client.err")"
-		echo nan; return
+	j=$(in_ns "$NS_C" iperf3 -c "$TARGET" -p "$IPERF_PORT" -P "$1" -t "$DURATION" -J 2>"$WORK/iperf3-client.err") || {
+		log "  iperf3 -P $1: $(python3 -c 'import json,sys; print(json.load(sys.stdin).get("error"))' <<<"$j" 2>/dev/null) $(tail -2 "$WORK/iperf3-client.err")"
+		echo "$2=nan"; return
 	}
-	python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))' <<<"$j" 2>/dev/null || {
-		log "  iperf3: $(echo "$j" | grep -i error | head -3)"
-		echo nan
-	}
+	python3 -c 'import json,sys; print("'"$2"'=%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))' <<<"$j" 2>/dev/null ||
+		echo "$2=nan"
 }
 
-measure_cps() { # -> new connections (requests with Connection: close) per second
+measure_cps() {
 	flush_ct
 	local out
-	out=$(in_ns "$NS_C" wrk -t2 -c"$WRK_CONNS" -d"${DURATION}s" -H 'Connection: close' "http://$TARGET:$HTTP_PORT/" 2>&1) || { echo nan; return; }
-	echo "$out" >>"$WORK/wrk.log"
+	out=$(in_ns "$NS_C" wrk -t2 -c"$WRK_CONNS" -d"${DURATION}s" -H 'Connection: close' "http://$TARGET:$HTTP_PORT/" 2>&1) || { echo "cps=nan"; return; }
 	# Connect errors and timeouts are not connections made: report them.
 	if grep -q 'Socket errors' <<<"$out"; then log "  wrk: $(grep 'Socket errors' <<<"$out")"; fi
-	awk '/Requests\/sec/ {print $2}' <<<"$out"
+	awk '/Requests\/sec/ {print "cps=" $2}' <<<"$out"
+}
+
+# One connection, one request at a time: the round trip through the path.
+measure_rr() {
+	flush_ct
+	local out
+	out=$(in_ns "$NS_C" wrk -t1 -c1 -d"${DURATION}s" --latency "http://$TARGET:$HTTP_PORT/" 2>&1) || { echo "rr_p50_us=nan rr_p99_us=nan"; return; }
+	python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+scale = {"us": 1.0, "ms": 1e3, "s": 1e6}
+got = {}
+for pct, val, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
+    got[pct] = float(val) * scale[unit]
+print("rr_p50_us=%s rr_p99_us=%s" % tuple(
+    ("%.1f" % got[p]) if p in got else "nan" for p in ("50", "99")))
+PY
+}
+
+delivered() { # packets counted by the three backends' sinks
+	local ns total=0 n
+	for ns in "${NS_B[@]}"; do
+		n=$(in_ns "$ns" nft list counter ip sink delivered | awk '/packets/ {for (i = 1; i <= NF; i++) if ($i == "packets") print $(i + 1)}')
+		total=$((total + ${n:-0}))
+	done
+	echo "$total"
+}
+cpu_busy_ticks() { # busy jiffies of RX_CPU
+	awk -v c="cpu$RX_CPU" '$1 == c {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
+}
+
+trafgen_conf() { # kind -> file
+	local f="$WORK/trafgen-$1.cfg" ip udp
+	case $1 in
+	1) ip="ipv4(sa=$CLIENT, da=$TARGET, ttl=64, df)"; udp="udp(sp=4242, dp=$SINK_PORT)" ;;
+	64k) ip="ipv4(sa=$CLIENT, da=$TARGET, ttl=64, df)"; udp="udp(sp=dinc(1, 65535), dp=$SINK_PORT)" ;;
+	new) ip="ipv4(sa=10.211.0.1, sa[2:2]=drnd(), da=$TARGET, ttl=64, df)"; udp="udp(sp=drnd(), dp=$SINK_PORT)" ;;
+	esac
+	# 14 + 20 + 8 + 18 = 60 bytes: a 64-byte frame on a wire with its FCS.
+	echo "{ eth(da=$NODE_MAC, sa=$CLIENT_MAC, type=0x0800), $ip, $udp, fill(0x00, 18) }" >"$f"
+	echo "$f"
+}
+
+measure_pps() { # kind -> pps_<kind>=kpps [cpu_ns_<kind>=ns per packet]
+	local kind=$1 conf before after t0 t1 c0 c1 n secs
+	conf=$(trafgen_conf "$kind")
+	flush_ct
+	before=$(delivered); c0=$(cpu_busy_ticks); t0=$(date +%s.%N)
+	local prof=""
+	if [ -n "$PROFILE" ]; then
+		# Where core 1's time goes, while the packets flow.
+		prof="$OUT/perf-$CURRENT-$kind"
+		(sleep 0.5; perf record -q -C "$RX_CPU" -g -o "$prof.data" -- sleep $((PPS_DURATION > 2 ? PPS_DURATION - 1 : 1)) >/dev/null 2>&1) &
+	fi
+	in_ns "$NS_C" env LD_PRELOAD="$WORK/sndbuf.so" timeout -s INT "$PPS_DURATION" \
+		taskset -c "$GEN_CPU" trafgen -o c0 -i "$conf" --cpus 1 --no-sock-mem -Q >"$WORK/trafgen.log" 2>&1 || true
+	if [ -n "$prof" ]; then
+		wait
+		perf report -i "$prof.data" --no-children --sort symbol --stdio 2>/dev/null | grep -v '^$' | head -60 >"$prof.txt" || true
+		rm -f "$prof.data"
+	fi
+	t1=$(date +%s.%N)
+	sleep 0.2
+	after=$(delivered); c1=$(cpu_busy_ticks)
+	n=$((after - before))
+	if [ "$n" -eq 0 ] || grep -qi 'fail\|error' "$WORK/trafgen.log"; then log "  trafgen ($kind, $n delivered): $(head -c 600 "$WORK/trafgen.log")"; fi
+	secs=$(python3 -c "print($t1 - $t0)")
+	python3 -c "
+n, secs, ticks = $n, $secs, $((c1 - c0))
+hz = $(getconf CLK_TCK)
+print('pps_$kind=%.1f' % (n / secs / 1e3) if n else 'pps_$kind=nan', end=' ')
+print('cpu_ns_$kind=%.0f' % (ticks / hz * 1e9 / n) if n else 'cpu_ns_$kind=nan')
+"
+}
+
+measure() { # path -> the run's key=value pairs on one line
+	local m out=""
+	for m in $MEASURES; do
+		case $m in
+		tcp1) out+=" $(measure_tcp 1 tcp1_gbps)" ;;
+		tcp4) out+=" $(measure_tcp 4 tcp4_gbps)" ;;
+		cps) out+=" $(measure_cps)" ;;
+		rr) out+=" $(measure_rr)" ;;
+		pps)
+			# haproxy is a TCP proxy: no UDP packet rates.
+			if [ "$1" != haproxy ]; then
+				out+=" $(measure_pps 1) $(measure_pps 64k) $(measure_pps new)"
+			fi
+			;;
+		*) log "unknown measure $m"; exit 1 ;;
+		esac
+	done
+	echo "$out"
 }
 
 # ---------------------------------------------------------------- run
-log "lab: client $NS_C -- node $NS_N -- backends ${NS_B[*]}; paths: $PATHS; $REPS repetitions, ${DURATION}s per measure"
+started=$(date +%s)
+log "lab: $NS_C -- $NS_S -- $NS_N, ${NS_B[*]}; paths: $PATHS; measures: $MEASURES; $REPS repetitions"
+build_sndbuf_shim
 lab_up
 read -r -a path_list <<<"$PATHS"
 n=${#path_list[@]}
-: >"$WORK/results"
+mkdir -p "$OUT"
+runs="$OUT/lab-runs.txt"
+: >"$runs"
 for rep in $(seq "$REPS"); do
 	# Interleave, and rotate the order so that no path always runs first.
 	for k in $(seq 0 $((n - 1))); do
 		p=${path_list[$(((k + rep - 1) % n))]}
 		if ! switch_to "$p"; then
-			echo "RESULT rep=$rep path=$p tcp_gbps=nan cps=nan" | tee -a "$WORK/results"
+			echo "RESULT rep=$rep path=$p failed=1" | tee -a "$runs"
 			continue
 		fi
-		tcp=$(measure_tcp)
-		cps=$(measure_cps)
-		echo "RESULT rep=$rep path=$p tcp_gbps=$tcp cps=$cps" | tee -a "$WORK/results"
+		echo "RESULT rep=$rep path=$p$(measure "$p")" | tee -a "$runs"
 	done
 done
 [ -n "$CURRENT" ] && "down_$CURRENT"
 CURRENT=""
+log "lab: $(($(date +%s) - started)) s"
 
-python3 - "$WORK/results" "$RESULTS" "$PATHS" <<'PY'
-import json, math, os, statistics, sys
-lines, out, paths = sys.argv[1], sys.argv[2], sys.argv[3].split()
-runs = {}
-for line in open(lines):
-    f = dict(kv.split("=", 1) for kv in line.split()[1:])
-    for m in ("tcp_gbps", "cps"):
-        try:
-            v = float(f[m])
-        except ValueError:
-            continue
-        if not math.isnan(v):
-            runs.setdefault((f["path"], m), []).append(v)
-med = {k: statistics.median(v) for k, v in runs.items()}
-def ratio(p, base, m):
-    b = med.get((base, m))
-    return "%.2fx" % (med[(p, m)] / b) if b and (p, m) in med else "-"
-units = {"tcp_gbps": "TCP 1 stream, GSO off (Gbit/s)", "cps": "new connections/s"}
-print()
-print("%-32s %-11s %-24s %-9s %-9s" % ("measure", "path", "median (min-max) n", "/direct", "/nft"))
-for m in ("tcp_gbps", "cps"):
-    for p in paths:
-        v = runs.get((p, m))
-        if not v:
-            print("%-32s %-11s %s" % (units[m], p, "failed"))
-            continue
-        fmt = "%.2f" if m == "tcp_gbps" else "%.0f"
-        s = (fmt + " (" + fmt + "-" + fmt + ") %d") % (med[(p, m)], min(v), max(v), len(v))
-        print("%-32s %-11s %-24s %-9s %-9s" % (units[m], p, s, ratio(p, "direct", m), ratio(p, "nft_dnat", m)))
-if out:
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    cur = {}
-    if os.path.exists(out):
-        try:
-            cur = json.load(open(out))
-        except ValueError:
-            cur = {}
-    for (p, m), v in med.items():
-        cur["lab_%s_%s" % ("tcp_gbps" if m == "tcp_gbps" else "cps", p)] = v
-    with open(out, "w") as fh:
-        json.dump(dict(sorted(cur.items())), fh, indent=2)
-        fh.write("\n")
-    print("\nwrote %d lab keys to %s" % (len(med), out))
-PY
+python3 scripts/lab-report.py "$runs" --paths "$PATHS" --results "$RESULTS" --chart "$OUT/lab.svg"

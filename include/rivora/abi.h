@@ -31,8 +31,13 @@ enum rv_limits {
 	RV_SVC_ID_SLOTS = RV_MAX_VIPS + 1,
 	RV_BACKEND_ID_SLOTS = RV_MAX_BACKENDS + 1,
 	RV_MAGLEV_DEFAULT_SIZE = 65537,
-	RV_MAX_AFFINITY = 65536,
-	RV_MAX_NAT = 65536,
+	/* Flow tables: LRU with per-CPU lists, so each CPU keeps only its
+	 * share (max / possible CPUs). Sized as the kernel's default
+	 * nf_conntrack_max: with 65,536 a 2-CPU node whose flows all land on
+	 * one CPU kept 32,768, and 64k live flows evicted each other on
+	 * every packet. */
+	RV_MAX_AFFINITY = 262144,
+	RV_MAX_NAT = 262144,
 	RV_MAX_FRAGS = 16384,
 	RV_MAX_RL_BUCKETS = 65536,
 	RV_MAX_IFACES = 256,

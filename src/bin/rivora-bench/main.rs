@@ -4,6 +4,7 @@
 
 mod daemon;
 mod health;
+mod labxdp;
 mod restart;
 mod writer;
 mod xdp;
@@ -51,6 +52,9 @@ fn main() -> Result<()> {
         return health::serve_child();
     }
     let only: Vec<String> = std::env::args().skip(1).collect();
+    if only.first().map(String::as_str) == Some("lab-xdp") {
+        return labxdp::run(&only[1..]);
+    }
     let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
     let out_dir = PathBuf::from("target/bench");
     fs::create_dir_all(&out_dir).context("creating target/bench")?;
