@@ -413,21 +413,21 @@ fn measure() -> Result<Vec<(String, f64)>> {
             pkt: tcp4(VIP_NAT, true),
             vary: true,
             prog: Prog::Xdp,
-            ok: &[XDP_PASS],
+            ok: &[XDP_REDIRECT],
         },
         Case {
             key: "xdp_established_nat_v4_ns",
             pkt: tcp4(VIP_NAT, false),
             vary: false,
             prog: Prog::Xdp,
-            ok: &[XDP_PASS],
+            ok: &[XDP_REDIRECT],
         },
         Case {
             key: "xdp_established_nat_v6_ns",
             pkt: tcp6(false),
             vary: false,
             prog: Prog::Xdp,
-            ok: &[XDP_PASS],
+            ok: &[XDP_REDIRECT],
         },
         Case {
             key: "xdp_syn_dsr_v4_ns",
@@ -448,7 +448,7 @@ fn measure() -> Result<Vec<(String, f64)>> {
             pkt: udp4(VIP_UDP),
             vary: false,
             prog: Prog::Xdp,
-            ok: &[XDP_PASS],
+            ok: &[XDP_REDIRECT],
         },
         Case {
             key: "tc_floor_ns",
@@ -474,7 +474,7 @@ fn measure() -> Result<Vec<(String, f64)>> {
     };
     // tc_nat's reply must find the NAT entry of an established flow.
     let (v, _) = test_run(&dp.xdp().progs.xdp_ingress, &tcp4(VIP_NAT, false), 1)?;
-    ensure!(v == XDP_PASS, "priming the NAT flow: verdict {v}");
+    ensure!(v == XDP_REDIRECT, "priming the NAT flow: verdict {v}");
 
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _round in 0..ROUNDS {
