@@ -678,6 +678,8 @@ fn ip4(s: &str) -> [u8; 4] {
 
 const VETH2_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x03];
 const GW2_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x04];
+/// veth0's second gateway, for the multipath routes.
+const GW3_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x07];
 const VETH4_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x05];
 const GW4_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x06];
 /// veth4's MTU: the IP packets NAT sends out of it must fit.
@@ -690,8 +692,10 @@ const SMALL_MTU: usize = 1300;
 /// 10.5/16 and fd00:5::/64 through a resolved gateway on veth4, whose MTU
 /// is 1300; 10.6/16 and fd00:6::/64 through veth0's resolved gateway with
 /// a locked route MTU of 1300 (bpf_fib_lookup, unlike the kernel's own
-/// forwarding, ignores a route MTU that is not locked). Returns the
-/// namespace and the ifindexes of veth0, veth2 and veth4.
+/// forwarding, ignores a route MTU that is not locked); 10.7/16 and
+/// fd00:7::/64 over two resolved gateways on veth0, hashed on addresses
+/// and ports (`fib_multipath_hash_policy=1`). Returns the namespace and
+/// the ifindexes of veth0, veth2 and veth4.
 fn nat_netns() -> (Netns, u32, u32, u32) {
     let (ns, veth0) = l3dsr_netns();
     ns.exec(&format!(
@@ -712,11 +716,18 @@ fn nat_netns() -> (Netns, u32, u32, u32) {
          ip route add 10.5.0.0/16 via 10.252.0.2 && \
          ip -6 route add fd00:5::/64 via fd00:fc:ff::2 && \
          ip route add 10.6.0.0/16 via 10.250.0.2 mtu lock {SMALL_MTU} && \
-         ip -6 route add fd00:6::/64 via fd00:fa:ff::2 mtu lock {SMALL_MTU}",
+         ip -6 route add fd00:6::/64 via fd00:fa:ff::2 mtu lock {SMALL_MTU} && \
+         ip neigh add 10.250.0.4 lladdr {gw3} dev veth0 nud permanent && \
+         ip -6 neigh add fd00:fa:ff::4 lladdr {gw3} dev veth0 nud permanent && \
+         ip route add 10.7.0.0/16 nexthop via 10.250.0.2 nexthop via 10.250.0.4 && \
+         ip -6 route add fd00:7::/64 nexthop via fd00:fa:ff::2 nexthop via fd00:fa:ff::4 && \
+         sysctl -qw net.ipv4.fib_multipath_hash_policy=1 && \
+         sysctl -qw net.ipv6.fib_multipath_hash_policy=1",
         v2 = mac_str(VETH2_MAC),
         gw2 = mac_str(GW2_MAC),
         v4 = mac_str(VETH4_MAC),
         gw4 = mac_str(GW4_MAC),
+        gw3 = mac_str(GW3_MAC),
     ));
     let veth2 = ifindex_of(&ns, "veth2");
     let veth4 = ifindex_of(&ns, "veth4");
@@ -743,6 +754,9 @@ const NAT_FIB_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
     // Resolved, out of veth0, route MTU 1300 (locked).
     (41, VIP4, 84, PROTO_UDP, "10.6.0.41", 8084),
     (42, VIP6, 84, PROTO_TCP, "fd00:6::42", 8084),
+    // Resolved, out of veth0, two paths.
+    (43, VIP4, 85, PROTO_UDP, "10.7.0.43", 5353),
+    (44, VIP6, 85, PROTO_UDP, "fd00:7::44", 5353),
 ];
 
 fn nat_fib_setup(t: &TestDp) -> Vec<(u32, Be)> {
@@ -952,13 +966,19 @@ fn nat_fib_leaves_the_rest_to_the_kernel() {
     expect_on(&t, "svc 33, Destination options", veth0, &f, XDP_TX, &want);
 }
 
-/// A UDP datagram of 48 bytes from the client to (dst, dport) in two
+/// A UDP datagram of 48 bytes from the client's `sport` to (dst, dport) in two
 /// fragments of 24 (the first carrying the UDP header, its checksum over
 /// the whole datagram), as frames with `macs` and TTL (hop limit) `ttl`.
-fn udp_fragments(dst: IpAddr, dport: u16, ttl: u8, macs: ([u8; 6], [u8; 6])) -> Vec<Vec<u8>> {
+fn udp_fragments(
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+    ttl: u8,
+    macs: ([u8; 6], [u8; 6]),
+) -> Vec<Vec<u8>> {
     use etherparse::{EtherType, Ethernet2Header, IpFragOffset, Ipv6FragmentHeader, UdpHeader};
     let body: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(7)).collect();
-    let mut udp = UdpHeader::without_ipv4_checksum(40000, dport, body.len()).unwrap();
+    let mut udp = UdpHeader::without_ipv4_checksum(sport, dport, body.len()).unwrap();
     let (src, ether_type) = match dst {
         IpAddr::V4(d) => {
             let s = ip4(CLIENT4);
@@ -1041,8 +1061,8 @@ fn nat_fib_answers_fragments() {
     let _in = InNetns::enter(&ns);
     for (svc, vip) in [(32, VIP4), (34, VIP6)] {
         let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
-        let input = udp_fragments(ip(vip), 53, 64, (MAC_PEER, MAC_LB));
-        let want = udp_fragments(be.addr, be.port, 63, (VETH_MAC, GW_MAC));
+        let input = udp_fragments(40000, ip(vip), 53, 64, (MAC_PEER, MAC_LB));
+        let want = udp_fragments(40000, be.addr, be.port, 63, (VETH_MAC, GW_MAC));
         for (i, (pkt, want)) in input.iter().zip(&want).enumerate() {
             let desc = format!("svc {svc}, fragment {i}");
             let (v, out) = run_on(&t, &desc, veth0, pkt);
@@ -1064,5 +1084,50 @@ fn nat_fib_answers_fragments() {
             2,
             "svc {svc}: both fragments counted"
         );
+    }
+}
+
+/// Over a multipath route hashed on ports, every fragment of a datagram,
+/// the first included, takes one path, as in the kernel (whose flow
+/// dissector gives a fragment no ports): the lookup is made without them.
+/// Unfragmented requests of the same service spread over both paths, so
+/// the hash does use ports here.
+#[test]
+fn nat_fib_fragments_take_one_path() {
+    let t = TestDp::new();
+    nat_fib_setup(&t);
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    for (svc, vip) in [(43, VIP4), (44, VIP6)] {
+        let mut gateways = std::collections::BTreeSet::new();
+        for sport in 41000..41016 {
+            let f = nat_fib_request(svc, sport);
+            let (v, out) = run_on(&t, &format!("svc {svc}, port {sport}"), veth0, &f.build());
+            assert_eq!(v, XDP_TX, "svc {svc}, port {sport}: verdict");
+            gateways.insert(out[..6].to_vec());
+        }
+        assert_eq!(
+            gateways.len(),
+            2,
+            "svc {svc}: unfragmented requests over both gateways"
+        );
+
+        for sport in 42000..42016 {
+            let input = udp_fragments(sport, ip(vip), 85, 64, (MAC_PEER, MAC_LB));
+            let macs: Vec<Vec<u8>> = input
+                .iter()
+                .enumerate()
+                .map(|(i, pkt)| {
+                    let desc = format!("svc {svc}, port {sport}, fragment {i}");
+                    let (v, out) = run_on(&t, &desc, veth0, pkt);
+                    assert_eq!(v, XDP_TX, "{desc}: verdict");
+                    out[..6].to_vec()
+                })
+                .collect();
+            assert_eq!(
+                macs[0], macs[1],
+                "svc {svc}, port {sport}: the fragments took different paths"
+            );
+        }
     }
 }

@@ -182,6 +182,18 @@ static __always_inline int rv_fib_can_send(struct xdp_md *ctx, int rc,
 	       bpf_map_lookup_elem(&iface_mac_map, &ifindex);
 }
 
+/* The kernel routes every fragment, the first included, without ports (its
+ * flow dissector stops at a fragment's IP header): so do we, and all the
+ * fragments of a datagram take one path. */
+static __always_inline void rv_fib_ports(struct bpf_fib_lookup *p,
+					 const struct rv_pkt *pkt, __be16 bport)
+{
+	if (pkt->flags & RV_PKT_FRAG)
+		return;
+	p->sport = pkt->sport;
+	p->dport = bport;
+}
+
 /*
  * A NAT'd request leaves as a router would send it, without a trip through
  * the kernel's stack, when the FIB names a resolved next hop out of an
@@ -190,9 +202,8 @@ static __always_inline int rv_fib_can_send(struct xdp_md *ctx, int rc,
  * Exceeded, frag-needed or Packet Too Big, refuses when forwarding is off,
  * and counts. A TTL that would expire is checked before the lookup, which
  * it would make useless. The ports are the rewritten ones, so policy
- * routing and multipath hashing see the flow the backend will see; a later
- * fragment has none and may hash differently from its first, as it would
- * in the kernel. VLAN tags stay as they arrived, as with L3 DSR.
+ * routing and multipath hashing see the flow the backend will see. VLAN
+ * tags stay as they arrived, as with L3 DSR.
  */
 static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
 					   const struct rv_pkt *pkt,
@@ -215,8 +226,7 @@ static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
 	p.family = RV_AF_INET;
 	p.tos = iph->tos;
 	p.l4_protocol = pkt->proto;
-	p.sport = pkt->sport;
-	p.dport = bport;
+	rv_fib_ports(&p, pkt, bport);
 	/* Set, so that the lookup checks the egress MTU: the device's, or
 	 * the route's only when locked (`mtu lock`). A plain route MTU,
 	 * which the kernel's forwarding honours, goes unseen here. */
@@ -256,8 +266,7 @@ static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 	 * for a forwarded packet keys on. */
 	p.flowinfo = *(__be32 *)ip6h & bpf_htonl(0x0fffffff);
 	p.l4_protocol = pkt->proto;
-	p.sport = pkt->sport;
-	p.dport = bport;
+	rv_fib_ports(&p, pkt, bport);
 	p.tot_len = pkt->ip_len;
 	rv_addr6_copy(p.ipv6_src, pkt->saddr);
 	rv_addr6_copy(p.ipv6_dst, backend);
