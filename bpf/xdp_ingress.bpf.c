@@ -137,7 +137,9 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
 			return ret;
 		if (!(pkt->flags & RV_PKT_LATER_FRAG))
 			rv_nat_record(pkt, be.addr, bport, t);
-		return RV_XDP_PASS;
+		if (pkt->family == RV_FAMILY_V4)
+			return rv_nat_route_v4(ctx, pkt, be.addr[0], bport);
+		return rv_nat_route_v6(ctx, pkt, be.addr, bport);
 	case RV_MODE_DSR:
 		return rv_dsr_forward(ctx, be.mac);
 	case RV_MODE_L3DSR:
@@ -272,6 +274,10 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 	if (ret)
 		return ret;
 	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+	/* Unlike a request, the translated error is left to the kernel to
+	 * forward: errors come a few per path change or lost peer, not one
+	 * per packet, so the saving that pays for a FIB lookup on the
+	 * request path is not there to have. */
 	return RV_XDP_PASS;
 }
 

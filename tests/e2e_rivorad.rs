@@ -924,10 +924,22 @@ fn traffic(mode: Mode) {
 
     let all = [0, 1, 2];
     let mut spread = Vec::new();
+    // Datagrams the node's kernel forwarded during the UDP exchanges, per
+    // family.
+    let mut udp_forwarded = Vec::new();
     for (v6, vip) in [(false, vip4(&topo)), (true, vip6(&topo))] {
         for proto in [Proto::Tcp, Proto::Udp] {
             let what = format!("{mode:?}");
+            let before = topo.node_forwarded();
             let counts = assert_spread(&topo, &what, vip, proto, &all);
+            let after = topo.node_forwarded();
+            if proto == Proto::Udp {
+                udp_forwarded.push(if v6 {
+                    after.1 - before.1
+                } else {
+                    after.0 - before.0
+                });
+            }
             spread.push((v6, proto, counts));
         }
     }
@@ -995,7 +1007,18 @@ fn traffic(mode: Mode) {
                 assert_eq!((s.not_vip, s.malformed), (0, 0), "{}: {s:?}", b.name);
             }
         }
-        Mode::Nat => {}
+        Mode::Nat => {
+            // One request and one reply per UDP exchange: the kernel
+            // forwards the replies, XDP the requests (the backends'
+            // neighbours resolved by then), so about FLOWS per family,
+            // not 2 * FLOWS. Slack for the TCP flows' last segments.
+            let (least, most) = (FLOWS as u64, (FLOWS + FLOWS / 4) as u64);
+            assert!(
+                udp_forwarded.iter().all(|n| (least..=most).contains(n)),
+                "NAT: the node's kernel forwarded {udp_forwarded:?} datagrams during \
+                 {FLOWS} UDP exchanges per family, expected {least} to {most}"
+            );
+        }
     }
 
     // A clean stop detaches.

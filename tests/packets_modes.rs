@@ -82,10 +82,17 @@ fn request(svc: u32, sport: u16) -> Frame {
 /// nat_reverse_map and the affinity map, then the backend's reply turned
 /// back into the VIP's by tc_nat. A second, established packet of each
 /// flow takes the same path without a new entry.
+///
+/// The FIB does not answer here: the test runs in a namespace of its own
+/// with no route to any backend, so xdp_ingress leaves every request to
+/// the kernel (XDP_PASS) with only the NAT rewrite done. The outcomes
+/// where it does answer are `nat_*_fib_*` below.
 #[test]
 fn nat_forward_and_tc_nat_reply() {
     let t = TestDp::new();
     let bes = nat_setup(&t);
+    let ns = Netns::new(&unique("rvnatpass"));
+    let _in = InNetns::enter(&ns);
     let mut flows = Vec::new();
     for (i, &(svc, _, _, proto, _, _)) in NAT_SERVICES.iter().enumerate() {
         let sport = 50000 + i as u16;
@@ -364,13 +371,16 @@ fn l3dsr_netns() -> (Netns, u32) {
         mac_str(VETH_MAC),
         gw = mac_str(GW_MAC),
     ));
-    let line = ns.exec("ip -o link show veth0");
-    let ifindex = line
-        .split(':')
+    let ifindex = ifindex_of(&ns, "veth0");
+    (ns, ifindex)
+}
+
+fn ifindex_of(ns: &Netns, dev: &str) -> u32 {
+    let line = ns.exec(&format!("ip -o link show {dev}"));
+    line.split(':')
         .next()
         .and_then(|s| s.trim().parse().ok())
-        .expect("veth0 ifindex");
-    (ns, ifindex)
+        .unwrap_or_else(|| panic!("{dev} ifindex in `{line}`"))
 }
 
 /// L3 DSR services: (svc, VIP, port, proto, backend).
@@ -660,4 +670,464 @@ fn l3dsr_outer_id_varies_unless_atomic() {
 
 fn ip4(s: &str) -> [u8; 4] {
     s.parse::<Ipv4Addr>().expect("an IPv4 constant").octets()
+}
+
+// ---------------------------------------------------------------------
+// NAT with the FIB answering: sent from XDP as a router would, or left
+// to the kernel with the rewrite done.
+
+const VETH2_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x03];
+const GW2_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x04];
+/// veth0's second gateway, for the multipath routes.
+const GW3_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x07];
+const VETH4_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x05];
+const GW4_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x06];
+/// veth4's MTU: the IP packets NAT sends out of it must fit.
+const SMALL_MTU: usize = 1300;
+
+/// The namespace NAT's FIB outcomes need, on top of `l3dsr_netns`
+/// (10.1/16 and fd00:1::/64 through a resolved gateway on veth0, 10.2/16
+/// and fd00:2::/64 through one with no neighbour entry): 10.4/16 and
+/// fd00:4::/64 through a resolved gateway on a second interface, veth2;
+/// 10.5/16 and fd00:5::/64 through a resolved gateway on veth4, whose MTU
+/// is 1300; 10.6/16 and fd00:6::/64 through veth0's resolved gateway with
+/// a locked route MTU of 1300 (bpf_fib_lookup, unlike the kernel's own
+/// forwarding, ignores a route MTU that is not locked); 10.7/16 and
+/// fd00:7::/64 over two resolved gateways on veth0, hashed on addresses
+/// and ports (`fib_multipath_hash_policy=1`). Returns the namespace and
+/// the ifindexes of veth0, veth2 and veth4.
+fn nat_netns() -> (Netns, u32, u32, u32) {
+    let (ns, veth0) = l3dsr_netns();
+    ns.exec(&format!(
+        "ip link add veth2 address {v2} type veth peer name veth3 && \
+         ip link set veth2 up && ip link set veth3 up && \
+         ip addr add 10.251.0.1/24 dev veth2 && \
+         ip -6 addr add fd00:fb:ff::1/64 dev veth2 nodad && \
+         ip neigh add 10.251.0.2 lladdr {gw2} dev veth2 nud permanent && \
+         ip -6 neigh add fd00:fb:ff::2 lladdr {gw2} dev veth2 nud permanent && \
+         ip route add 10.4.0.0/16 via 10.251.0.2 && \
+         ip -6 route add fd00:4::/64 via fd00:fb:ff::2 && \
+         ip link add veth4 address {v4} mtu {SMALL_MTU} type veth peer name veth5 && \
+         ip link set veth4 up && ip link set veth5 up && \
+         ip addr add 10.252.0.1/24 dev veth4 && \
+         ip -6 addr add fd00:fc:ff::1/64 dev veth4 nodad && \
+         ip neigh add 10.252.0.2 lladdr {gw4} dev veth4 nud permanent && \
+         ip -6 neigh add fd00:fc:ff::2 lladdr {gw4} dev veth4 nud permanent && \
+         ip route add 10.5.0.0/16 via 10.252.0.2 && \
+         ip -6 route add fd00:5::/64 via fd00:fc:ff::2 && \
+         ip route add 10.6.0.0/16 via 10.250.0.2 mtu lock {SMALL_MTU} && \
+         ip -6 route add fd00:6::/64 via fd00:fa:ff::2 mtu lock {SMALL_MTU} && \
+         ip neigh add 10.250.0.4 lladdr {gw3} dev veth0 nud permanent && \
+         ip -6 neigh add fd00:fa:ff::4 lladdr {gw3} dev veth0 nud permanent && \
+         ip route add 10.7.0.0/16 nexthop via 10.250.0.2 nexthop via 10.250.0.4 && \
+         ip -6 route add fd00:7::/64 nexthop via fd00:fa:ff::2 nexthop via fd00:fa:ff::4 && \
+         sysctl -qw net.ipv4.fib_multipath_hash_policy=1 && \
+         sysctl -qw net.ipv6.fib_multipath_hash_policy=1",
+        v2 = mac_str(VETH2_MAC),
+        gw2 = mac_str(GW2_MAC),
+        v4 = mac_str(VETH4_MAC),
+        gw4 = mac_str(GW4_MAC),
+        gw3 = mac_str(GW3_MAC),
+    ));
+    let veth2 = ifindex_of(&ns, "veth2");
+    let veth4 = ifindex_of(&ns, "veth4");
+    (ns, veth0, veth2, veth4)
+}
+
+/// NAT services by where nat_netns routes their backend: (svc, VIP, port,
+/// proto, backend address, backend port).
+const NAT_FIB_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
+    // Resolved, out of veth0.
+    (31, VIP4, 80, PROTO_TCP, "10.1.0.31", 8080),
+    (32, VIP4, 53, PROTO_UDP, "10.1.0.32", 5353),
+    (33, VIP6, 80, PROTO_TCP, "fd00:1::33", 8080),
+    (34, VIP6, 53, PROTO_UDP, "fd00:1::34", 5353),
+    // Resolved, out of veth2.
+    (35, VIP4, 81, PROTO_TCP, "10.4.0.35", 0),
+    (36, VIP6, 81, PROTO_UDP, "fd00:4::36", 0),
+    // No neighbour entry.
+    (37, VIP4, 82, PROTO_TCP, "10.2.0.37", 8082),
+    (38, VIP6, 82, PROTO_UDP, "fd00:2::38", 8082),
+    // Resolved, out of veth4 (MTU 1300).
+    (39, VIP4, 83, PROTO_TCP, "10.5.0.39", 8083),
+    (40, VIP6, 83, PROTO_UDP, "fd00:5::40", 8083),
+    // Resolved, out of veth0, route MTU 1300 (locked).
+    (41, VIP4, 84, PROTO_UDP, "10.6.0.41", 8084),
+    (42, VIP6, 84, PROTO_TCP, "fd00:6::42", 8084),
+    // Resolved, out of veth0, two paths.
+    (43, VIP4, 85, PROTO_UDP, "10.7.0.43", 5353),
+    (44, VIP6, 85, PROTO_UDP, "fd00:7::44", 5353),
+];
+
+fn nat_fib_setup(t: &TestDp) -> Vec<(u32, Be)> {
+    NAT_FIB_SERVICES
+        .iter()
+        .map(|&(svc, vip, port, proto, addr, bport)| {
+            let be = backend(svc, addr, bport);
+            add_service(
+                t,
+                svc,
+                rv_mode::RV_MODE_NAT,
+                Some((ip(vip), port, proto)),
+                be,
+            );
+            (svc, be)
+        })
+        .collect()
+}
+
+fn nat_fib_request(svc: u32, sport: u16) -> Frame {
+    let &(_, vip, port, proto, _, _) = NAT_FIB_SERVICES
+        .iter()
+        .find(|s| s.0 == svc)
+        .expect("a NAT service");
+    match (vip == VIP4, proto) {
+        (true, PROTO_TCP) => Frame::tcp4(CLIENT4, sport, vip, port),
+        (true, _) => Frame::udp4(CLIENT4, sport, vip, port),
+        (false, PROTO_TCP) => Frame::tcp6(CLIENT6, sport, vip, port),
+        (false, _) => Frame::udp6(CLIENT6, sport, vip, port),
+    }
+}
+
+/// The frame a request arriving with TTL (hop limit) 64 must leave as when
+/// xdp_ingress sends it itself: NAT'd, TTL 63, the MACs of the FIB's
+/// answer, VLAN tags as they came. Built by etherparse from scratch, so
+/// every checksum in it is computed, not updated.
+fn nat_routed(f: &Frame, be: &Be, macs: ([u8; 6], [u8; 6])) -> Frame {
+    nat_of(f, be).macs(macs.0, macs.1).ttl(63)
+}
+
+/// xdp_ingress once, as if `input` arrived on `ifindex`: the verdict and
+/// the output, asserted to drop nothing.
+fn run_on(t: &TestDp, desc: &str, ifindex: u32, input: &[u8]) -> (u32, Vec<u8>) {
+    let before = drop_counts(t);
+    let mut md = xdp_md(input.len(), ifindex);
+    let r = try_run_xdp(t, input, Some(&mut md)).expect("test_run with ctx");
+    assert_eq!(
+        drop_delta(&before, &drop_counts(t)),
+        vec![],
+        "{desc}: drop counters"
+    );
+    r
+}
+
+/// Run `f` as arriving on `ifindex`; assert the verdict, every byte of the
+/// output against `want`, and the output's checksums independently.
+fn expect_on(t: &TestDp, desc: &str, ifindex: u32, f: &Frame, verdict: u32, want: &Frame) {
+    let (v, out) = run_on(t, desc, ifindex, &f.build());
+    assert_eq!(v, verdict, "{desc}: verdict");
+    assert_bytes(desc, &out, &want.build());
+    // IPv4: header and L4; IPv6: L4.
+    let checked = if f.dst_ip().is_ipv4() { 2 } else { 1 };
+    assert_eq!(assert_checksums(&out), checked, "{desc}: checksums checked");
+}
+
+/// The FIB answers with a resolved next hop out of the interface the
+/// request came in on: xdp_ingress sends it back out itself (XDP_TX),
+/// rewritten as a router would (TTL / hop limit less one, the IPv4 header
+/// checksum updated, the egress MAC as source and the gateway's as
+/// destination), for both families and both protocols, tagged or not; the
+/// flow is recorded for tc_nat as before and counted for its VIP.
+#[test]
+fn nat_fib_answers_xdp_tx() {
+    let t = TestDp::new();
+    let bes = nat_fib_setup(&t);
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    let mut sport = 56000;
+    for svc in [31, 32, 33, 34] {
+        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        for vlan in [Vlan::None, Vlan::Dot1q(5), Vlan::QinQ(6, 7)] {
+            sport += 1;
+            let first = nat_fib_request(svc, sport).vlan(vlan);
+            let next = first.clone().established(2).payload(b"more data");
+            for (n, f) in [first, next].iter().enumerate() {
+                let desc = format!("NAT svc {svc}, {vlan:?}, packet {}", n + 1);
+                let want = nat_routed(f, &be, (VETH_MAC, GW_MAC));
+                expect_on(&t, &desc, veth0, f, XDP_TX, &want);
+                assert_nat_entry(&t, &desc, f, &be, svc);
+                assert_eq!(affinity_of(&t, svc, f), Some(be.id), "{desc}: affinity");
+            }
+        }
+        assert_eq!(t.vip_stats(svc).packets, 6, "svc {svc}: packets counted");
+    }
+
+    // The reply to one of them still comes back through tc_nat.
+    let f = nat_fib_request(31, 56001);
+    let be = bes[0].1;
+    let reply = nat_of(&f, &be).reply();
+    let (v, out) = t.run_tc(&reply.build());
+    assert_eq!(v, TCX_PASS, "reply verdict");
+    assert_bytes("reply", &out, &reply.from(f.dst_ip(), f.dport()).build());
+}
+
+/// The route's egress is another interface: redirected there only when it
+/// is one rivorad attaches to (listed in iface_mac_map), since a redirect
+/// into a device without XDP is dropped silently by veth and many drivers;
+/// otherwise left to the kernel with the NAT rewrite alone (TTL and MACs
+/// as they came).
+#[test]
+fn nat_fib_redirects_only_to_attached_interfaces() {
+    let t = TestDp::new();
+    let bes = nat_fib_setup(&t);
+    let (ns, veth0, veth2, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    for svc in [35, 36] {
+        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let f = nat_fib_request(svc, 57000);
+        let desc = format!("NAT svc {svc}, egress veth2 not attached");
+        expect_on(&t, &desc, veth0, &f, XDP_PASS, &nat_of(&f, &be));
+        assert_nat_entry(&t, &desc, &f, &be, svc);
+    }
+
+    t.iface_mac(veth2, VETH2_MAC);
+    for svc in [35, 36] {
+        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let f = nat_fib_request(svc, 57001);
+        let desc = format!("NAT svc {svc}, egress veth2 attached");
+        let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
+        expect_on(&t, &desc, veth0, &f, XDP_REDIRECT, &want);
+        assert_nat_entry(&t, &desc, &f, &be, svc);
+        // Arriving on veth2 itself, the same request goes back out of it.
+        let f = nat_fib_request(svc, 57002);
+        let desc = format!("NAT svc {svc}, from veth2");
+        let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
+        expect_on(&t, &desc, veth2, &f, XDP_TX, &want);
+    }
+}
+
+/// Whenever the FIB does not hand over a next hop we can send to, the
+/// request goes to the kernel exactly as before this path existed: NAT'd,
+/// TTL and MACs as they came, the flow recorded. No neighbour entry yet
+/// (the kernel resolves it); a TTL / hop limit of 1 (the kernel sends Time
+/// Exceeded; checked before the lookup, the TTL is not decremented);
+/// larger than the egress device's MTU or a locked route MTU (FRAG_NEEDED:
+/// the kernel fragments or sends frag-needed / Packet Too Big), while a
+/// request that fits the same route is sent from XDP; IPv4 options and IPv6 Hop-by-Hop options, which
+/// routers act on.
+#[test]
+fn nat_fib_leaves_the_rest_to_the_kernel() {
+    let t = TestDp::new();
+    let bes = nat_fib_setup(&t);
+    let (ns, veth0, _, veth4) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    let be_of = |svc: u32| bes.iter().find(|b| b.0 == svc).unwrap().1;
+    let passed = |desc: &str, ifindex: u32, svc: u32, f: &Frame| {
+        let be = be_of(svc);
+        expect_on(&t, desc, ifindex, f, XDP_PASS, &nat_of(f, &be));
+        assert_nat_entry(&t, desc, f, &be, svc);
+    };
+
+    for svc in [37, 38] {
+        let f = nat_fib_request(svc, 58000);
+        passed(&format!("svc {svc}, no neighbour"), veth0, svc, &f);
+    }
+
+    for svc in [31, 32, 33, 34] {
+        let f = nat_fib_request(svc, 58001).ttl(1);
+        let desc = format!("svc {svc}, TTL 1");
+        passed(&desc, veth0, svc, &f);
+        // And 2 is forwarded, leaving with 1.
+        let f = nat_fib_request(svc, 58002).ttl(2);
+        let want = nat_of(&f, &be_of(svc)).macs(VETH_MAC, GW_MAC).ttl(1);
+        expect_on(&t, &format!("svc {svc}, TTL 2"), veth0, &f, XDP_TX, &want);
+    }
+
+    // The device's MTU (veth4), then a locked route MTU (out of veth0).
+    for (svc, dev, macs) in [
+        (39, veth4, (VETH4_MAC, GW4_MAC)),
+        (40, veth4, (VETH4_MAC, GW4_MAC)),
+        (41, veth0, (VETH_MAC, GW_MAC)),
+        (42, veth0, (VETH_MAC, GW_MAC)),
+    ] {
+        let be = be_of(svc);
+        let small = nat_fib_request(svc, 58003);
+        let want = nat_routed(&small, &be, macs);
+        let desc = format!("svc {svc}, fits the MTU");
+        expect_on(&t, &desc, dev, &small, XDP_TX, &want);
+        // An IP packet of exactly the MTU still fits.
+        let hdrs = small.l4_off() - small.l3_off() + small.l4_len();
+        let exact = nat_fib_request(svc, 58004).payload(&vec![0x5a; SMALL_MTU - hdrs]);
+        assert_eq!(exact.build().len() - 14, SMALL_MTU);
+        let want = nat_routed(&exact, &be, macs);
+        let desc = format!("svc {svc}, IP packet of the MTU");
+        expect_on(&t, &desc, dev, &exact, XDP_TX, &want);
+        let big = nat_fib_request(svc, 58005).payload(&vec![0x5a; SMALL_MTU + 1 - hdrs]);
+        passed(&format!("svc {svc}, one byte over the MTU"), dev, svc, &big);
+    }
+
+    let f = nat_fib_request(31, 58006).ipv4_options(&[1, 1, 1, 0]);
+    passed("svc 31, IPv4 options", veth0, 31, &f);
+    let f = nat_fib_request(33, 58006).ipv6_exts(&[(IPPROTO_HOPOPTS, vec![1, 4, 0, 0, 0, 0])]);
+    passed("svc 33, Hop-by-Hop options", veth0, 33, &f);
+    // Destination options are for the backend alone: sent from XDP.
+    let f = nat_fib_request(33, 58007).ipv6_exts(&[(IPPROTO_DSTOPTS, vec![1, 4, 0, 0, 0, 0])]);
+    let want = nat_routed(&f, &be_of(33), (VETH_MAC, GW_MAC));
+    expect_on(&t, "svc 33, Destination options", veth0, &f, XDP_TX, &want);
+}
+
+/// A UDP datagram of 48 bytes from the client's `sport` to (dst, dport) in two
+/// fragments of 24 (the first carrying the UDP header, its checksum over
+/// the whole datagram), as frames with `macs` and TTL (hop limit) `ttl`.
+fn udp_fragments(
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+    ttl: u8,
+    macs: ([u8; 6], [u8; 6]),
+) -> Vec<Vec<u8>> {
+    use etherparse::{EtherType, Ethernet2Header, IpFragOffset, Ipv6FragmentHeader, UdpHeader};
+    let body: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(7)).collect();
+    let mut udp = UdpHeader::without_ipv4_checksum(sport, dport, body.len()).unwrap();
+    let (src, ether_type) = match dst {
+        IpAddr::V4(d) => {
+            let s = ip4(CLIENT4);
+            udp.checksum = udp.calc_checksum_ipv4_raw(s, d.octets(), &body).unwrap();
+            (ip(CLIENT4), EtherType::IPV4)
+        }
+        IpAddr::V6(d) => {
+            let s: Ipv6Addr = CLIENT6.parse().unwrap();
+            udp.checksum = udp
+                .calc_checksum_ipv6_raw(s.octets(), d.octets(), &body)
+                .unwrap();
+            (ip(CLIENT6), EtherType::IPV6)
+        }
+    };
+    let mut dgram = udp.to_bytes().to_vec();
+    dgram.extend_from_slice(&body);
+    [(0usize, true), (24, false)]
+        .iter()
+        .map(|&(off, more)| {
+            let bytes = &dgram[off..off + 24];
+            let frag_off = IpFragOffset::try_new((off / 8) as u16).unwrap();
+            let mut out = Ethernet2Header {
+                source: macs.0,
+                destination: macs.1,
+                ether_type,
+            }
+            .to_bytes()
+            .to_vec();
+            match (src, dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    let mut h = Ipv4Header {
+                        identification: 0x4321,
+                        more_fragments: more,
+                        fragment_offset: frag_off,
+                        time_to_live: ttl,
+                        protocol: IpNumber::UDP,
+                        source: s.octets(),
+                        destination: d.octets(),
+                        ..Default::default()
+                    };
+                    h.set_payload_len(bytes.len()).unwrap();
+                    h.header_checksum = h.calc_header_checksum();
+                    h.write(&mut out).unwrap();
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    let mut h = Ipv6Header {
+                        next_header: IpNumber::IPV6_FRAGMENTATION_HEADER,
+                        hop_limit: ttl,
+                        source: s.octets(),
+                        destination: d.octets(),
+                        ..Default::default()
+                    };
+                    h.set_payload_length(Ipv6FragmentHeader::LEN + bytes.len())
+                        .unwrap();
+                    h.write(&mut out).unwrap();
+                    Ipv6FragmentHeader::new(IpNumber::UDP, frag_off, more, 0x4321)
+                        .write(&mut out)
+                        .unwrap();
+                }
+                _ => unreachable!(),
+            }
+            out.extend_from_slice(bytes);
+            out
+        })
+        .collect()
+}
+
+/// A fragmented request of a NAT flow whose backend the FIB resolves: the
+/// first fragment (address, port, checksum over the datagram) and the
+/// later one (address only, following frag_map) are both sent from XDP,
+/// TTL less one, with the FIB's MACs; the flow is recorded. The expected
+/// frames are built from the whole datagram addressed to the backend, so
+/// the first fragment's bytes carry the datagram's checksum as the backend
+/// will check it.
+#[test]
+fn nat_fib_answers_fragments() {
+    let t = TestDp::new();
+    let bes = nat_fib_setup(&t);
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    for (svc, vip) in [(32, VIP4), (34, VIP6)] {
+        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let input = udp_fragments(40000, ip(vip), 53, 64, (MAC_PEER, MAC_LB));
+        let want = udp_fragments(40000, be.addr, be.port, 63, (VETH_MAC, GW_MAC));
+        for (i, (pkt, want)) in input.iter().zip(&want).enumerate() {
+            let desc = format!("svc {svc}, fragment {i}");
+            let (v, out) = run_on(&t, &desc, veth0, pkt);
+            assert_eq!(v, XDP_TX, "{desc}: verdict");
+            assert_bytes(&desc, &out, want);
+            if vip == VIP4 {
+                let (h, _) = Ipv4Header::from_slice(&out[14..]).expect("IPv4");
+                assert_eq!(h.header_checksum, h.calc_header_checksum(), "{desc}");
+            }
+        }
+        let f = if vip == VIP4 {
+            Frame::udp4(CLIENT4, 40000, VIP4, 53)
+        } else {
+            Frame::udp6(CLIENT6, 40000, VIP6, 53)
+        };
+        assert_nat_entry(&t, &format!("svc {svc}, fragments"), &f, &be, svc);
+        assert_eq!(
+            t.vip_stats(svc).packets,
+            2,
+            "svc {svc}: both fragments counted"
+        );
+    }
+}
+
+/// Over a multipath route hashed on ports, every fragment of a datagram,
+/// the first included, takes one path, as in the kernel (whose flow
+/// dissector gives a fragment no ports): the lookup is made without them.
+/// Unfragmented requests of the same service spread over both paths, so
+/// the hash does use ports here.
+#[test]
+fn nat_fib_fragments_take_one_path() {
+    let t = TestDp::new();
+    nat_fib_setup(&t);
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    for (svc, vip) in [(43, VIP4), (44, VIP6)] {
+        let mut gateways = std::collections::BTreeSet::new();
+        for sport in 41000..41016 {
+            let f = nat_fib_request(svc, sport);
+            let (v, out) = run_on(&t, &format!("svc {svc}, port {sport}"), veth0, &f.build());
+            assert_eq!(v, XDP_TX, "svc {svc}, port {sport}: verdict");
+            gateways.insert(out[..6].to_vec());
+        }
+        assert_eq!(
+            gateways.len(),
+            2,
+            "svc {svc}: unfragmented requests over both gateways"
+        );
+
+        for sport in 42000..42016 {
+            let input = udp_fragments(sport, ip(vip), 85, 64, (MAC_PEER, MAC_LB));
+            let macs: Vec<Vec<u8>> = input
+                .iter()
+                .enumerate()
+                .map(|(i, pkt)| {
+                    let desc = format!("svc {svc}, port {sport}, fragment {i}");
+                    let (v, out) = run_on(&t, &desc, veth0, pkt);
+                    assert_eq!(v, XDP_TX, "{desc}: verdict");
+                    out[..6].to_vec()
+                })
+                .collect();
+            assert_eq!(
+                macs[0], macs[1],
+                "svc {svc}, port {sport}: the fragments took different paths"
+            );
+        }
+    }
 }

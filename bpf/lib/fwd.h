@@ -165,6 +165,119 @@ static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
 	return RV_XDP_PASS;
 }
 
+/*
+ * Whether a FIB answer lets this program send the frame itself. XDP_TX
+ * needs nothing more; a redirect needs XDP on the target device (veth and
+ * many drivers drop redirected frames silently otherwise), and the
+ * interfaces rivorad attaches to are the ones in iface_mac_map.
+ */
+static __always_inline int rv_fib_can_send(struct xdp_md *ctx, int rc,
+					   const struct bpf_fib_lookup *p)
+{
+	__u32 ifindex = p->ifindex;
+
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	return ifindex == ctx->ingress_ifindex ||
+	       bpf_map_lookup_elem(&iface_mac_map, &ifindex);
+}
+
+/* The kernel routes every fragment, the first included, without ports (its
+ * flow dissector stops at a fragment's IP header): so do we, and all the
+ * fragments of a datagram take one path. */
+static __always_inline void rv_fib_ports(struct bpf_fib_lookup *p,
+					 const struct rv_pkt *pkt, __be16 bport)
+{
+	if (pkt->flags & RV_PKT_FRAG)
+		return;
+	p->sport = pkt->sport;
+	p->dport = bport;
+}
+
+/*
+ * A NAT'd request leaves as a router would send it, without a trip through
+ * the kernel's stack, when the FIB names a resolved next hop out of an
+ * interface we can send to. Anything else is the kernel's to finish after
+ * the rewrite, as before: it resolves a missing neighbour, sends Time
+ * Exceeded, frag-needed or Packet Too Big, refuses when forwarding is off,
+ * and counts. A TTL that would expire is checked before the lookup, which
+ * it would make useless. The ports are the rewritten ones, so policy
+ * routing and multipath hashing see the flow the backend will see. VLAN
+ * tags stay as they arrived, as with L3 DSR.
+ */
+static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
+					   const struct rv_pkt *pkt,
+					   __be32 backend, __be16 bport)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
+	struct bpf_fib_lookup p = {};
+	__u8 ttl;
+	int rc;
+
+	if (!iph)
+		return -RV_DROP_MALFORMED_IPV4;
+	ttl = iph->ttl;
+	/* Options (record route, timestamps, source routes) are acted on by
+	 * the kernel's forwarding; they are rare enough to leave to it. */
+	if (ttl <= 1 || iph->ihl != 5)
+		return RV_XDP_PASS;
+	p.family = RV_AF_INET;
+	p.tos = iph->tos;
+	p.l4_protocol = pkt->proto;
+	rv_fib_ports(&p, pkt, bport);
+	/* Set, so that the lookup checks the egress MTU: the device's, or
+	 * the route's only when locked (`mtu lock`). A plain route MTU,
+	 * which the kernel's forwarding honours, goes unseen here. */
+	p.tot_len = pkt->ip_len;
+	p.ipv4_src = pkt->saddr[0];
+	p.ipv4_dst = backend;
+	p.ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+	if (!rv_fib_can_send(ctx, rc, &p))
+		return RV_XDP_PASS;
+	/* TTL is the high byte of its 16-bit word; protocol, the low byte,
+	 * is unchanged and left out of both sides. */
+	iph->ttl = ttl - 1;
+	rv_csum_replace2(&iph->check, bpf_htons((__u16)ttl << 8),
+			 bpf_htons((__u16)(ttl - 1) << 8));
+	return rv_fib_send(ctx, &p);
+}
+
+static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
+					   const struct rv_pkt *pkt,
+					   const __be32 *backend, __be16 bport)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip6h =
+		rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
+	struct bpf_fib_lookup p = {};
+	int rc;
+
+	if (!ip6h)
+		return -RV_DROP_MALFORMED_IPV6;
+	/* Hop-by-Hop options are for every router on the way to act on. */
+	if (ip6h->hop_limit <= 1 || ip6h->nexthdr == RV_IPPROTO_HOPOPTS)
+		return RV_XDP_PASS;
+	p.family = RV_AF_INET6;
+	/* Traffic class and flow label: what the kernel's own route lookup
+	 * for a forwarded packet keys on. */
+	p.flowinfo = *(__be32 *)ip6h & bpf_htonl(0x0fffffff);
+	p.l4_protocol = pkt->proto;
+	rv_fib_ports(&p, pkt, bport);
+	p.tot_len = pkt->ip_len;
+	rv_addr6_copy(p.ipv6_src, pkt->saddr);
+	rv_addr6_copy(p.ipv6_dst, backend);
+	p.ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+	if (!rv_fib_can_send(ctx, rc, &p))
+		return RV_XDP_PASS;
+	ip6h->hop_limit--;
+	return rv_fib_send(ctx, &p);
+}
+
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
 static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 				       const struct rv_pkt *pkt, __be32 backend)

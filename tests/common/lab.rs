@@ -37,13 +37,16 @@
 //!   here).
 //!
 //! What the lab configures, and why:
-//! - node: `ip_forward=1`, IPv6 `forwarding=1` (NAT hands the rewritten
-//!   packet to the kernel to forward; `bpf_fib_lookup` needs forwarding);
-//!   `send_redirects=0`; under L3 DSR `accept_local=1` (see `Lab::new`).
-//! - `xdp_pass` on `pn`, the switch-side peer of the node's `n0`: the only
-//!   veth that receives XDP_TX frames (DSR, L3 DSR), which veth delivers
-//!   only to a peer running XDP. Backend-side peers receive ordinary
-//!   bridge traffic and need nothing.
+//! - node: `ip_forward=1`, IPv6 `forwarding=1` (`bpf_fib_lookup` needs
+//!   forwarding, and the kernel forwards what XDP leaves to it: NAT
+//!   requests to a backend whose neighbour entry it has not resolved yet,
+//!   NAT replies); `send_redirects=0`; under L3 DSR `accept_local=1` (see
+//!   `Lab::new`).
+//! - `xdp_pass` on `pn`, the switch-side peer of the node's `n0`, in every
+//!   mode: the only veth that receives XDP_TX frames (DSR, L3 DSR, and NAT
+//!   requests once the FIB answers), which veth delivers only to a peer
+//!   running XDP. Backend-side peers receive ordinary bridge traffic and
+//!   need nothing.
 //! - client: TX checksum offload off (`ethtool -K c0 tx off`): its
 //!   partial checksums would arrive broken after the node's XDP_TX.
 //! - everyone: no DAD, no redirects or RAs accepted (IPv6 has no knob to

@@ -578,6 +578,15 @@ pub mod fixtures {
             self
         }
 
+        /// IPv4 TTL or IPv6 hop limit.
+        pub fn ttl(mut self, n: u8) -> Self {
+            match &mut self.net {
+                Net::V4 { ttl, .. } => *ttl = n,
+                Net::V6 { hop_limit, .. } => *hop_limit = n,
+            }
+            self
+        }
+
         pub fn tcp_options(mut self, opts: &[u8]) -> Self {
             if let L4::Tcp { options, .. } = &mut self.l4 {
                 *options = opts.to_vec();
