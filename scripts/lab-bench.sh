@@ -187,8 +187,15 @@ lab_up() {
 	# XDP_TX out of the node lands on pn, which delivers only when it runs
 	# XDP itself. Attached for every path, so that they all cross the same
 	# switch.
+	# veth hands a frame to its peer's NAPI (where the pinned thread runs)
+	# only when the sending side has no TSO, or the frame is a local
+	# socket's; otherwise it goes to the sending core's backlog. Attaching
+	# XDP to the node clears pn's TSO anyway: clear it for every path, or
+	# the kernel paths would be served by the generator's core.
+	in_ns "$NS_S" ethtool -K pn tso off gso off >/dev/null
 	hold_xdp "$NS_S" pn pass
 	PIDS+=("$HOLD_PID")
+	if [ -n "${SC_PASS:-}" ]; then hold_xdp "$NS_S" sc pass; PIDS+=("$HOLD_PID"); fi
 
 	for i in 1 2 3; do
 		local ns=${NS_B[$((i - 1))]} a=${BACKENDS[$((i - 1))]}

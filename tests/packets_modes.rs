@@ -479,8 +479,28 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
     let mut sport = 53000;
 
     // The lookup answers: the frame goes out of veth0 to the gateway.
-    // Without a context the ingress device is lo, so it is redirected;
-    // arriving on veth0 itself, it is sent back out with XDP_TX.
+    // Without a context the ingress device is lo. While veth0 is not an
+    // interface rivorad is attached to (not in iface_mac_map) a redirect
+    // there could be lost, so the kernel gets the encapsulated packet.
+    for svc in [21, 25] {
+        sport += 1;
+        let f = l3dsr_request(svc, sport);
+        let want = encapsulated(&f, backend_of(svc), (f.src_mac, f.dst_mac));
+        let out = run_case(
+            &t,
+            &Case {
+                desc: format!("L3 DSR svc {svc}, egress not attached"),
+                input: f.build(),
+                want,
+                verdict: XDP_PASS,
+                drop: None,
+            },
+        );
+        assert_checksums(&out);
+    }
+    // Once it is, the frame is redirected there; arriving on veth0
+    // itself, it is sent back out with XDP_TX.
+    t.iface_mac(veth, VETH_MAC);
     for svc in [21, 22, 25, 26] {
         for vlan in [Vlan::None, Vlan::Dot1q(5), Vlan::QinQ(6, 7)] {
             sport += 1;
@@ -543,7 +563,11 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
         );
     }
     assert_eq!(nat_entries(&t), 0, "L3 DSR keeps no NAT state");
-    assert_eq!(t.vip_stats(21).packets, 6, "two runs per shape");
+    assert_eq!(
+        t.vip_stats(21).packets,
+        7,
+        "one run while veth0 is not attached, then two per shape"
+    );
 }
 
 /// Without an outer source address configured, L3 DSR cannot build the
@@ -552,7 +576,8 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
 fn l3dsr_without_a_tunnel_source_is_dropped() {
     let t = TestDp::new();
     l3dsr_setup(&t);
-    let (ns, _) = l3dsr_netns();
+    let (ns, veth) = l3dsr_netns();
+    t.iface_mac(veth, VETH_MAC);
     let _in = InNetns::enter(&ns);
     let no_src = rv_drop_reason::RV_DROP_NO_TUNNEL_SRC;
 
@@ -634,7 +659,8 @@ fn per_vip_stats_count_packets_and_bytes() {
 fn l3dsr_outer_id_varies_unless_atomic() {
     let t = TestDp::new();
     l3dsr_setup(&t);
-    let (ns, _veth) = l3dsr_netns();
+    let (ns, veth) = l3dsr_netns();
+    t.iface_mac(veth, VETH_MAC);
     let _in = InNetns::enter(&ns);
     let outer_id = |df: bool| -> u16 {
         let mut h =

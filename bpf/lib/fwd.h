@@ -150,22 +150,6 @@ static __always_inline int rv_fib_says_unreachable(int rc)
 }
 
 /*
- * What a FIB answer means for an encapsulated packet: send it ourselves,
- * let the kernel finish the job (no neighbour entry yet, forwarding off,
- * too big for the egress MTU: the kernel resolves, refuses or fragments),
- * or drop it because the route says nobody is there.
- */
-static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
-					  const struct bpf_fib_lookup *p)
-{
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
-		return rv_fib_send(ctx, p);
-	if (rv_fib_says_unreachable(rc))
-		return -RV_DROP_FIB_UNREACHABLE;
-	return RV_XDP_PASS;
-}
-
-/*
  * Whether a FIB answer lets this program send the frame itself. XDP_TX
  * needs nothing more; a redirect needs XDP on the target device (veth and
  * many drivers drop redirected frames silently otherwise), and the
@@ -192,6 +176,23 @@ static __always_inline void rv_fib_ports(struct bpf_fib_lookup *p,
 		return;
 	p->sport = pkt->sport;
 	p->dport = bport;
+}
+
+/*
+ * What a FIB answer means for an encapsulated packet: send it ourselves,
+ * let the kernel finish the job (no neighbour entry yet, forwarding off,
+ * too big for the egress MTU: the kernel resolves, refuses or fragments;
+ * an egress rivorad is not attached to, which a redirect could not
+ * reach), or drop it because the route says nobody is there.
+ */
+static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
+					  const struct bpf_fib_lookup *p)
+{
+	if (rv_fib_can_send(ctx, rc, p))
+		return rv_fib_send(ctx, p);
+	if (rv_fib_says_unreachable(rc))
+		return -RV_DROP_FIB_UNREACHABLE;
+	return RV_XDP_PASS;
 }
 
 /*
