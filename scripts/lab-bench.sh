@@ -145,6 +145,13 @@ lab_up() {
 	done
 	in_ns "$NS_S" ip link add br0 type bridge stp_state 0 mcast_snooping 0
 	in_ns "$NS_S" ip link set br0 up
+	# A switch, not a firewall: with br_netfilter loaded (Docker loads
+	# it) every bridged frame went through the IP hooks, a fifth of the
+	# receive core's time in a profile.
+	if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then
+		sysctl_ns "$NS_S" net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0 \
+			net.bridge.bridge-nf-call-arptables=0
+	fi
 	plug() { # ns ifname switch-port-name
 		ip link add "$2" netns "$1" type veth peer name "$3" netns "$NS_S"
 		in_ns "$NS_S" ip link set "$3" master br0 up
@@ -179,22 +186,13 @@ lab_up() {
 	sysctl_ns "$NS_N" net.ipv4.ip_forward=1 net.ipv4.conf.all.send_redirects=0 \
 		"net.ipv4.conf.$NODEIF.send_redirects=0" net.ipv4.conf.all.accept_local=1 \
 		"net.ipv4.conf.$NODEIF.accept_local=1" "net.ipv4.conf.$NODEIF.rp_filter=0"
-	# The node's receive path on a core of its own (lab-notes): NAPI on the
-	# veth (GRO, or XDP when attached), in a thread that is pinned below.
-	in_ns "$NS_N" ethtool -K "$NODEIF" gro on >/dev/null
-	sysfs_ns "$NS_N" "echo 1 > /sys/class/net/$NODEIF/threaded"
 
-	# XDP_TX out of the node lands on pn, which delivers only when it runs
-	# XDP itself. Attached for every path, so that they all cross the same
-	# switch.
 	# veth hands a frame to its peer's NAPI (where the pinned thread runs)
 	# only when the sending side has no TSO, or the frame is a local
 	# socket's; otherwise it goes to the sending core's backlog. Attaching
 	# XDP to the node clears pn's TSO anyway: clear it for every path, or
 	# the kernel paths would be served by the generator's core.
 	in_ns "$NS_S" ethtool -K pn tso off gso off >/dev/null
-	hold_xdp "$NS_S" pn pass
-	PIDS+=("$HOLD_PID")
 	if [ -n "${SC_PASS:-}" ]; then hold_xdp "$NS_S" sc pass; PIDS+=("$HOLD_PID"); fi
 
 	for i in 1 2 3; do
@@ -313,6 +311,12 @@ down_nft_dnat() { in_ns "$NS_N" nft delete table ip rivlab; }
 # rivorad with the three VIPs in one mode.
 rivora_up() {
 	local mode=$1 b
+	# XDP_TX out of the node lands on pn, which delivers only when it runs
+	# XDP itself. Only for Rivora's paths: on pn, XDP makes veth copy
+	# every frame the kernel forwards into a fresh page first (too little
+	# headroom), a cost no switch port charges the kernel paths.
+	hold_xdp "$NS_S" pn pass || return 1
+	PATH_PIDS+=("$HOLD_PID")
 	{
 		echo "interfaces:"
 		echo "  - name: $NODEIF"
@@ -416,13 +420,33 @@ down_haproxy() {
 	in_ns "$NS_N" ip addr del "$VIP/32" dev lo 2>/dev/null || true
 }
 
-# Pin the node's NAPI thread(s) to RX_CPU; attaching XDP re-creates them.
+# How the node receives, per kind of measure:
+#   stream  the veth's defaults (GRO off, NAPI in softirq wherever it
+#           lands): TCP and HTTP measure per-packet forwarding, and GRO on
+#           the node would re-aggregate what the client sent unsegmented
+#           for the kernel paths only (XDP sends what it receives); a NAPI
+#           thread to wake added ~70 us to every request/response.
+#   pinned  the node's receive path on a core of its own (lab-notes): NAPI
+#           on the veth (GRO, or XDP when attached) in a thread pinned to
+#           RX_CPU; the generator runs on GEN_CPU.
+node_mode() {
+	if [ "$1" = pinned ]; then
+		in_ns "$NS_N" ethtool -K "$NODEIF" gro on >/dev/null
+		sysfs_ns "$NS_N" "echo 1 > /sys/class/net/$NODEIF/threaded"
+		pin_napi
+	else
+		sysfs_ns "$NS_N" "echo 0 > /sys/class/net/$NODEIF/threaded"
+		in_ns "$NS_N" ethtool -K "$NODEIF" gro off >/dev/null
+	fi
+}
+
+# Pin the node's NAPI thread(s) to RX_CPU.
 pin_napi() {
 	local pid found=0
-	for pid in $(pgrep -f "^\[?napi/$NODEIF-" || true) $(pgrep "napi/$NODEIF" || true); do
+	for pid in $(pgrep "napi/$NODEIF" || true); do
 		taskset -pc "$RX_CPU" "$pid" >/dev/null && found=1
 	done
-	[ "$found" -eq 1 ] || log "lab: no napi/$NODEIF-* thread to pin"
+	[ "$found" -eq 1 ] || { log "lab: no napi/$NODEIF-* thread to pin"; return 1; }
 }
 
 switch_to() {
@@ -430,7 +454,6 @@ switch_to() {
 	CURRENT=""
 	"up_$1" || { log "path $1: setup failed"; return 1; }
 	CURRENT=$1
-	pin_napi
 	# The path must carry traffic before it is measured.
 	local _
 	for _ in $(seq 50); do
@@ -522,7 +545,7 @@ measure_pps() { # kind -> pps_<kind>=kpps [cpu_ns_<kind>=ns per packet]
 		taskset -c "$GEN_CPU" trafgen -o c0 -i "$conf" --cpus 1 --no-sock-mem -Q >"$WORK/trafgen.log" 2>&1 || true
 	if [ -n "$prof" ]; then
 		wait
-		perf report -i "$prof.data" --no-children --sort symbol --stdio 2>/dev/null | grep -v '^$' | head -60 >"$prof.txt" || true
+		perf report -i "$prof.data" --no-children --sort symbol -g none --stdio 2>/dev/null | grep -v '^$' | head -60 >"$prof.txt" || true
 		rm -f "$prof.data"
 	fi
 	t1=$(date +%s.%N)
@@ -542,6 +565,10 @@ print('cpu_ns_$kind=%.0f' % (ticks / hz * 1e9 / n) if n else 'cpu_ns_$kind=nan')
 measure() { # path -> the run's key=value pairs on one line
 	local m out=""
 	for m in $MEASURES; do
+		case $m in
+		pps) node_mode pinned ;;
+		*) node_mode stream ;;
+		esac
 		case $m in
 		tcp1) out+=" $(measure_tcp 1 tcp1_gbps)" ;;
 		tcp4) out+=" $(measure_tcp 4 tcp4_gbps)" ;;
