@@ -36,11 +36,12 @@
 #
 # Environment: REPS (default 5), PATHS (default: all six), DURATION
 # (seconds per TCP/HTTP measure, default 4), PPS_DURATION (seconds per
-# packet-rate measure, default 3), MEASURES (default "tcp1 tcp4 cps rr pps"),
+# packet-rate measure, default 3), MEASURES (default "pps tcp1 tcp4 cps rr"),
 # WRK_CONNS (default 32), RESULTS (default target/bench/results.json; empty:
 # write nothing), OUT (directory for the chart and the raw runs, default
 # target/bench), PROFILE (non-empty: perf record core 1 during each packet-rate
-# measure, reports in OUT/perf-<path>-<kind>.txt). Everything is torn down on exit, also on failure.
+# measure and every core during each TCP measure, reports in
+# OUT/perf-<path>-<measure>.txt). Everything is torn down on exit, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +49,10 @@ REPS=${REPS:-5}
 PATHS=${PATHS:-"direct nft_dnat rivora_nat rivora_dsr rivora_l3dsr haproxy"}
 DURATION=${DURATION:-4}
 PPS_DURATION=${PPS_DURATION:-3}
-MEASURES=${MEASURES:-"tcp1 tcp4 cps rr pps"}
+# Packet rates first: rivorad starts with empty flow tables for each path,
+# and the HTTP measures leave 100k+ stale connections in them (see
+# BENCHMARKS.md: with them, a 64k-flow working set no longer fits).
+MEASURES=${MEASURES:-"pps tcp1 tcp4 cps rr"}
 WRK_CONNS=${WRK_CONNS:-32}
 RESULTS=${RESULTS-target/bench/results.json}
 OUT=${OUT:-target/bench}
@@ -71,6 +75,7 @@ HTTP_PORT=8080
 IPERF_PORT=5201
 SINK_PORT=9999
 PIDS=()       # long-lived: servers, XDP holders
+NGINX_PIDS=() # the backends' nginx masters (their workers are children)
 PATH_PIDS=()  # what the current path runs (rivorad, haproxy, decap holders)
 CURRENT=""    # the path the node is set up for
 GEN_CPU=0     # trafgen
@@ -233,6 +238,7 @@ NGX
 		# direct) and the VIP on lo (DSR, L3 DSR) alike.
 		nsenter --net="/run/netns/$ns" nginx -c "$WORK/ngx$i/nginx.conf" -p "$WORK/ngx$i" -e "$WORK/ngx$i/error.log" &
 		PIDS+=($!)
+		NGINX_PIDS+=($!)
 		nsenter --net="/run/netns/$ns" iperf3 -s -p "$IPERF_PORT" >"$WORK/iperf3-$i.log" 2>&1 &
 		PIDS+=($!)
 	done
@@ -469,9 +475,20 @@ flush_ct() { in_ns "$NS_N" conntrack -F >/dev/null 2>&1 || true; }
 # ------------------------------------------------------------ measures
 # Each prints "key=value" pairs; nan for a failed measure.
 
+# perf record of every core for most of a measure (PROFILE set): where the
+# time goes when nothing is pinned.
+profile_all() { # name
+	[ -n "$PROFILE" ] || return 0
+	(sleep 0.5; perf record -q -a -g -o "$OUT/perf-$CURRENT-$1.data" -- sleep $((DURATION > 2 ? DURATION - 1 : 1)) >/dev/null 2>&1
+		perf report -i "$OUT/perf-$CURRENT-$1.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
+			grep -v '^$' | head -60 >"$OUT/perf-$CURRENT-$1.txt"
+		rm -f "$OUT/perf-$CURRENT-$1.data") &
+}
+
 measure_tcp() { # streams key
 	flush_ct
 	local j
+	profile_all "$2"
 	j=$(in_ns "$NS_C" iperf3 -c "$TARGET" -p "$IPERF_PORT" -P "$1" -t "$DURATION" -J 2>"$WORK/iperf3-client.err") || {
 		log "  iperf3 -P $1: $(python3 -c 'import json,sys; print(json.load(sys.stdin).get("error"))' <<<"$j" 2>/dev/null) $(tail -2 "$WORK/iperf3-client.err")"
 		echo "$2=nan"; return
@@ -489,11 +506,28 @@ measure_cps() {
 	awk '/Requests\/sec/ {print "cps=" $2}' <<<"$out"
 }
 
+# Move the backends' nginx (masters and workers) to a set of cores.
+pin_nginx() {
+	local p c
+	for p in "${NGINX_PIDS[@]}"; do
+		for c in "$p" $(pgrep -P "$p"); do taskset -apc "$1" "$c" >/dev/null 2>&1 || true; done
+	done
+}
+
 # One connection, one request at a time: the round trip through the path.
+# Client, backends and (so) every softirq on the way run on one core: with
+# the request crossing cores, each hop waits for an idle vCPU to wake, and
+# p50 jumped between ~15 and ~75 us from run to run on every path alike.
 measure_rr() {
 	flush_ct
 	local out
-	out=$(in_ns "$NS_C" wrk -t1 -c1 -d"${DURATION}s" --latency "http://$TARGET:$HTTP_PORT/" 2>&1) || { echo "rr_p50_us=nan rr_p99_us=nan"; return; }
+	pin_nginx "$RX_CPU"
+	out=$(in_ns "$NS_C" taskset -c "$RX_CPU" wrk -t1 -c1 -d"${DURATION}s" --latency "http://$TARGET:$HTTP_PORT/" 2>&1) || {
+		pin_nginx "0-$(($(nproc) - 1))"
+		echo "rr_p50_us=nan rr_p99_us=nan"
+		return
+	}
+	pin_nginx "0-$(($(nproc) - 1))"
 	python3 - "$out" <<'PY'
 import re, sys
 out = sys.argv[1]

@@ -115,7 +115,7 @@ def chart(runs, med, paths, out):
     panels = [k for k in CHART if any((p, k) in med for p in paths)]
     bar_h, gap, label_w, plot_w = 16, 4, 110, 420
     panel_h = 30 + len(paths) * (bar_h + gap) + 16
-    width = label_w + plot_w + 90
+    width = label_w + plot_w + 170
     height = 40 + panel_h * len(panels) + 20
     svg = [
         '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (width, height),
@@ -143,7 +143,7 @@ def chart(runs, med, paths, out):
                 svg.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>' % (lo, mid, hi, mid))
                 for x in (lo, hi):
                     svg.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>' % (x, y + 3, x, y + bar_h - 3))
-                text = "%.3g" % m
+                text = ("{:,.0f}" if m >= 100 else "{:.2f}").format(m)
                 if base and p != "nft_dnat":
                     text += "  (%.2fx)" % (m / base)
                 svg.append('<text x="%.1f" y="%d">%s</text>' % (max(hi, label_w + w) + 4, y + bar_h - 4, escape(text)))
