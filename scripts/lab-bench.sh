@@ -34,7 +34,7 @@
 #                 receive path (threaded NAPI) pinned to core 1, whose busy
 #                 time per delivered packet is reported as cpu_ns
 #
-# Environment: REPS (default 5), PATHS (default: all six), DURATION
+# Environment: REPS (default 3), PATHS (default: all six), DURATION
 # (seconds per TCP/HTTP measure, default 4), PPS_DURATION (seconds per
 # packet-rate measure, default 3), MEASURES (default "pps tcp1 tcp4 cps rr"),
 # WRK_CONNS (default 32), RESULTS (default target/bench/results.json; empty:
@@ -45,7 +45,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPS=${REPS:-5}
+REPS=${REPS:-3}
 PATHS=${PATHS:-"direct nft_dnat rivora_nat rivora_dsr rivora_l3dsr haproxy"}
 DURATION=${DURATION:-4}
 PPS_DURATION=${PPS_DURATION:-3}
