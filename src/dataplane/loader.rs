@@ -35,6 +35,29 @@ impl Default for LoadOptions {
     }
 }
 
+/// The max_entries the kernel gives a hash map with per-CPU LRU lists
+/// (BPF_F_NO_COMMON_LRU): rounded up to a multiple of the possible CPUs
+/// (down if that overflows) so each CPU's list gets an equal share
+/// (htab_map_alloc). The pinned map reports the rounded figure, so the
+/// definition it is compared with must be rounded alike, or every restart
+/// on a node with, say, 6 possible CPUs is refused as a mismatch (by our
+/// check or libbpf's). Cilium rounds its distributed LRU maps the same way.
+pub fn per_cpu_lru_entries(max_entries: u32, possible_cpus: u32) -> u32 {
+    if possible_cpus <= 1 {
+        return max_entries;
+    }
+    max_entries
+        .checked_next_multiple_of(possible_cpus)
+        .unwrap_or(max_entries - max_entries % possible_cpus)
+}
+
+fn possible_cpus() -> Result<u32, DataplaneError> {
+    libbpf_rs::num_possible_cpus()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| DataplaneError::load("reading the number of possible CPUs"))
+}
+
 /// An owned skeleton: the generated skeleton borrows its object storage,
 /// so the storage lives on the heap beside it and is freed after it.
 struct Owned<S> {
@@ -76,15 +99,25 @@ fn pin_maps<'a>(
     opts: &LoadOptions,
     pinned_version: Option<u32>,
 ) -> Result<(), DataplaneError> {
+    let cpus = possible_cpus()?;
     for mut map in maps {
         let name = map.name().to_string_lossy().into_owned();
         // .rodata and friends belong to one object and are not shared.
         if name.contains('.') {
             continue;
         }
+        let resize = |map: &mut libbpf_rs::OpenMapMut<'_>, n: u32| {
+            map.set_max_entries(n)
+                .map_err(|e| DataplaneError::load(format!("resizing {name}: {e}")))
+        };
         if name == "maglev_table" {
-            map.set_max_entries(opts.maglev_size)
-                .map_err(|e| DataplaneError::load(format!("resizing maglev_table: {e}")))?;
+            resize(&mut map, opts.maglev_size)?;
+        }
+        if map.map_flags() & libbpf_sys::BPF_F_NO_COMMON_LRU != 0 {
+            let n = per_cpu_lru_entries(map.max_entries(), cpus);
+            if n != map.max_entries() {
+                resize(&mut map, n)?;
+            }
         }
         let pin = opts.pin_dir.join(&name);
         check_pinned_def(&map, &name, &pin, pinned_version)?;
@@ -409,5 +442,22 @@ impl Datapath {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             r => r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_lru_entries_round_as_the_kernel_does() {
+        // A multiple of the CPUs stays; anything else goes up to the next.
+        assert_eq!(per_cpu_lru_entries(131_072, 2), 131_072);
+        assert_eq!(per_cpu_lru_entries(131_072, 6), 131_076);
+        assert_eq!(per_cpu_lru_entries(16_384, 96), 16_416);
+        assert_eq!(per_cpu_lru_entries(4_096, 8_192), 8_192);
+        assert_eq!(per_cpu_lru_entries(100_001, 1), 100_001);
+        // Down where up would overflow (htab_map_alloc's rounddown).
+        assert_eq!(per_cpu_lru_entries(u32::MAX, 6), u32::MAX - u32::MAX % 6);
     }
 }
