@@ -24,6 +24,9 @@ pub const SVC_ID_SLOTS: u32 = rv_limits::RV_SVC_ID_SLOTS.0;
 pub const BACKEND_ID_SLOTS: u32 = rv_limits::RV_BACKEND_ID_SLOTS.0;
 pub const MAGLEV_DEFAULT_SIZE: u32 = rv_limits::RV_MAGLEV_DEFAULT_SIZE.0;
 pub const MAGLEV_PROBES: u32 = rv_limits::RV_MAGLEV_PROBES.0;
+/// Entries in each per-flow table (`connection_affinity_map{,6}`,
+/// `nat_reverse_map{,6}`) unless the loader is told otherwise.
+pub const FLOW_TABLE_DEFAULT_SIZE: u32 = rv_limits::RV_FLOW_TABLE_DEFAULT_SIZE.0;
 
 /// Network-order 32-bit word from an IPv4 address, as the kernel stores
 /// `__be32`: the in-memory bytes are the address octets.

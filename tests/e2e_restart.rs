@@ -26,9 +26,11 @@
 //! link whose interface was deleted and recreated is replaced.
 //!
 //! `incompatible_pins_refuse_to_start_and_touch_nothing`: another layout
-//! version in meta_map, and another -maglev-size, each make rivorad exit
-//! non-zero with a message naming the pinned and expected values and the
-//! migration, with the pins, the maps and the attached program unchanged.
+//! version in meta_map, another -maglev-size and another -flow-table-size
+//! each make rivorad exit non-zero with a message naming the pinned and
+//! expected values and the migration, with the pins, the maps and the
+//! attached program unchanged; an out-of-range -flow-table-size is refused
+//! as a bad flag.
 //!
 //! The variant build: `RIVORA_VARIANT_RIVORAD` names a prebuilt binary
 //! (`make test` builds it); without it the test builds one into
@@ -973,6 +975,40 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
         "the refusal names the map, both sizes and the migration:\n{err}"
     );
     assert_eq!(pin_snapshot(&lab), snap, "pins, program and ids untouched");
+    assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
+
+    // Another flow table size: the same refusal, naming the first flow
+    // table it meets. The pinned size is the kernel's figure.
+    let pinned = maps.connection_affinity_map.max_entries();
+    let err = start_expect_refusal(
+        &lab,
+        rivorad_args(&lab, &cfg, true, &["-flow-table-size", "65536"]),
+        "flows.log",
+    );
+    assert!(
+        err.contains(&format!(
+            "pinned map connection_affinity_map has max entries {pinned}"
+        )) && err.contains("expects 65536")
+            && err.contains(&format!("-flow-table-size {pinned}"))
+            && err.contains("rivorad -cleanup"),
+        "the refusal names the map, both sizes and the migration:\n{err}"
+    );
+    let bad = start_expect_refusal(
+        &lab,
+        rivorad_args(&lab, &cfg, true, &["-flow-table-size", "100"]),
+        "flows-bad.log",
+    );
+    assert!(
+        bad.contains("--flow-table-size") && bad.contains("4096") && bad.contains("16777216"),
+        "a size out of range is a bad flag:\n{bad}"
+    );
+    assert_eq!(pin_snapshot(&lab), snap, "pins, program and ids untouched");
+    let again = Maps::open(lab.pin_dir()).expect("maps");
+    assert_eq!(
+        again.connection_affinity_map.max_entries(),
+        pinned,
+        "flow tables keep their size"
+    );
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
 
     // And the original build still starts over them.

@@ -95,9 +95,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backend_health_map SEC(".maps");
 
+/*
+ * The per-flow tables: max_entries of these four is a load-time setting
+ * (the loader resizes them, all four alike).
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, RV_MAX_AFFINITY);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_flow_key);
 	__type(value, struct rv_affinity_value);
@@ -106,7 +110,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, RV_MAX_AFFINITY);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_flow6_key);
 	__type(value, struct rv_affinity_value);
@@ -115,7 +119,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, RV_MAX_NAT);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_nat_key);
 	__type(value, struct rv_nat_value);
@@ -124,7 +128,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, RV_MAX_NAT);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct rv_nat6_key);
 	__type(value, struct rv_nat6_value);

@@ -31,15 +31,15 @@ enum rv_limits {
 	RV_SVC_ID_SLOTS = RV_MAX_VIPS + 1,
 	RV_BACKEND_ID_SLOTS = RV_MAX_BACKENDS + 1,
 	RV_MAGLEV_DEFAULT_SIZE = 65537,
-	/* Flow tables: LRU with per-CPU lists, so each CPU keeps only its
-	 * share (max / possible CPUs). With 65,536 a 2-CPU node whose flows
-	 * all land on one CPU kept 32,768, and 64k live flows evicted each
-	 * other on every packet. Bigger costs every new flow more (its
-	 * insert evicts from a table that outgrows the caches: 262,144 made
-	 * a DSR new flow 2.5x dearer here); a size set per node at load
-	 * time is the real answer. */
-	RV_MAX_AFFINITY = 131072,
-	RV_MAX_NAT = 131072,
+	/* Flow tables (connection_affinity_map{,6}, nat_reverse_map{,6}):
+	 * the default of a load-time setting (rivorad -flow-table-size).
+	 * LRU with per-CPU lists, so each CPU keeps only its share (max /
+	 * possible CPUs). With 65,536 a 2-CPU node whose flows all land on
+	 * one CPU kept 32,768, and 64k live flows evicted each other on
+	 * every packet. Bigger costs every new flow more (its insert evicts
+	 * from a table that outgrows the caches: 262,144 made a DSR new flow
+	 * 2.5x dearer here), hence a default sized for a small node. */
+	RV_FLOW_TABLE_DEFAULT_SIZE = 131072,
 	RV_MAX_FRAGS = 16384,
 	RV_MAX_RL_BUCKETS = 65536,
 	RV_MAX_IFACES = 256,

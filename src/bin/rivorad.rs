@@ -12,7 +12,9 @@ use rivora::abi;
 use rivora::api::{serve_api, serve_metrics, ApiConfig, TcpApiConfig};
 use rivora::daemon::api::{DaemonApi, ProbeHistograms};
 use rivora::daemon::{self, Daemon, Options};
-use rivora::dataplane::{Maps, DEFAULT_PIN_DIR};
+use rivora::dataplane::{
+    check_flow_table_size, Maps, DEFAULT_PIN_DIR, FLOW_TABLE_MAX_SIZE, FLOW_TABLE_MIN_SIZE,
+};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
 
@@ -48,6 +50,28 @@ struct Args {
     /// Slots in the shared Maglev table (must match the pinned table).
     #[arg(long, default_value_t = abi::MAGLEV_DEFAULT_SIZE)]
     maglev_size: u32,
+    /// Entries in each per-flow table (connection_affinity_map{,6},
+    /// nat_reverse_map{,6}), 4096 to 16777216; each CPU keeps an equal
+    /// share. Must match the pinned tables: changing it means
+    /// `rivorad -cleanup` (resets every flow), then start.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = abi::FLOW_TABLE_DEFAULT_SIZE,
+        value_parser = parse_flow_table_size
+    )]
+    flow_table_size: u32,
+}
+
+/// `-flow-table-size`: a count within the bounds. Checked while parsing
+/// the flags, so a bad value stops rivorad before anything is touched.
+fn parse_flow_table_size(s: &str) -> Result<u32, String> {
+    let n: u64 = s.trim().parse().map_err(|_| {
+        format!(
+            "not a number of entries: it must be {FLOW_TABLE_MIN_SIZE} to {FLOW_TABLE_MAX_SIZE}"
+        )
+    })?;
+    check_flow_table_size(n).map_err(|e| e.to_string())
 }
 
 /// Go-style single-dash long flags (`-config rivora.yaml`, as the design
@@ -107,6 +131,7 @@ fn main() -> Result<()> {
         pin_dir: args.pin_dir.clone(),
         persist_datapath: args.persist_datapath,
         maglev_size: args.maglev_size,
+        flow_table_size: args.flow_table_size,
         state_dir: args.state_dir.clone(),
     };
     let probes = Arc::new(Mutex::new(ProbeHistograms::default()));
@@ -221,4 +246,72 @@ fn main() -> Result<()> {
     d.shutdown();
     info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let argv = ["rivorad", "-config", "rivora.yaml"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string());
+        Args::try_parse_from(normalise(argv))
+    }
+
+    #[test]
+    fn flow_table_size_defaults_to_the_abi_size() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.flow_table_size, abi::FLOW_TABLE_DEFAULT_SIZE);
+        assert_eq!(a.flow_table_size, 131_072);
+    }
+
+    #[test]
+    fn flow_table_size_accepts_single_and_double_dash() {
+        assert_eq!(
+            parse(&["-flow-table-size", "65536"])
+                .unwrap()
+                .flow_table_size,
+            65_536
+        );
+        assert_eq!(
+            parse(&["--flow-table-size=4096"]).unwrap().flow_table_size,
+            4_096
+        );
+        assert_eq!(
+            parse(&["-flow-table-size", "16777216"])
+                .unwrap()
+                .flow_table_size,
+            16_777_216
+        );
+    }
+
+    #[test]
+    fn flow_table_size_refuses_out_of_range_and_non_numbers() {
+        for (bad, what) in [
+            ("4095", "4095"),
+            ("0", "0"),
+            ("16777217", "16777217"),
+            // Too big for a u32: still the range error, not a parse error.
+            ("99999999999", "99999999999"),
+            ("128k", "not a number"),
+            ("-5", "not a number"),
+            ("", "not a number"),
+        ] {
+            let e = match parse(&[&format!("--flow-table-size={bad}")]) {
+                Ok(a) => panic!("{bad:?} accepted as {}", a.flow_table_size),
+                Err(e) => e,
+            };
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("--flow-table-size")
+                    && msg.contains(what)
+                    && msg.contains("4096")
+                    && msg.contains("16777216"),
+                "{bad:?}: {msg}"
+            );
+        }
+    }
 }

@@ -52,6 +52,8 @@ pub struct Options {
     /// Pin the XDP and TCX links so the datapath outlives rivorad.
     pub persist_datapath: bool,
     pub maglev_size: u32,
+    /// Entries in each per-flow table (must match the pinned tables).
+    pub flow_table_size: u32,
     /// Where the daemon keeps what the maps cannot say (operator drains).
     pub state_dir: PathBuf,
 }
@@ -153,6 +155,7 @@ impl Daemon {
         let load_opts = LoadOptions {
             pin_dir: opts.pin_dir.clone(),
             maglev_size: opts.maglev_size,
+            flow_table_size: opts.flow_table_size,
         };
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
         // A restart spends most of its time in the verifier (xdp_ingress),
@@ -245,15 +248,27 @@ impl Daemon {
             drain_store,
             probe_down: BTreeMap::new(),
         };
+        let flow_table_size = d.dp.flow_table_size();
         info!(
             adopted,
             drains = d.drains.len(),
             file = %d.opts.config.display(),
+            flow_table_size,
             config_ms,
             load_ms,
             adopt_ms,
             "adopted pinned maps"
         );
+        // Each CPU keeps only its share of every flow table: a node that
+        // declares many possible CPUs (hot-pluggable ones count) can leave
+        // each a share too thin for the flows one CPU handles.
+        let per_cpu = d.dp.flow_table_per_cpu()?;
+        if per_cpu < 1024 {
+            warn!(
+                flow_table_size,
+                per_cpu, "each CPU keeps only {per_cpu} flows: consider a larger -flow-table-size"
+            );
+        }
         let t1 = std::time::Instant::now();
         let report = d.apply(&cfg)?;
         d.generation = 1;

@@ -19,11 +19,36 @@ use crate::dataplane::DataplaneError;
 /// Where rivorad pins everything by default.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/rivora-lb";
 
+/// The per-flow tables, all four sized by [`LoadOptions::flow_table_size`].
+pub const FLOW_TABLES: [&str; 4] = [
+    "connection_affinity_map",
+    "connection_affinity_map6",
+    "nat_reverse_map",
+    "nat_reverse_map6",
+];
+
+/// The smallest flow table size accepted. A fixed floor rather than one per
+/// possible CPU: the lists are per CPU (BPF_F_NO_COMMON_LRU), but a floor of
+/// CPUs x 1,024 would make one value valid on one node and not on the next,
+/// and on a VM that declares many hot-pluggable CPUs (possible 0-255, 4
+/// online) it would exceed the default. This one catches a size typed in
+/// thousands (`131` for 131,072) and still leaves a 2-CPU test node 2,048
+/// flows per CPU; the daemon warns when a node's per-CPU share is thin.
+pub const FLOW_TABLE_MIN_SIZE: u32 = 4096;
+/// The largest: the tables are preallocated kernel memory, 96 to 128
+/// bytes per entry each and 432 for an entry in all four (bpftool's
+/// memlock on 6.18, README "Maps"), so 6.75 GiB at this size.
+pub const FLOW_TABLE_MAX_SIZE: u32 = 1 << 24;
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub pin_dir: PathBuf,
     /// Slots in the shared Maglev table (a prime; 65,537 by default).
     pub maglev_size: u32,
+    /// Entries in each per-flow table ([`FLOW_TABLES`]; 131,072 by
+    /// default), within [`FLOW_TABLE_MIN_SIZE`]..=[`FLOW_TABLE_MAX_SIZE`].
+    /// The kernel rounds it up to a multiple of the possible CPUs.
+    pub flow_table_size: u32,
 }
 
 impl Default for LoadOptions {
@@ -31,8 +56,45 @@ impl Default for LoadOptions {
         Self {
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             maglev_size: abi::MAGLEV_DEFAULT_SIZE,
+            flow_table_size: abi::FLOW_TABLE_DEFAULT_SIZE,
         }
     }
+}
+
+/// A flow table size, checked against the bounds (u64 so that a figure
+/// too large for a u32 gets this error too, not a parse error).
+pub fn check_flow_table_size(size: u64) -> Result<u32, DataplaneError> {
+    match u32::try_from(size) {
+        Ok(n) if (FLOW_TABLE_MIN_SIZE..=FLOW_TABLE_MAX_SIZE).contains(&n) => Ok(n),
+        _ => Err(DataplaneError::FlowTableSize {
+            size,
+            min: FLOW_TABLE_MIN_SIZE,
+            max: FLOW_TABLE_MAX_SIZE,
+        }),
+    }
+}
+
+/// The max_entries the kernel gives a hash map with per-CPU LRU lists
+/// (BPF_F_NO_COMMON_LRU): rounded up to a multiple of the possible CPUs
+/// (down if that overflows) so each CPU's list gets an equal share
+/// (htab_map_alloc). The pinned map reports the rounded figure, so the
+/// definition it is compared with must be rounded alike, or every restart
+/// on a node with, say, 6 possible CPUs is refused as a mismatch (by our
+/// check or libbpf's). Cilium rounds its distributed LRU maps the same way.
+pub fn per_cpu_lru_entries(max_entries: u32, possible_cpus: u32) -> u32 {
+    if possible_cpus <= 1 {
+        return max_entries;
+    }
+    max_entries
+        .checked_next_multiple_of(possible_cpus)
+        .unwrap_or(max_entries - max_entries % possible_cpus)
+}
+
+fn possible_cpus() -> Result<u32, DataplaneError> {
+    libbpf_rs::num_possible_cpus()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| DataplaneError::load("reading the number of possible CPUs"))
 }
 
 /// An owned skeleton: the generated skeleton borrows its object storage,
@@ -76,15 +138,28 @@ fn pin_maps<'a>(
     opts: &LoadOptions,
     pinned_version: Option<u32>,
 ) -> Result<(), DataplaneError> {
+    let cpus = possible_cpus()?;
     for mut map in maps {
         let name = map.name().to_string_lossy().into_owned();
         // .rodata and friends belong to one object and are not shared.
         if name.contains('.') {
             continue;
         }
+        let resize = |map: &mut libbpf_rs::OpenMapMut<'_>, n: u32| {
+            map.set_max_entries(n)
+                .map_err(|e| DataplaneError::load(format!("resizing {name}: {e}")))
+        };
         if name == "maglev_table" {
-            map.set_max_entries(opts.maglev_size)
-                .map_err(|e| DataplaneError::load(format!("resizing maglev_table: {e}")))?;
+            resize(&mut map, opts.maglev_size)?;
+        }
+        if FLOW_TABLES.contains(&name.as_str()) {
+            resize(&mut map, opts.flow_table_size)?;
+        }
+        if map.map_flags() & libbpf_sys::BPF_F_NO_COMMON_LRU != 0 {
+            let n = per_cpu_lru_entries(map.max_entries(), cpus);
+            if n != map.max_entries() {
+                resize(&mut map, n)?;
+            }
         }
         let pin = opts.pin_dir.join(&name);
         check_pinned_def(&map, &name, &pin, pinned_version)?;
@@ -190,6 +265,11 @@ fn check_pinned_def(
                     " (the pinned Maglev table has {pinned} slots: start with -maglev-size {pinned}, \
                      or migrate to {binary})"
                 )
+            } else if FLOW_TABLES.contains(&name) && field == "max entries" {
+                format!(
+                    " (the pinned flow tables have {pinned} entries: start with \
+                     -flow-table-size {pinned}, or migrate to {binary})"
+                )
             } else {
                 String::new()
             };
@@ -278,6 +358,7 @@ impl Datapath {
     /// pinned maps can be read with this binary's layout while the
     /// verifier runs. Parses the objects only (a few ms).
     pub fn preflight(opts: &LoadOptions) -> Result<(), DataplaneError> {
+        check_flow_table_size(u64::from(opts.flow_table_size))?;
         let pinned_version = pinned_abi_version(&opts.pin_dir)?;
         if let Some(v) = pinned_version {
             if v != abi::ABI_VERSION {
@@ -302,6 +383,7 @@ impl Datapath {
     }
 
     pub fn load(opts: &LoadOptions) -> Result<Self, DataplaneError> {
+        check_flow_table_size(u64::from(opts.flow_table_size))?;
         if opts.pin_dir.starts_with("/sys/fs/bpf") {
             ensure_bpffs()?;
         }
@@ -402,12 +484,57 @@ impl Datapath {
         &self.pin_dir
     }
 
+    /// Entries in each per-flow table as loaded (the kernel's figure:
+    /// the requested size rounded up to a multiple of the possible CPUs).
+    pub fn flow_table_size(&self) -> u32 {
+        self.xdp().maps.connection_affinity_map.max_entries()
+    }
+
+    /// The flow entries each CPU keeps (the lists are per CPU).
+    pub fn flow_table_per_cpu(&self) -> Result<u32, DataplaneError> {
+        Ok(self.flow_table_size() / possible_cpus()?)
+    }
+
     /// Remove every pin under the directory (the maps then live only as
     /// long as something holds them).
     pub fn unpin_all(pin_dir: &Path) -> std::io::Result<()> {
         match fs::remove_dir_all(pin_dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             r => r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_lru_entries_round_as_the_kernel_does() {
+        // A multiple of the CPUs stays; anything else goes up to the next.
+        assert_eq!(per_cpu_lru_entries(131_072, 2), 131_072);
+        assert_eq!(per_cpu_lru_entries(131_072, 6), 131_076);
+        assert_eq!(per_cpu_lru_entries(16_384, 96), 16_416);
+        assert_eq!(per_cpu_lru_entries(4_096, 8_192), 8_192);
+        assert_eq!(per_cpu_lru_entries(100_001, 1), 100_001);
+        // Down where up would overflow (htab_map_alloc's rounddown).
+        assert_eq!(per_cpu_lru_entries(u32::MAX, 6), u32::MAX - u32::MAX % 6);
+    }
+
+    #[test]
+    fn flow_table_size_bounds() {
+        assert_eq!(
+            check_flow_table_size(u64::from(abi::FLOW_TABLE_DEFAULT_SIZE)).unwrap(),
+            131_072
+        );
+        assert_eq!(check_flow_table_size(4_096).unwrap(), 4_096);
+        assert_eq!(check_flow_table_size(16_777_216).unwrap(), 16_777_216);
+        for bad in [0, 4_095, 16_777_217, u64::from(u32::MAX) + 1] {
+            let e = check_flow_table_size(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&bad.to_string()) && e.contains("4096") && e.contains("16777216"),
+                "{e}"
+            );
         }
     }
 }

@@ -14,7 +14,10 @@ pub mod writer;
 mod tests;
 
 pub use attach::{AttachPoint, AttachedLink, XdpMode};
-pub use loader::{Datapath, LoadOptions, DEFAULT_PIN_DIR};
+pub use loader::{
+    check_flow_table_size, Datapath, LoadOptions, DEFAULT_PIN_DIR, FLOW_TABLES,
+    FLOW_TABLE_MAX_SIZE, FLOW_TABLE_MIN_SIZE,
+};
 pub use maps::Maps;
 pub use store::{MapStore, MemStore};
 pub use writer::{Probe, ReconcileReport, Upsert, VipInfo, Writer};
@@ -29,6 +32,10 @@ pub enum DataplaneError {
     Load(String),
     #[error("the pinned maps have layout version {pinned}, this binary expects version {binary}: it cannot reuse them and changed nothing. Migrate with `rivorad -cleanup` (detaches and removes the pinned maps: every established flow is reset), then start this binary (README \"Restarting and upgrading\")")]
     AbiMismatch { pinned: u32, binary: u32 },
+    #[error(
+        "flow table size {size} is out of range: each per-flow table holds {min} to {max} entries"
+    )]
+    FlowTableSize { size: u64, min: u32, max: u32 },
     #[error("pinned map {map} has {field} {pinned}, this binary expects {binary}{hint}: it cannot reuse the pinned maps and changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (README \"Restarting and upgrading\")")]
     PinnedMapMismatch {
         map: String,

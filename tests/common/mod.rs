@@ -55,10 +55,19 @@ impl TestDp {
     }
 
     pub fn with_maglev_size(maglev_size: u32) -> Self {
+        Self::with_options(LoadOptions {
+            maglev_size,
+            ..Default::default()
+        })
+    }
+
+    /// Loaded with `opts`, into a pin directory of its own (whatever
+    /// `opts.pin_dir` says).
+    pub fn with_options(opts: LoadOptions) -> Self {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/{}", unique("rivora-test-")));
         let opts = LoadOptions {
             pin_dir: pin_dir.clone(),
-            maglev_size,
+            ..opts
         };
         let dp = match Datapath::load(&opts) {
             Ok(dp) => dp,

@@ -34,7 +34,9 @@ pub fn run(args: &[String]) -> Result<()> {
             }
             for v in vips {
                 let vip: IpAddr = v.parse().with_context(|| format!("VIP {v:?}"))?;
-                decap.add_vip(vip).with_context(|| format!("adding VIP {vip}"))?;
+                decap
+                    .add_vip(vip)
+                    .with_context(|| format!("adding VIP {vip}"))?;
             }
             decap.attach(idx)
         }
