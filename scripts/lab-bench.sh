@@ -441,7 +441,9 @@ node_mode() {
 		sysfs_ns "$NS_N" "echo 1 > /sys/class/net/$NODEIF/threaded"
 		pin_napi
 	else
-		sysfs_ns "$NS_N" "echo 0 > /sys/class/net/$NODEIF/threaded"
+		# Without XDP or GRO a veth has no NAPI to thread, and the write
+		# fails (EIO): nothing to undo then.
+		sysfs_ns "$NS_N" "{ echo 0 > /sys/class/net/$NODEIF/threaded; } 2>/dev/null" || true
 		in_ns "$NS_N" ethtool -K "$NODEIF" gro off >/dev/null
 	fi
 }
@@ -506,28 +508,30 @@ measure_cps() {
 	awk '/Requests\/sec/ {print "cps=" $2}' <<<"$out"
 }
 
-# Move the backends' nginx (masters and workers) to a set of cores.
-pin_nginx() {
+# Move the backends' nginx (masters and workers) and what the path runs
+# (haproxy, rivorad) to a set of cores.
+pin_servers() {
 	local p c
-	for p in "${NGINX_PIDS[@]}"; do
+	for p in "${NGINX_PIDS[@]}" "${PATH_PIDS[@]}"; do
 		for c in "$p" $(pgrep -P "$p"); do taskset -apc "$1" "$c" >/dev/null 2>&1 || true; done
 	done
 }
 
 # One connection, one request at a time: the round trip through the path.
-# Client, backends and (so) every softirq on the way run on one core: with
-# the request crossing cores, each hop waits for an idle vCPU to wake, and
-# p50 jumped between ~15 and ~75 us from run to run on every path alike.
+# Client, backends, haproxy and (so) every softirq on the way run on one
+# core: with the request crossing cores, each hop waits for an idle vCPU to
+# wake, and p50 jumped between ~15 and ~75 us from run to run on every path
+# alike.
 measure_rr() {
 	flush_ct
 	local out
-	pin_nginx "$RX_CPU"
+	pin_servers "$RX_CPU"
 	out=$(in_ns "$NS_C" taskset -c "$RX_CPU" wrk -t1 -c1 -d"${DURATION}s" --latency "http://$TARGET:$HTTP_PORT/" 2>&1) || {
-		pin_nginx "0-$(($(nproc) - 1))"
+		pin_servers "0-$(($(nproc) - 1))"
 		echo "rr_p50_us=nan rr_p99_us=nan"
 		return
 	}
-	pin_nginx "0-$(($(nproc) - 1))"
+	pin_servers "0-$(($(nproc) - 1))"
 	python3 - "$out" <<'PY'
 import re, sys
 out = sys.argv[1]
