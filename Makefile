@@ -3,7 +3,7 @@
 CARGO ?= cargo
 BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/abi.h
 # Test peers and tools used by the test suites, beyond the build's needs.
-TEST_PKGS := iputils-ping
+TEST_PKGS := iputils-ping python3
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 # What make bench-lab runs in its namespaces: generators, servers, the paths
