@@ -40,7 +40,7 @@
 # WRK_CONNS (default 32), RESULTS (default target/bench/results.json; empty:
 # write nothing), OUT (directory for the chart and the raw runs, default
 # target/bench), PROFILE (non-empty: perf record core 1 during each packet-rate
-# measure and every core during each TCP measure, reports in
+# measure and every core during each TCP and connections/s measure, reports in
 # OUT/perf-<path>-<measure>.txt). Everything is torn down on exit, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -502,6 +502,7 @@ measure_tcp() { # streams key
 measure_cps() {
 	flush_ct
 	local out
+	profile_all cps
 	out=$(in_ns "$NS_C" wrk -t2 -c"$WRK_CONNS" -d"${DURATION}s" -H 'Connection: close' "http://$TARGET:$HTTP_PORT/" 2>&1) || { echo "cps=nan"; return; }
 	# Connect errors and timeouts are not connections made: report them.
 	if grep -q 'Socket errors' <<<"$out"; then log "  wrk: $(grep 'Socket errors' <<<"$out")"; fi
