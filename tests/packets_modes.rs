@@ -36,7 +36,7 @@ fn backend(id: u32, addr: &str, port: u16) -> Be {
 }
 
 /// NAT services: (svc, VIP, port, proto, backend address, backend port).
-const NAT_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
+const NAT_SERVICES: &NatServices = &[
     (1, VIP4, 80, PROTO_TCP, "10.1.0.1", 8080),
     (2, VIP4, 53, PROTO_UDP, "10.1.0.2", 5353),
     (3, VIP4, 81, PROTO_TCP, "10.1.0.3", 0),
@@ -47,8 +47,12 @@ const NAT_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
     (8, VIP6, 54, PROTO_UDP, "fd00:1::8", 0),
 ];
 
-fn nat_setup(t: &TestDp) -> Vec<Be> {
-    NAT_SERVICES
+/// NAT services as (svc, VIP, port, proto, backend address, backend port).
+type NatServices = [(u32, &'static str, u16, u8, &'static str, u16)];
+
+/// Install each service of `services` with its one backend.
+fn nat_services_setup(t: &TestDp, services: &NatServices) -> Vec<(u32, Be)> {
+    services
         .iter()
         .map(|&(svc, vip, port, proto, addr, bport)| {
             let be = backend(svc, addr, bport);
@@ -59,22 +63,31 @@ fn nat_setup(t: &TestDp) -> Vec<Be> {
                 Some((ip(vip), port, proto)),
                 be,
             );
-            be
+            (svc, be)
         })
         .collect()
 }
 
-fn request(svc: u32, sport: u16) -> Frame {
-    let &(_, vip, port, proto, _, _) = NAT_SERVICES
-        .iter()
-        .find(|s| s.0 == svc)
-        .expect("a NAT service");
+fn nat_setup(t: &TestDp) -> Vec<Be> {
+    nat_services_setup(t, NAT_SERVICES)
+        .into_iter()
+        .map(|(_, be)| be)
+        .collect()
+}
+
+/// A request from the client to service `svc` of `services`.
+fn nat_request(services: &NatServices, svc: u32, sport: u16) -> Frame {
+    let &(_, vip, port, proto, _, _) = services.iter().find(|s| s.0 == svc).expect("a NAT service");
     match (vip == VIP4, proto) {
         (true, PROTO_TCP) => Frame::tcp4(CLIENT4, sport, vip, port),
         (true, _) => Frame::udp4(CLIENT4, sport, vip, port),
         (false, PROTO_TCP) => Frame::tcp6(CLIENT6, sport, vip, port),
         (false, _) => Frame::udp6(CLIENT6, sport, vip, port),
     }
+}
+
+fn request(svc: u32, sport: u16) -> Frame {
+    nat_request(NAT_SERVICES, svc, sport)
 }
 
 /// NAT in both directions: each request rewritten to its backend (port
@@ -762,7 +775,7 @@ fn nat_netns() -> (Netns, u32, u32, u32) {
 
 /// NAT services by where nat_netns routes their backend: (svc, VIP, port,
 /// proto, backend address, backend port).
-const NAT_FIB_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
+const NAT_FIB_SERVICES: &NatServices = &[
     // Resolved, out of veth0.
     (31, VIP4, 80, PROTO_TCP, "10.1.0.31", 8080),
     (32, VIP4, 53, PROTO_UDP, "10.1.0.32", 5353),
@@ -786,33 +799,11 @@ const NAT_FIB_SERVICES: &[(u32, &str, u16, u8, &str, u16)] = &[
 ];
 
 fn nat_fib_setup(t: &TestDp) -> Vec<(u32, Be)> {
-    NAT_FIB_SERVICES
-        .iter()
-        .map(|&(svc, vip, port, proto, addr, bport)| {
-            let be = backend(svc, addr, bport);
-            add_service(
-                t,
-                svc,
-                rv_mode::RV_MODE_NAT,
-                Some((ip(vip), port, proto)),
-                be,
-            );
-            (svc, be)
-        })
-        .collect()
+    nat_services_setup(t, NAT_FIB_SERVICES)
 }
 
 fn nat_fib_request(svc: u32, sport: u16) -> Frame {
-    let &(_, vip, port, proto, _, _) = NAT_FIB_SERVICES
-        .iter()
-        .find(|s| s.0 == svc)
-        .expect("a NAT service");
-    match (vip == VIP4, proto) {
-        (true, PROTO_TCP) => Frame::tcp4(CLIENT4, sport, vip, port),
-        (true, _) => Frame::udp4(CLIENT4, sport, vip, port),
-        (false, PROTO_TCP) => Frame::tcp6(CLIENT6, sport, vip, port),
-        (false, _) => Frame::udp6(CLIENT6, sport, vip, port),
-    }
+    nat_request(NAT_FIB_SERVICES, svc, sport)
 }
 
 /// The frame a request arriving with TTL (hop limit) 64 must leave as when
