@@ -21,6 +21,7 @@ in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
 cleanup() {
 	set +e
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	pkill -f -- "-pin-dir $PINS " 2>/dev/null
 	pkill -f "http.server 8080 --bind 10.200.2.1[123] --directory $WORK" 2>/dev/null
 	wait 2>/dev/null
 	for ns in "$NS_C" "$NS_N" "${NS_B[@]}"; do ip netns del "$ns" 2>/dev/null; done
@@ -77,7 +78,10 @@ vips:
 YAML
 say "rivorad -config rivora.yaml (NAT VIP $VIP:80 -> three backends :8080)"
 sed 's/^/    /' "$WORK/rivora.yaml"
-in_ns "$NS_N" "$BIN/rivorad" -config "$WORK/rivora.yaml" -pin-dir "$PINS" -state-dir "$WORK/state" >"$WORK/rivorad.log" 2>&1 &
+# Started by nsenter itself, not through the in_ns function: a backgrounded
+# function is a subshell, and killing it left rivorad running.
+nsenter --net="/run/netns/$NS_N" "$BIN/rivorad" -config "$WORK/rivora.yaml" -pin-dir "$PINS" -state-dir "$WORK/state" \
+	>"$WORK/rivorad.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do grep -q '"ready"\|ready$' "$WORK/rivorad.log" 2>/dev/null && break; sleep 0.1; done
 grep -q 'ready' "$WORK/rivorad.log" || { cat "$WORK/rivorad.log"; echo "rivorad did not start" >&2; exit 1; }
