@@ -1363,6 +1363,14 @@ fn reload_applies_changed_backends() {
     assert_spread(&topo, "after SIGHUP: b2 b3", vip, Proto::Tcp, &[1, 2]);
     let st = rd.status();
     assert_eq!(st["last_reload"]["ok"], true, "{st}");
+    // The datapath's load-time capacities, as loaded (defaults here).
+    assert_eq!(st["maglev_size"], 65_537, "{st}");
+    assert_eq!(st["flow_table_size"], 131_072, "{st}");
+    let per_cpu = st["flow_table_per_cpu"].as_u64().unwrap_or(0);
+    assert!(
+        per_cpu > 0 && per_cpu <= 131_072 && 131_072 % per_cpu == 0,
+        "each CPU keeps an equal share: {st}"
+    );
 
     // b2 out, b1 back, by editing the file (no signal).
     conf.backends = vec![0, 2];

@@ -144,6 +144,11 @@ fn tables_by_default() {
         "{out}"
     );
     assert!(out.contains("veth-long-name"), "{out}");
+    assert!(out.contains("maglev table       65537 slots\n"), "{out}");
+    assert!(
+        out.contains("flow tables        131072 entries each (65536 per CPU)\n"),
+        "{out}"
+    );
 
     let o = s.ctl(&["backend", "list"]);
     assert_exit(&o, 0);

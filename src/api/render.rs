@@ -123,6 +123,12 @@ pub fn status(s: &Status) -> String {
     let _ = writeln!(out, "last reload        {}", reload_line(&s.last_reload));
     let _ = writeln!(out, "VIPs               {}", s.vip_count);
     let _ = writeln!(out, "backends           {}", s.backend_count);
+    let _ = writeln!(out, "maglev table       {} slots", s.maglev_size);
+    let _ = writeln!(
+        out,
+        "flow tables        {} entries each ({} per CPU)",
+        s.flow_table_size, s.flow_table_per_cpu
+    );
     out.push('\n');
     let mut t = Table::new(&["INTERFACE", "IFINDEX>", "XDP", "TC NAT"]);
     for i in &s.interfaces {

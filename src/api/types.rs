@@ -25,6 +25,15 @@ pub struct Status {
     pub interfaces: Vec<InterfaceStatus>,
     pub vip_count: u64,
     pub backend_count: u64,
+    /// Load-time capacities of the datapath (rivorad flags; changing one
+    /// means `rivorad -cleanup`): Maglev slots, entries in each per-flow
+    /// table, and the share of them each CPU keeps.
+    #[serde(default)]
+    pub maglev_size: u32,
+    #[serde(default)]
+    pub flow_table_size: u32,
+    #[serde(default)]
+    pub flow_table_per_cpu: u32,
 }
 
 /// The outcome of the last configuration load (`POST /v1/reload` answers

@@ -304,6 +304,11 @@ impl ApiState for DaemonApi {
                 .collect(),
             vip_count: d.writer.vips().len() as u64,
             backend_count: backends.len() as u64,
+            maglev_size: d.dp.maglev_size(),
+            flow_table_size: d.dp.flow_table_size(),
+            // Shown, not relied on: a failed read of the possible CPUs
+            // is not worth failing the status call for.
+            flow_table_per_cpu: d.dp.flow_table_per_cpu().unwrap_or(0),
         })
     }
 

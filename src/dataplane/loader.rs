@@ -490,6 +490,11 @@ impl Datapath {
         self.xdp().maps.connection_affinity_map.max_entries()
     }
 
+    /// Slots in the shared Maglev table as loaded.
+    pub fn maglev_size(&self) -> u32 {
+        self.xdp().maps.maglev_table.max_entries()
+    }
+
     /// The flow entries each CPU keeps (the lists are per CPU).
     pub fn flow_table_per_cpu(&self) -> Result<u32, DataplaneError> {
         Ok(self.flow_table_size() / possible_cpus()?)

@@ -211,6 +211,9 @@ impl ApiState for Fake {
             ],
             vip_count: 2,
             backend_count: 3,
+            maglev_size: 65_537,
+            flow_table_size: 131_072,
+            flow_table_per_cpu: 65_536,
         })
     }
 
