@@ -495,14 +495,14 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
     // Without a context the ingress device is lo. While veth0 is not an
     // interface rivorad is attached to (not in iface_mac_map) a redirect
     // there could be lost, so the kernel gets the encapsulated packet.
-    for svc in [21, 25] {
-        sport += 1;
+    // The kernel's to finish: encapsulated, MACs as they came.
+    let to_kernel = |svc: u32, sport: u16, why: &str| {
         let f = l3dsr_request(svc, sport);
         let want = encapsulated(&f, backend_of(svc), (f.src_mac, f.dst_mac));
         let out = run_case(
             &t,
             &Case {
-                desc: format!("L3 DSR svc {svc}, egress not attached"),
+                desc: format!("L3 DSR svc {svc}, {why}"),
                 input: f.build(),
                 want,
                 verdict: XDP_PASS,
@@ -510,6 +510,10 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
             },
         );
         assert_checksums(&out);
+    };
+    for svc in [21, 25] {
+        sport += 1;
+        to_kernel(svc, sport, "egress not attached");
     }
     // Once it is, the frame is redirected there; arriving on veth0
     // itself, it is sent back out with XDP_TX.
@@ -547,19 +551,7 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
     // packet (MACs as they came) and resolves it.
     for svc in [23, 27] {
         sport += 1;
-        let f = l3dsr_request(svc, sport);
-        let want = encapsulated(&f, backend_of(svc), (f.src_mac, f.dst_mac));
-        let out = run_case(
-            &t,
-            &Case {
-                desc: format!("L3 DSR svc {svc}, no neighbour"),
-                input: f.build(),
-                want,
-                verdict: XDP_PASS,
-                drop: None,
-            },
-        );
-        assert_checksums(&out);
+        to_kernel(svc, sport, "no neighbour");
     }
 
     // An unreachable route: dropped, counted, not encapsulated.
