@@ -17,14 +17,19 @@ VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 all: build
 
 build: deps
-	$(CARGO) build --release --bins
+	$(CARGO) build --workspace --release --bins
 
 deps:
 	@scripts/deps.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@# What does not program the dataplane must not link libbpf (rivoractl
+	@# builds on a machine without clang or libelf).
+	@for p in rivora-model rivora-api rivoractl; do \
+		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
+			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)
 
 fmt:
@@ -37,10 +42,12 @@ test: deps
 	@scripts/bpffs.sh
 	$(MAKE) lint
 	$(MAKE) variant
-	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --all-targets --no-fail-fast
+	@# The e2e tests run rivoractl, another package's binary: built first.
+	$(CARGO) build --workspace --bins
+	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --workspace --all-targets --no-fail-fast
 
 test-unit: deps
-	$(CARGO) test --lib --bins
+	$(CARGO) test --workspace --lib --bins
 
 test-packets: deps
 	@scripts/bpffs.sh
@@ -50,6 +57,7 @@ test-e2e: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
 	$(MAKE) variant
+	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --test 'e2e_*'
 
 # A rivorad whose XDP program differs from the default build's in its

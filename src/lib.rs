@@ -2,13 +2,13 @@
 //! Maglev, NAT / DSR / L3 DSR.
 
 pub mod abi;
-pub mod api;
 pub mod bpf;
-pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
-pub mod maglev;
 pub mod metrics;
-pub mod model;
+
+// The libbpf-free crates, under the paths they always had.
+pub use rivora_api as api;
+pub use rivora_model::{config, maglev, model};

@@ -38,6 +38,7 @@
 //!
 //! Needs root (namespaces, BPF). Every wait is bounded.
 
+mod bins;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,7 +79,7 @@ fn rivorad_bin() -> PathBuf {
 }
 
 fn rivoractl_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rivoractl"))
+    bins::rivoractl()
 }
 
 /// The variant build of rivorad: prebuilt (RIVORA_VARIANT_RIVORAD) or

@@ -31,6 +31,7 @@
 //! work directory removed; its log printed if the test panics), every wait
 //! has a deadline, and every client step a timeout. Needs root.
 
+mod bins;
 mod common;
 
 use std::collections::BTreeMap;
@@ -274,7 +275,7 @@ impl Rivorad {
 
     /// rivoractl against this rivorad's socket.
     fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+        Command::new(bins::rivoractl())
             .arg("--socket")
             .arg(&self.socket)
             .args(args)

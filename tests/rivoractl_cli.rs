@@ -1,6 +1,7 @@
 //! The real `rivoractl` binary against the API server with a fake state.
 
 mod api_support;
+mod bins;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -75,7 +76,7 @@ impl Drop for Server {
 }
 
 fn run(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+    Command::new(bins::rivoractl())
         .arg("--socket")
         .arg(socket)
         .args(args)
@@ -300,7 +301,7 @@ fn tcp_with_token_file() {
     std::fs::write(&bad, "tok-124").unwrap();
     let addr = s.tcp_addr();
     let ctl = |token: &Path| {
-        Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+        Command::new(bins::rivoractl())
             .args(["--address", &addr, "--token-file"])
             .arg(token)
             .args(["-o", "json", "status"])
@@ -324,7 +325,7 @@ fn tcp_with_token_file() {
 #[test]
 fn stats_watch_repeats_with_rates() {
     let s = Server::start(None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rivoractl"))
+    let mut child = Command::new(bins::rivoractl())
         .arg("--socket")
         .arg(&s.socket)
         .args(["stats", "--watch", "--interval", "0.2"])

@@ -11,16 +11,7 @@ use std::path::Path;
 
 use crate::dataplane::DataplaneError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum XdpMode {
-    /// Driver mode; fail if the driver cannot.
-    Native,
-    /// Generic (skb) mode: slower, works everywhere.
-    Generic,
-    /// Native, falling back to generic with a warning.
-    Auto,
-}
+pub use crate::model::XdpMode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttachPoint {

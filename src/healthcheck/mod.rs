@@ -36,7 +36,9 @@
 
 pub mod checker;
 pub mod probe;
-pub mod spec;
+// The spec is plain data (the YAML and Kubernetes policies name it), so it
+// lives in the libbpf-free model crate.
+pub use rivora_model::health as spec;
 pub mod state;
 
 pub use checker::{

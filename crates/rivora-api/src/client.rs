@@ -13,7 +13,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use super::types::{
+use crate::types::{
     ApiError, BackendInfo, DrainOutcome, DrainRequest, Drops, ReloadResult, Status, VipInfo,
 };
 

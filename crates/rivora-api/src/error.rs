@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use thiserror::Error;
 use warp::http::StatusCode;
 
-use super::types::ApiError;
+use crate::types::ApiError;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ApiRequestError {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::types::{
+use crate::types::{
     Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, ReloadResult, Status, VipInfo,
     VipMode, XdpMode,
 };
@@ -301,7 +301,7 @@ pub fn stats(vips: &[VipInfo], drops: &Drops, previous: Option<(&[VipInfo], Dura
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::types::{Ports, Proto, VipBackend};
+    use crate::types::{Ports, Proto, VipBackend};
 
     fn vip(name: &str, packets: u64, bytes: u64) -> VipInfo {
         VipInfo {

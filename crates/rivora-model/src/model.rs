@@ -639,6 +639,18 @@ pub enum ModelError {
     },
 }
 
+/// How the XDP program is attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// Driver mode; fail if the driver cannot.
+    Native,
+    /// Generic (skb) mode: slower, works everywhere.
+    Generic,
+    /// Native, falling back to generic with a warning.
+    Auto,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

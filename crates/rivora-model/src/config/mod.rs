@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::dataplane::XdpMode;
-use crate::healthcheck::{self, HealthCheckOverride, HealthCheckSpec};
+use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
+use crate::model::XdpMode;
 use crate::model::{
     Affinity, Backend, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports, Protocol,
     RateLimit, Vip, VipKey,

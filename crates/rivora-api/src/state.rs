@@ -2,8 +2,8 @@
 
 use std::future::Future;
 
-use super::error::ApiRequestError;
-use super::types::{
+use crate::error::ApiRequestError;
+use crate::types::{
     BackendInfo, DrainOutcome, DrainSpec, Drops, ReloadResult, Status, VipInfo, VipName,
 };
 

@@ -13,8 +13,8 @@ use anyhow::Context as _;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::de::DeserializeOwned;
 
-use rivora::api::client::{vip_path, Client};
-use rivora::api::{render, DrainRequest, Drops, VipInfo, DEFAULT_SOCKET_PATH};
+use rivora_api::client::{vip_path, Client};
+use rivora_api::{render, DrainRequest, Drops, VipInfo, DEFAULT_SOCKET_PATH};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -198,8 +198,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats { watch, interval } => stats(&cli, *watch, *interval),
         Command::Config(ConfigCommand::Validate { file }) => {
             // The same validator rivorad runs at start and on reload.
-            let cfg = rivora::config::load(file)?;
-            let summary = rivora::config::summary(&cfg);
+            let cfg = rivora_model::config::load(file)?;
+            let summary = rivora_model::config::summary(&cfg);
             match cli.output {
                 Output::Json => println!(
                     "{}",

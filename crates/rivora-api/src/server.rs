@@ -28,9 +28,9 @@ use warp::path::Tail;
 use warp::reply::Response;
 use warp::{Filter, Rejection, Reply};
 
-use super::error::ApiRequestError;
-use super::state::ApiState;
-use super::types::{DrainRequest, DrainSpec, ReloadRequest, VipName};
+use crate::error::ApiRequestError;
+use crate::state::ApiState;
+use crate::types::{DrainRequest, DrainSpec, ReloadRequest, VipName};
 
 pub const DEFAULT_SOCKET_PATH: &str = "/run/rivora/rivorad.sock";
 /// The largest request body accepted. A drain request is well under 1 KiB;

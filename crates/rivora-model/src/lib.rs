@@ -1,0 +1,10 @@
+//! Rivora's desired state, free of libbpf: what a VIP is and how it is
+//! validated ([`model`]), weighted Maglev ([`maglev`]), the static YAML
+//! file ([`config`]) and health-check specs ([`health`]). rivorad,
+//! rivoractl and the cluster controllers share it; only the dataplane
+//! crate turns it into map entries.
+
+pub mod config;
+pub mod health;
+pub mod maglev;
+pub mod model;
