@@ -8,7 +8,9 @@ pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
 pub mod metrics;
+pub mod reconciler;
+pub mod sources;
 
 // The libbpf-free crates, under the paths they always had.
 pub use rivora_api as api;
-pub use rivora_model::{config, maglev, model};
+pub use rivora_model::{config, desired, maglev, model};

@@ -462,6 +462,8 @@ pub struct MemStore {
     pub fail_at: Option<u64>,
     /// Mutating calls so far.
     pub ops: u64,
+    /// Every service id written, in order: what a change re-rendered.
+    pub service_writes: Vec<u32>,
 }
 
 impl MemStore {
@@ -472,6 +474,7 @@ impl MemStore {
             health: vec![Health::Healthy; abi::BACKEND_ID_SLOTS as usize],
             fail_at: None,
             ops: 0,
+            service_writes: Vec::new(),
         }
     }
 
@@ -562,6 +565,7 @@ impl MapStore for MemStore {
     fn put_service(&mut self, svc: u32, entry: &ServiceEntry) -> Result<(), DataplaneError> {
         self.step("service_config_map")?;
         Self::bounds("service_config_map", svc, abi::SVC_ID_SLOTS)?;
+        self.service_writes.push(svc);
         if *entry == ServiceEntry::default() {
             self.image.services.remove(&svc);
         } else {

@@ -454,6 +454,13 @@ impl<S: MapStore> Writer<S> {
         Ok(out)
     }
 
+    /// Close a batch of upserts and removals: free backends no VIP lists
+    /// any more, and reclaim what the batch retired (one grace period).
+    pub fn finish(&mut self) -> Result<(), DataplaneError> {
+        self.prune_orphan_backends();
+        self.reclaim()
+    }
+
     /// Mark an adopted VIP as still wanted without changing it.
     pub fn claim(&mut self, key: &VipKey) -> bool {
         match self.by_key.get(key).and_then(|s| self.vips.get_mut(s)) {

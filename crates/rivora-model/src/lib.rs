@@ -5,6 +5,7 @@
 //! crate turns it into map entries.
 
 pub mod config;
+pub mod desired;
 pub mod health;
 pub mod maglev;
 pub mod model;

@@ -233,6 +233,22 @@ impl Backend {
             mac: self.mac,
         }
     }
+
+    /// What health checks and drains address.
+    pub fn target(&self) -> BackendTarget {
+        BackendTarget {
+            addr: self.addr,
+            port: self.port,
+        }
+    }
+
+    /// The port it serves on: its own, or (port 0) the VIP's first.
+    pub fn service_port(&self, vip_ports: &Ports) -> u16 {
+        if self.port != 0 {
+            return self.port;
+        }
+        vip_ports.bounds().0
+    }
 }
 
 /// A backend's identity in the dataplane (what one backend id stands for).

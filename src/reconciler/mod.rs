@@ -1,0 +1,887 @@
+//! The one owner of the dataplane on a node.
+//!
+//! Sources (the static file; later Services and Gateways) send what they
+//! want as [`Command`]s; the reconciler keeps it in a
+//! [`DesiredStore`](crate::desired::DesiredStore), merges it (one owner
+//! per VIP key), and applies the difference through the map writer, on a
+//! thread of its own: map writes, the grace period and neighbour
+//! resolution never run on the async runtime, so the API, metrics and
+//! probes stay responsive while 4,096 VIPs are applied. It also owns the
+//! health checker's targets, operator drains and the node's facts, and
+//! publishes a [`status::DataplaneStatus`] after every change; readers
+//! never see its state directly.
+//!
+//! Pruning: VIPs adopted from the pinned maps stay, unclaimed, until
+//! every registered source has reported its first full pass; only then is
+//! whatever nothing claimed removed. A source that never syncs (an API
+//! server that cannot be reached) therefore removes nothing.
+
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::oneshot;
+use tracing::{debug, error, info, info_span, warn};
+
+use crate::daemon::net::{self, NetError};
+use crate::daemon::state::{DrainStore, Drains, StateError};
+use crate::dataplane::render::Health;
+use crate::dataplane::store::MapStore;
+use crate::dataplane::{DataplaneError, Maps, Probe, Upsert, Writer};
+use crate::desired::{Conflict, DesiredStore, DesiredVip, Owner, SourceKind};
+use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
+use crate::model::{BackendTarget, Mac, Mode, NodeSettings, RateLimit, Vip, VipKey};
+use status::{
+    BackendStatus, Capacities, DataplaneStatus, InterfaceInfo, ProbeStatus, Publisher,
+    SourceStatus, VipStatus,
+};
+
+/// A probe is one (VIP, backend) pair: a backend shared by VIPs on
+/// different ports is probed on each.
+pub type ProbeKey = (VipKey, BackendTarget);
+
+/// How long to wait before applying again what could not be applied.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// How long a DSR backend's MAC may take to resolve.
+const RESOLVE_WAIT: Duration = Duration::from_secs(1);
+
+/// The node's own settings, from the node part of the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeConf {
+    /// Attached interfaces, by name (their MACs are DSR's source MACs).
+    pub interfaces: Vec<String>,
+    pub syn_rate_limit: Option<RateLimit>,
+    pub tunnel_src4: Option<std::net::Ipv4Addr>,
+    pub tunnel_src6: Option<std::net::Ipv6Addr>,
+}
+
+/// What a source's update came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// VIPs of this update not in the maps as wanted, with the reason
+    /// (conflicts included); empty when everything was applied.
+    pub failed: Vec<(VipKey, String)>,
+}
+
+impl Applied {
+    pub fn ok(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// One line for a log or an API answer.
+    pub fn summary(&self) -> String {
+        let detail: Vec<String> = self
+            .failed
+            .iter()
+            .map(|(k, e)| format!("{k}: {e}"))
+            .collect();
+        format!(
+            "{} VIP(s) could not be applied: {}",
+            self.failed.len(),
+            detail.join("; ")
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("no VIP {vip}")]
+    UnknownVip { vip: VipKey },
+    #[error("no backend {target}")]
+    UnknownBackend { target: SocketAddr },
+    #[error("{target} is not a backend of {vip}")]
+    BackendNotInVip { target: SocketAddr, vip: VipKey },
+    #[error("saving the drain: {0}")]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error("{vip} could not be applied with the drain: {reason}")]
+    NotApplied { vip: VipKey, reason: String },
+}
+
+/// The VIPs a drain named, and whether it changed anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainDone {
+    pub vips: Vec<VipKey>,
+    pub changed: bool,
+}
+
+pub enum Command {
+    /// Everything `owner` wants now (an empty set: nothing any more).
+    /// `ack` answers once it has been applied.
+    SetDesired {
+        owner: Owner,
+        vips: Vec<DesiredVip>,
+        ack: Option<oneshot::Sender<Applied>>,
+    },
+    /// The source's objects are exactly these: any other it owned is gone.
+    Synced(SourceKind),
+    /// A source could not produce its desired state (invalid input):
+    /// counted and shown; nothing changes.
+    SourceFailed {
+        source: SourceKind,
+        error: String,
+    },
+    SetNode(NodeConf),
+    Health(HealthEvent<ProbeKey>),
+    Drain {
+        target: SocketAddr,
+        vip: Option<VipKey>,
+        drain: bool,
+        reply: oneshot::Sender<Result<DrainDone, DrainError>>,
+    },
+    Shutdown,
+}
+
+pub type Sender = mpsc::Sender<Command>;
+
+/// The host's facts the reconciler needs. The kernel's in rivorad; a
+/// fixed table in tests.
+pub trait NodeFacts: Send {
+    fn interface(&self, name: &str) -> Result<(u32, Mac), NetError>;
+    fn resolve_mac(&self, addr: IpAddr, wait: Duration) -> Result<Mac, NetError>;
+    /// Host settings L3 DSR relies on, for these interfaces.
+    fn prepare_l3dsr(&self, interfaces: &[String]);
+}
+
+/// The running kernel's interfaces and neighbour tables.
+pub struct KernelFacts;
+
+impl NodeFacts for KernelFacts {
+    fn interface(&self, name: &str) -> Result<(u32, Mac), NetError> {
+        net::interface(name)
+    }
+
+    fn resolve_mac(&self, addr: IpAddr, wait: Duration) -> Result<Mac, NetError> {
+        net::resolve_mac(addr, wait)
+    }
+
+    fn prepare_l3dsr(&self, interfaces: &[String]) {
+        // A tunnelled packet the FIB cannot send yet (no neighbour entry)
+        // goes to the kernel with our own address as source: accept_local
+        // keeps it from being dropped as martian.
+        for name in interfaces {
+            if let Err(e) = net::sysctl(&["net", "ipv4", "conf", name, "accept_local"], "1") {
+                warn!(interface = %name, error = %e, "cannot set accept_local for L3 DSR");
+            }
+        }
+    }
+}
+
+/// What the writer was last given for a VIP.
+#[derive(Debug, Clone)]
+struct Written {
+    owner: Owner,
+    /// As the source wanted it.
+    desired: DesiredVip,
+    /// With drains applied, before MACs were resolved: what decides
+    /// whether the VIP must be written again.
+    effective: Vip,
+    /// What the writer holds (MACs resolved).
+    vip: Vip,
+}
+
+pub struct Reconciler<S: MapStore = Maps, F: NodeFacts = KernelFacts> {
+    writer: Writer<S>,
+    facts: F,
+    store: DesiredStore,
+    node: NodeConf,
+    checker: HealthChecker<ProbeKey>,
+    drains: Drains,
+    drain_store: DrainStore,
+    /// Probes that currently say down, by backend.
+    probe_down: BTreeMap<BackendTarget, BTreeSet<VipKey>>,
+    written: BTreeMap<VipKey, Written>,
+    failed: BTreeMap<VipKey, String>,
+    conflicts: Vec<Conflict>,
+    sources: BTreeMap<SourceKind, SourceStatus>,
+    interfaces: Vec<status::InterfaceInfo>,
+    capacities: Capacities,
+    publisher: Publisher,
+    applies: u64,
+    /// Desired state or node settings changed since the last apply.
+    dirty: bool,
+    node_dirty: bool,
+    retry_at: Option<Instant>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Replies waiting for the next apply.
+enum Waiting {
+    Ack(Owner, oneshot::Sender<Applied>),
+    Drain {
+        vip: VipKey,
+        done: DrainDone,
+        reply: oneshot::Sender<Result<DrainDone, DrainError>>,
+    },
+}
+
+impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
+    /// A reconciler over a writer that has adopted the maps, with the
+    /// operator's drains (already reconciled with the maps by the caller).
+    pub fn new(
+        writer: Writer<S>,
+        facts: F,
+        checker: HealthChecker<ProbeKey>,
+        drains: Drains,
+        drain_store: DrainStore,
+        publisher: Publisher,
+    ) -> Self {
+        Self {
+            writer,
+            facts,
+            store: DesiredStore::new(),
+            node: NodeConf::default(),
+            checker,
+            drains,
+            drain_store,
+            probe_down: BTreeMap::new(),
+            written: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            conflicts: Vec::new(),
+            sources: BTreeMap::new(),
+            interfaces: Vec::new(),
+            capacities: Capacities::default(),
+            publisher,
+            applies: 0,
+            dirty: false,
+            node_dirty: true,
+            retry_at: None,
+        }
+    }
+
+    /// A source that will report: nothing unclaimed is pruned until it
+    /// has synced.
+    pub fn register(&mut self, source: SourceKind) {
+        self.store.register(source);
+        self.sources.entry(source).or_default();
+    }
+
+    pub fn set_attached(&mut self, interfaces: Vec<InterfaceInfo>, capacities: Capacities) {
+        self.interfaces = interfaces;
+        self.capacities = capacities;
+        self.publish();
+    }
+
+    pub fn writer(&self) -> &Writer<S> {
+        &self.writer
+    }
+
+    /// Handle one command now (replies that need an apply wait in
+    /// `waiting`). False on shutdown.
+    fn handle(&mut self, cmd: Command, waiting: &mut Vec<Waiting>) -> bool {
+        match cmd {
+            Command::SetDesired { owner, vips, ack } => {
+                let _s = info_span!("set", owner = %owner).entered();
+                self.sources.entry(owner.source).or_default();
+                self.store.set(owner.clone(), vips);
+                self.dirty = true;
+                if let Some(ack) = ack {
+                    waiting.push(Waiting::Ack(owner, ack));
+                }
+            }
+            Command::Synced(source) => {
+                self.store.mark_synced(source);
+                self.sources.entry(source).or_default().synced = true;
+                self.dirty = true;
+            }
+            Command::SourceFailed { source, error } => {
+                let s = self.sources.entry(source).or_default();
+                s.updates_failed += 1;
+                s.last_at = now_secs();
+                s.last_error = Some(error);
+            }
+            Command::SetNode(node) => {
+                if node != self.node {
+                    self.node = node;
+                    self.node_dirty = true;
+                    self.dirty = true;
+                }
+            }
+            Command::Health(ev) => {
+                let up = ev.state == HealthState::Healthy;
+                info!(vip = %ev.key.0, backend = %ev.key.1, up, "health changed");
+                if let Err(e) = self.set_probe(&ev.key, up) {
+                    error!(error = %e, "applying a health change");
+                }
+            }
+            Command::Drain {
+                target,
+                vip,
+                drain,
+                reply,
+            } => match self.drain(target, vip, drain) {
+                Ok((done, None)) => {
+                    let _ = reply.send(Ok(done));
+                }
+                Ok((done, Some(vip))) => waiting.push(Waiting::Drain { vip, done, reply }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    /// Serve commands until `Shutdown` (or every sender is gone). Runs on
+    /// a thread of its own: every map write happens here.
+    pub fn run(mut self, rx: mpsc::Receiver<Command>) {
+        let mut waiting = Vec::new();
+        loop {
+            let first = match self.retry_at {
+                Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                    Ok(c) => Some(c),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+                None => match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                },
+            };
+            let mut go_on = true;
+            if let Some(c) = first {
+                go_on = self.handle(c, &mut waiting);
+            }
+            // What queued meanwhile is applied together: a burst of
+            // updates costs one apply.
+            while go_on {
+                match rx.try_recv() {
+                    Ok(c) => go_on = self.handle(c, &mut waiting),
+                    Err(_) => break,
+                }
+            }
+            if self.retry_at.is_some_and(|at| at <= Instant::now()) {
+                self.dirty = true;
+            }
+            if self.dirty {
+                self.apply();
+            }
+            self.answer(&mut waiting);
+            self.publish();
+            if !go_on {
+                return;
+            }
+        }
+    }
+
+    /// Apply what is pending now (start-up applies before attaching).
+    pub fn apply_pending(&mut self) -> Applied {
+        self.apply();
+        self.publish();
+        Applied {
+            failed: self.failed.iter().map(|(k, e)| (*k, e.clone())).collect(),
+        }
+    }
+
+    /// Take a command outside `run` (start-up, tests); answers what it can
+    /// after an apply.
+    pub fn submit(&mut self, cmd: Command) {
+        let mut waiting = Vec::new();
+        self.handle(cmd, &mut waiting);
+        if self.dirty {
+            self.apply();
+        }
+        self.answer(&mut waiting);
+        self.publish();
+    }
+
+    fn answer(&mut self, waiting: &mut Vec<Waiting>) {
+        let merged_owner: BTreeMap<VipKey, Owner> = self
+            .written
+            .iter()
+            .map(|(k, w)| (*k, w.owner.clone()))
+            .collect();
+        for w in waiting.drain(..) {
+            match w {
+                Waiting::Ack(owner, ack) => {
+                    let mut failed: Vec<(VipKey, String)> = self
+                        .failed
+                        .iter()
+                        .filter(|(k, _)| merged_owner.get(k).is_none_or(|o| *o == owner))
+                        .filter(|(k, _)| self.wanted_by(&owner, k))
+                        .map(|(k, e)| (*k, e.clone()))
+                        .collect();
+                    failed.extend(
+                        self.conflicts
+                            .iter()
+                            .filter(|c| c.refused == owner)
+                            .map(|c| (c.vip, c.to_string())),
+                    );
+                    let s = self.sources.entry(owner.source).or_default();
+                    s.last_at = now_secs();
+                    if failed.is_empty() {
+                        s.updates_ok += 1;
+                        s.last_error = None;
+                    } else {
+                        s.updates_failed += 1;
+                        s.last_error = Some(
+                            Applied {
+                                failed: failed.clone(),
+                            }
+                            .summary(),
+                        );
+                    }
+                    let _ = ack.send(Applied { failed });
+                }
+                Waiting::Drain { vip, done, reply } => {
+                    let r = match self.failed.get(&vip) {
+                        Some(reason) => Err(DrainError::NotApplied {
+                            vip,
+                            reason: reason.clone(),
+                        }),
+                        None => Ok(done),
+                    };
+                    let _ = reply.send(r);
+                }
+            }
+        }
+    }
+
+    fn wanted_by(&self, owner: &Owner, key: &VipKey) -> bool {
+        self.store
+            .merged()
+            .vips
+            .get(key)
+            .is_some_and(|(o, _)| o == owner)
+    }
+
+    /// Node settings with this node's facts filled in.
+    fn node_settings(&self) -> Result<NodeSettings, NetError> {
+        let mut n = NodeSettings {
+            syn_rate_limit: self.node.syn_rate_limit,
+            tunnel_src4: self.node.tunnel_src4,
+            tunnel_src6: self.node.tunnel_src6,
+            interface_macs: BTreeMap::new(),
+        };
+        for name in &self.node.interfaces {
+            let (ifindex, mac) = self.facts.interface(name)?;
+            n.interface_macs.insert(ifindex, mac);
+        }
+        Ok(n)
+    }
+
+    /// The VIP as the writer should hold it, before MACs: operator drains
+    /// for one VIP are a weight of 0 (no new flows for that VIP;
+    /// established ones continue through the affinity table).
+    fn effective(&self, d: &DesiredVip) -> Vip {
+        let mut v = d.vip.clone();
+        let key = v.key();
+        for b in &mut v.backends {
+            if self.drains.contains(&(Some(key), b.target())) {
+                b.weight = 0;
+            }
+        }
+        v
+    }
+
+    /// Make the maps hold the merged desired state, touching only the
+    /// VIPs that changed.
+    fn apply(&mut self) {
+        self.dirty = false;
+        self.retry_at = None;
+        self.publisher.set_applying(true);
+        let t0 = Instant::now();
+        let merged = self.store.merged();
+        for c in &merged.conflicts {
+            if !self.conflicts.contains(c) {
+                error!(vip = %c.vip, owner = %c.owner, refused = %c.refused, "{c}");
+            }
+        }
+        self.conflicts = merged.conflicts.clone();
+        let mut failed: BTreeMap<VipKey, String> = BTreeMap::new();
+
+        if self.node_dirty {
+            match self
+                .node_settings()
+                .map_err(|e| e.to_string())
+                .and_then(|n| self.writer.set_node(&n).map_err(|e| e.to_string()))
+            {
+                Ok(()) => self.node_dirty = false,
+                Err(e) => {
+                    // Every VIP waits for the node (DSR needs its MACs).
+                    error!(error = %e, "node settings not applied");
+                    for k in merged.vips.keys() {
+                        failed.insert(*k, format!("node settings: {e}"));
+                    }
+                    self.finish_apply(failed, t0, 0, 0, 0);
+                    return;
+                }
+            }
+        }
+
+        // Removals first: they free ids and slots for what comes next.
+        let gone: Vec<VipKey> = self
+            .written
+            .keys()
+            .filter(|k| !merged.vips.contains_key(k))
+            .copied()
+            .collect();
+        let mut removed = 0;
+        for k in gone {
+            match self.writer.remove_vip(&k) {
+                Ok(_) => {
+                    self.written.remove(&k);
+                    removed += 1;
+                }
+                Err(e) => {
+                    failed.insert(k, format!("not removed: {e}"));
+                }
+            }
+        }
+
+        let (mut created, mut updated) = (0, 0);
+        let mut resolved: BTreeMap<IpAddr, Result<Mac, String>> = BTreeMap::new();
+        let mut l3dsr = false;
+        for (key, (owner, d)) in &merged.vips {
+            l3dsr |= d.vip.mode == Mode::L3Dsr;
+            let effective = self.effective(d);
+            if let Some(w) = self.written.get_mut(key) {
+                if w.effective == effective {
+                    // Unchanged for the maps; the owner, name or probes
+                    // may still have changed.
+                    w.owner = owner.clone();
+                    w.desired = d.clone();
+                    continue;
+                }
+            }
+            let _s = info_span!("vip", vip = %key, owner = %owner).entered();
+            let mut vip = effective.clone();
+            let mut unresolved = None;
+            if vip.mode == Mode::Dsr {
+                for b in &mut vip.backends {
+                    if b.mac.is_some() {
+                        continue;
+                    }
+                    let r = resolved.entry(b.addr).or_insert_with(|| {
+                        self.facts
+                            .resolve_mac(b.addr, RESOLVE_WAIT)
+                            .map_err(|e| e.to_string())
+                    });
+                    match r {
+                        Ok(mac) => b.mac = Some(*mac),
+                        Err(e) => {
+                            unresolved = Some(e.clone());
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(e) = unresolved {
+                failed.insert(*key, e);
+                continue;
+            }
+            match self.writer.upsert_vip(&vip) {
+                Ok(u) => {
+                    match u {
+                        Upsert::Created => created += 1,
+                        Upsert::Updated => updated += 1,
+                        Upsert::Unchanged => {}
+                    }
+                    self.written.insert(
+                        *key,
+                        Written {
+                            owner: owner.clone(),
+                            desired: d.clone(),
+                            effective,
+                            vip,
+                        },
+                    );
+                }
+                Err(e) => {
+                    error!(error = %e, "VIP not applied; its previous state (if any) keeps forwarding");
+                    failed.insert(*key, e.to_string());
+                }
+            }
+        }
+        if l3dsr {
+            self.facts.prepare_l3dsr(&self.node.interfaces);
+        }
+        if let Err(e) = self.writer.finish() {
+            error!(error = %e, "reclaiming retired map entries");
+        }
+        if self.store.all_synced() {
+            match self.writer.prune_unclaimed() {
+                Ok(pruned) if !pruned.is_empty() => info!(
+                    count = pruned.len(),
+                    "pruned adopted VIPs no source claims (every source has synced)"
+                ),
+                Ok(_) => {}
+                Err(e) => error!(error = %e, "pruning unclaimed VIPs"),
+            }
+        }
+        // Operator drains for every VIP again: a backend id created just
+        // now for a drained target starts healthy.
+        let global: Vec<BackendTarget> = self
+            .drains
+            .iter()
+            .filter(|(v, _)| v.is_none())
+            .map(|(_, t)| *t)
+            .collect();
+        for t in global {
+            if let Err(e) = self.writer.set_drain(&t, true) {
+                error!(backend = %t, error = %e, "re-applying a drain");
+            }
+        }
+        self.update_probes();
+        self.finish_apply(failed, t0, created, updated, removed);
+    }
+
+    fn finish_apply(
+        &mut self,
+        failed: BTreeMap<VipKey, String>,
+        t0: Instant,
+        created: usize,
+        updated: usize,
+        removed: usize,
+    ) {
+        if !failed.is_empty() {
+            self.retry_at = Some(Instant::now() + RETRY_AFTER);
+        }
+        self.failed = failed;
+        self.applies += 1;
+        self.publisher.set_applying(false);
+        info!(
+            created,
+            updated,
+            removed,
+            failed = self.failed.len(),
+            conflicts = self.conflicts.len(),
+            apply_ms = t0.elapsed().as_millis() as u64,
+            "applied"
+        );
+    }
+
+    /// Probe what the written VIPs ask for, and settle what probes that
+    /// came or went mean for each backend.
+    fn update_probes(&mut self) {
+        let mut targets = Vec::new();
+        for (key, w) in &self.written {
+            for (b, spec) in w.desired.vip.backends.iter().zip(&w.desired.health) {
+                let Some(spec) = spec else { continue };
+                let target = b.target();
+                // A backend the pinned maps say is down stays down until
+                // a probe says otherwise (restarts must not resurrect it).
+                let initial = match self.writer.health(&target) {
+                    Some(Health::Down) => HealthState::Down,
+                    _ => HealthState::Healthy,
+                };
+                targets.push(ProbeTarget {
+                    key: (*key, target),
+                    addr: SocketAddr::new(b.addr, b.service_port(&key.ports)),
+                    spec: spec.clone(),
+                    initial,
+                });
+            }
+        }
+        if let Err(e) = self.checker.set_targets(targets) {
+            error!(error = %e, "health checker targets");
+        }
+        // A probe that starts down (adopted as down from the maps) sends
+        // no event until it changes: record it, or another VIP's probe of
+        // the same backend coming up would mark it healthy too early.
+        let statuses = self.checker.status();
+        for st in &statuses {
+            if st.state == HealthState::Down {
+                self.probe_down
+                    .entry(st.key.1)
+                    .or_default()
+                    .insert(st.key.0);
+            }
+        }
+        // A backend the maps hold as down that no probe watches any more
+        // would stay down for ever: without a probe a backend is healthy.
+        let probed: BTreeSet<BackendTarget> = statuses.iter().map(|s| s.key.1).collect();
+        for t in self.writer.down_targets() {
+            if !probed.contains(&t) && !self.probe_down.contains_key(&t) {
+                info!(backend = %t, "no probe watches this backend any more: healthy");
+                if let Err(e) = self.writer.set_health(&t, Probe::Up) {
+                    error!(backend = %t, error = %e, "marking healthy");
+                }
+            }
+        }
+        // Probes that no longer exist no longer hold a backend down.
+        let live: BTreeSet<ProbeKey> = statuses.into_iter().map(|s| s.key).collect();
+        let stale: Vec<ProbeKey> = self
+            .probe_down
+            .iter()
+            .flat_map(|(t, vips)| vips.iter().map(move |v| (*v, *t)))
+            .filter(|k| !live.contains(k))
+            .collect();
+        for k in stale {
+            if let Err(e) = self.set_probe(&k, true) {
+                error!(error = %e, "releasing a stale probe");
+            }
+        }
+    }
+
+    /// A probe's verdict. A backend is down while any of its probes says
+    /// so; a failed probe wins over a drain (the writer's rule).
+    fn set_probe(&mut self, key: &ProbeKey, up: bool) -> Result<(), DataplaneError> {
+        let (vip, target) = key;
+        let downs = self.probe_down.entry(*target).or_default();
+        if up {
+            downs.remove(vip);
+        } else {
+            downs.insert(*vip);
+        }
+        let down = !downs.is_empty();
+        if !down {
+            self.probe_down.remove(target);
+        }
+        self.writer
+            .set_health(target, if down { Probe::Down } else { Probe::Up })?;
+        Ok(())
+    }
+
+    /// The (VIP, backend) pairs an API target names: `target`'s port may
+    /// be the VIP's own for a backend configured without one.
+    fn resolve_target(&self, target: SocketAddr, vip: Option<&VipKey>) -> Vec<ProbeKey> {
+        let mut out = Vec::new();
+        for (key, w) in &self.written {
+            if vip.is_some_and(|k| k != key) {
+                continue;
+            }
+            for b in &w.desired.vip.backends {
+                if b.addr == target.ip() && b.service_port(&key.ports) == target.port() {
+                    out.push((*key, b.target()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Drain (or undrain) a backend everywhere, or for one VIP. A drain
+    /// for one VIP changes that VIP alone: the caller waits for the apply
+    /// when the second value names it.
+    fn drain(
+        &mut self,
+        target: SocketAddr,
+        vip: Option<VipKey>,
+        drain: bool,
+    ) -> Result<(DrainDone, Option<VipKey>), DrainError> {
+        if let Some(k) = &vip {
+            if !self.written.contains_key(k) {
+                return Err(DrainError::UnknownVip { vip: *k });
+            }
+        }
+        let matches = self.resolve_target(target, vip.as_ref());
+        if matches.is_empty() {
+            return Err(match (vip, self.resolve_target(target, None).is_empty()) {
+                (Some(vip), false) => DrainError::BackendNotInVip { target, vip },
+                _ => DrainError::UnknownBackend { target },
+            });
+        }
+        let bt = matches[0].1;
+        let k = (vip, bt);
+        let changed = if drain {
+            self.drains.insert(k)
+        } else {
+            self.drains.remove(&k)
+        };
+        let done = DrainDone {
+            vips: matches.iter().map(|(v, _)| *v).collect(),
+            changed,
+        };
+        if !changed {
+            return Ok((done, None));
+        }
+        // The file first: if the maps then fail, the next apply or start
+        // does what the operator asked for.
+        if let Err(e) = self.drain_store.save(&self.drains) {
+            if drain {
+                self.drains.remove(&k);
+            } else {
+                self.drains.insert(k);
+            }
+            return Err(e.into());
+        }
+        match vip {
+            None => {
+                self.writer.set_drain(&bt, drain)?;
+                Ok((done, None))
+            }
+            Some(v) => {
+                self.dirty = true;
+                Ok((done, Some(v)))
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        for (source, synced) in self.store.sources() {
+            self.sources.entry(source).or_default().synced = synced;
+        }
+        for (source, s) in self.sources.iter_mut() {
+            s.objects = self.store.objects_of(*source).len();
+        }
+        let live = self.writer.vips();
+        let mut vips = Vec::with_capacity(self.written.len());
+        for info in &live {
+            let Some(key) = info.key else { continue };
+            let Some(w) = self.written.get(&key) else {
+                continue;
+            };
+            let backends = w
+                .vip
+                .backends
+                .iter()
+                .zip(info.backend_ids.iter())
+                .zip(w.desired.health.iter())
+                .map(|((b, id), spec)| {
+                    let t = b.target();
+                    BackendStatus {
+                        target: t,
+                        service_port: b.service_port(&key.ports),
+                        backend_id: *id,
+                        weight: b.weight,
+                        health: self.writer.health(&t).unwrap_or(Health::Healthy),
+                        drained: self.drains.contains(&(None, t))
+                            || self.drains.contains(&(Some(key), t)),
+                        probe: match spec {
+                            None => ProbeStatus::Disabled,
+                            Some(_) => match self.checker.state(&(key, t)) {
+                                Some(s) => ProbeStatus::Is(s),
+                                None => ProbeStatus::Unknown,
+                            },
+                        },
+                    }
+                })
+                .collect();
+            vips.push(VipStatus {
+                key,
+                name: w.desired.name.clone(),
+                owner: w.owner.clone(),
+                svc_id: info.svc_id,
+                slice: info.slice,
+                mode: w.vip.mode,
+                affinity: w.vip.affinity,
+                backends,
+            });
+        }
+        self.publisher.publish(DataplaneStatus {
+            applies: self.applies,
+            unclaimed: live.iter().filter(|v| !v.claimed).count(),
+            vips,
+            failed: self.failed.clone(),
+            conflicts: self.conflicts.clone(),
+            sources: self.sources.clone(),
+            interfaces: self.interfaces.clone(),
+            capacities: self.capacities.clone(),
+        });
+        debug!(applies = self.applies, "status published");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,366 @@
+//! The reconciler over an in-memory map store: sources, ownership,
+//! pruning and what each change writes. No root needed.
+
+use std::net::IpAddr;
+use std::sync::mpsc;
+
+use super::*;
+use crate::dataplane::MemStore;
+use crate::model::{Backend, Ports, Protocol};
+
+/// MACs made from the address; `.99` never resolves. Counts lookups.
+#[derive(Default, Clone)]
+struct FixedFacts {
+    resolves: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FixedFacts {
+    fn resolves(&self) -> usize {
+        self.resolves.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl NodeFacts for FixedFacts {
+    fn interface(&self, _name: &str) -> Result<(u32, Mac), NetError> {
+        Ok((7, Mac([2, 0, 0, 0, 0, 7])))
+    }
+
+    fn resolve_mac(&self, addr: IpAddr, _wait: Duration) -> Result<Mac, NetError> {
+        self.resolves
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match addr {
+            IpAddr::V4(a) if a.octets()[3] == 99 => {
+                Err(NetError::Unresolved { addr, waited_ms: 0 })
+            }
+            IpAddr::V4(a) => Ok(Mac([2, 0, 0, 0, 1, a.octets()[3]])),
+            IpAddr::V6(_) => Ok(Mac([2, 0, 0, 0, 2, 1])),
+        }
+    }
+
+    fn prepare_l3dsr(&self, _interfaces: &[String]) {}
+}
+
+struct Harness {
+    rec: Reconciler<MemStore, FixedFacts>,
+    facts: FixedFacts,
+    reader: status::StatusReader,
+    _rt: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+fn harness_over(store: MemStore) -> Harness {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (checker, _events) = HealthChecker::new(rt.handle().clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (publisher, reader) = status::channel();
+    let writer = Writer::open(store).unwrap();
+    let facts = FixedFacts::default();
+    let mut rec = Reconciler::new(
+        writer,
+        facts.clone(),
+        checker,
+        Drains::new(),
+        DrainStore::new(dir.path()),
+        publisher,
+    );
+    rec.submit(Command::SetNode(NodeConf {
+        interfaces: vec!["eth0".into()],
+        ..Default::default()
+    }));
+    Harness {
+        rec,
+        facts,
+        reader,
+        _rt: rt,
+        _dir: dir,
+    }
+}
+
+fn harness() -> Harness {
+    harness_over(MemStore::new(crate::abi::MAGLEV_DEFAULT_SIZE))
+}
+
+fn vip(addr: &str, port: u16, backends: &[&str]) -> DesiredVip {
+    DesiredVip::unprobed(Vip {
+        addr: addr.parse().unwrap(),
+        ports: Ports::One(port),
+        proto: Protocol::Tcp,
+        mode: Mode::Nat,
+        affinity: Default::default(),
+        rate_limit: None,
+        backends: backends
+            .iter()
+            .map(|b| Backend::new(b.parse().unwrap(), 8080))
+            .collect(),
+    })
+}
+
+fn file() -> Owner {
+    Owner::new(SourceKind::File, "/etc/rivora/rivora.yaml")
+}
+
+fn svc(name: &str) -> Owner {
+    Owner::new(SourceKind::Service, name)
+}
+
+impl Harness {
+    /// Send `vips` for `owner` and return what the reconciler answered.
+    fn set(&mut self, owner: Owner, vips: Vec<DesiredVip>) -> Applied {
+        let (tx, mut rx) = oneshot::channel();
+        self.rec.submit(Command::SetDesired {
+            owner,
+            vips,
+            ack: Some(tx),
+        });
+        rx.try_recv().expect("answered after the apply")
+    }
+
+    /// Backend addresses the maps hold for `key`, through its Maglev slice.
+    fn backends_in_maps(&self, key: &VipKey) -> BTreeSet<IpAddr> {
+        let img = &self.rec.writer().store().image;
+        let info = self
+            .rec
+            .writer()
+            .vips()
+            .into_iter()
+            .find(|v| v.key == Some(*key))
+            .expect("the VIP is in the maps");
+        let svc = img.services.get(&info.svc_id).expect("service entry");
+        (svc.slice_start..svc.slice_start + svc.slice_len)
+            .filter_map(|slot| img.slots.get(&slot))
+            .map(|id| img.backends.get(id).expect("backend entry").addr)
+            .collect()
+    }
+
+    fn status(&self) -> std::sync::Arc<DataplaneStatus> {
+        self.reader.current()
+    }
+}
+
+#[test]
+fn a_second_claim_is_one_error_naming_both_owners_and_the_first_keeps_forwarding() {
+    let mut h = harness();
+    let a = vip("10.0.0.1", 80, &["10.1.0.1"]);
+    let key = a.vip.key();
+    assert!(h.set(file(), vec![a]).ok());
+    let refused = h.set(svc("ns/web"), vec![vip("10.0.0.1", 80, &["10.1.0.2"])]);
+    assert_eq!(refused.failed.len(), 1, "{refused:?}");
+    let msg = &refused.failed[0].1;
+    assert!(
+        msg.contains("file /etc/rivora/rivora.yaml") && msg.contains("service ns/web"),
+        "{msg}"
+    );
+    assert_eq!(
+        h.backends_in_maps(&key),
+        BTreeSet::from(["10.1.0.1".parse().unwrap()]),
+        "the first owner's VIP is what the maps hold"
+    );
+    let st = h.status();
+    assert_eq!(st.conflicts.len(), 1);
+    assert_eq!(st.conflicts[0].owner, file());
+    assert_eq!(st.conflicts[0].refused, svc("ns/web"));
+    assert_eq!(st.vips.len(), 1);
+    assert_eq!(st.vips[0].owner, file());
+    let service = &st.sources[&SourceKind::Service];
+    assert_eq!((service.updates_ok, service.updates_failed), (0, 1));
+    assert!(service
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("claimed by"));
+
+    // The owner lets go: the waiting claim takes over, conflict gone.
+    assert!(h.set(file(), vec![]).ok());
+    assert_eq!(
+        h.backends_in_maps(&key),
+        BTreeSet::from(["10.1.0.2".parse().unwrap()])
+    );
+    let st = h.status();
+    assert!(st.conflicts.is_empty());
+    assert_eq!(st.vips[0].owner, svc("ns/web"));
+}
+
+#[test]
+fn adopted_vips_stay_until_every_source_has_synced() {
+    // A previous run left two VIPs in the maps.
+    let mut before = harness();
+    let old = vip("10.0.0.1", 80, &["10.1.0.1"]);
+    let kept = vip("10.0.0.2", 80, &["10.1.0.1"]);
+    assert!(before.set(file(), vec![old.clone(), kept.clone()]).ok());
+    let store = before.rec.writer().store().clone();
+
+    let mut h = harness_over(store);
+    h.rec.register(SourceKind::Service);
+    h.rec.register(SourceKind::Gateway);
+    assert!(h.set(svc("ns/kept"), vec![kept.clone()]).ok());
+    let live = |h: &Harness| -> BTreeSet<VipKey> {
+        h.rec.writer().vips().iter().filter_map(|v| v.key).collect()
+    };
+    assert!(
+        live(&h).contains(&old.vip.key()),
+        "nothing synced yet: the unclaimed VIP keeps forwarding"
+    );
+    assert_eq!(h.status().unclaimed, 1);
+    h.rec.submit(Command::Synced(SourceKind::Service));
+    assert!(
+        live(&h).contains(&old.vip.key()),
+        "the Gateway source has not synced: still kept"
+    );
+    h.rec.submit(Command::Synced(SourceKind::Gateway));
+    assert_eq!(live(&h), BTreeSet::from([kept.vip.key()]));
+    assert_eq!(h.status().unclaimed, 0);
+}
+
+#[test]
+fn a_drain_for_one_vip_rewrites_that_vip_alone() {
+    let mut h = harness();
+    // DSR, so that rendering a VIP also means resolving its backends'
+    // MACs: a re-render of every VIP would show in the count.
+    let vips: Vec<DesiredVip> = (1..=50)
+        .map(|i| {
+            let mut v = vip(&format!("10.0.0.{i}"), 80, &["10.1.0.1", "10.1.0.2"]);
+            v.vip.mode = Mode::Dsr;
+            v.vip.backends.iter_mut().for_each(|b| b.port = 0);
+            v
+        })
+        .collect();
+    let key = vips[6].vip.key();
+    assert!(h.set(file(), vips).ok());
+    let svc_id = h
+        .rec
+        .writer()
+        .vips()
+        .into_iter()
+        .find(|v| v.key == Some(key))
+        .unwrap()
+        .svc_id;
+    h.rec.writer.store_mut().service_writes.clear();
+    let resolves = h.facts.resolves();
+
+    let (tx, mut rx) = oneshot::channel();
+    h.rec.submit(Command::Drain {
+        target: "10.1.0.1:80".parse().unwrap(),
+        vip: Some(key),
+        drain: true,
+        reply: tx,
+    });
+    let done = rx.try_recv().unwrap().expect("drained");
+    assert_eq!(done.vips, vec![key]);
+    assert!(done.changed);
+    assert_eq!(
+        h.rec.writer().store().service_writes,
+        vec![svc_id],
+        "only the drained VIP's service entry is written"
+    );
+    assert!(
+        h.facts.resolves() - resolves <= 2,
+        "only the drained VIP's backends were resolved again ({} lookups)",
+        h.facts.resolves() - resolves
+    );
+    assert_eq!(
+        h.backends_in_maps(&key),
+        BTreeSet::from(["10.1.0.2".parse().unwrap()]),
+        "no new flows to the drained backend for this VIP"
+    );
+    let other = VipKey {
+        addr: "10.0.0.8".parse().unwrap(),
+        ports: Ports::One(80),
+        proto: Protocol::Tcp,
+    };
+    assert_eq!(h.backends_in_maps(&other).len(), 2, "other VIPs untouched");
+    let st = h.status();
+    let b = st
+        .vips
+        .iter()
+        .find(|v| v.key == key)
+        .unwrap()
+        .backends
+        .iter()
+        .find(|b| b.target.addr.to_string() == "10.1.0.1")
+        .unwrap()
+        .clone();
+    assert!(b.drained);
+    assert_eq!(b.weight, 0);
+}
+
+#[test]
+fn sending_the_same_state_again_writes_nothing() {
+    let mut h = harness();
+    let vips: Vec<DesiredVip> = (1..=20)
+        .map(|i| vip(&format!("10.0.0.{i}"), 80, &["10.1.0.1"]))
+        .collect();
+    assert!(h.set(file(), vips.clone()).ok());
+    let ops = h.rec.writer().store().ops;
+    assert!(h.set(file(), vips).ok());
+    assert_eq!(h.rec.writer().store().ops, ops);
+    assert_eq!(h.status().sources[&SourceKind::File].updates_ok, 2);
+}
+
+#[test]
+fn an_unresolvable_dsr_backend_fails_its_vip_only_and_the_old_state_stays() {
+    let mut h = harness();
+    let mut dsr = vip("10.0.0.1", 80, &["10.1.0.1"]);
+    dsr.vip.mode = Mode::Dsr;
+    // DSR cannot change the port: the backend serves the VIP's.
+    dsr.vip.backends[0].port = 0;
+    let nat = vip("10.0.0.2", 80, &["10.1.0.1"]);
+    let r = h.set(file(), vec![dsr.clone(), nat.clone()]);
+    assert!(r.ok(), "{r:?}");
+    // The DSR VIP gains a backend whose MAC cannot be found.
+    let mut dsr2 = dsr.clone();
+    dsr2.vip
+        .backends
+        .push(Backend::new("10.1.0.99".parse().unwrap(), 0));
+    dsr2.health.push(None);
+    let mut nat2 = nat.clone();
+    nat2.vip
+        .backends
+        .push(Backend::new("10.1.0.3".parse().unwrap(), 8080));
+    nat2.health.push(None);
+    let r = h.set(file(), vec![dsr2, nat2]);
+    assert_eq!(r.failed.len(), 1, "{r:?}");
+    assert_eq!(r.failed[0].0, dsr.vip.key());
+    assert!(r.failed[0].1.contains("10.1.0.99"), "{:?}", r.failed);
+    assert_eq!(
+        h.backends_in_maps(&dsr.vip.key()),
+        BTreeSet::from(["10.1.0.1".parse().unwrap()]),
+        "the DSR VIP keeps its previous state"
+    );
+    assert_eq!(
+        h.backends_in_maps(&nat.vip.key()).len(),
+        2,
+        "the rest applied"
+    );
+    assert!(h.status().failed.contains_key(&dsr.vip.key()));
+}
+
+#[test]
+fn run_serves_a_channel_and_coalesces_a_burst_into_one_apply() {
+    let h = harness();
+    let reader = h.reader.clone();
+    let applies_before = reader.current().applies;
+    let (tx, rx) = mpsc::channel();
+    let mut acks = Vec::new();
+    for i in 1..=10 {
+        let (a, r) = oneshot::channel();
+        acks.push(r);
+        tx.send(Command::SetDesired {
+            owner: svc(&format!("ns/s{i}")),
+            vips: vec![vip(&format!("10.0.0.{i}"), 80, &["10.1.0.1"])],
+            ack: Some(a),
+        })
+        .unwrap();
+    }
+    tx.send(Command::Shutdown).unwrap();
+    let Harness { rec, _rt, _dir, .. } = h;
+    rec.run(rx);
+    for r in acks {
+        assert!(r.blocking_recv().unwrap().ok());
+    }
+    let st = reader.current();
+    assert_eq!(st.vips.len(), 10);
+    assert_eq!(st.applies, applies_before + 1, "one apply for the burst");
+}
