@@ -1,17 +1,34 @@
-//! Prometheus text exposition (format 0.0.4), rendered by hand from a plain
-//! [`MetricsSnapshot`]: the daemon assembles the snapshot from the stats
-//! maps, the health checker and the reload counters, and this module only
-//! formats it, so the exact output is golden-tested without root.
+//! Prometheus metrics on `prometheus-client`: one [`Registry`] holds the
+//! probe latency histograms (fed as probes finish) and a collector that
+//! encodes a plain [`MetricsSnapshot`] on each scrape. The daemon assembles
+//! the snapshot from the stats maps, the health checker and the reload
+//! counters; whatever else later needs metrics (the Kubernetes controller's
+//! histograms) registers into the same registry, so one scrape serves all.
+//!
+//! The exposition is the Prometheus text format 0.0.4 (see
+//! [`CONTENT_TYPE`]), not OpenMetrics: scrapers and the tests already read
+//! that format, and its counter `# TYPE` lines name the series they type.
 //!
 //! Every family always prints its HELP and TYPE lines, even with no
 //! samples, so dashboards see the metric exist from the first scrape.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use thiserror::Error;
 
 use crate::api::BackendHealth;
+
+/// The `Content-Type` of what [`Metrics::encode`] returns.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Bucket upper bounds for probe latency, seconds: a local TCP connect is
 /// well under a millisecond; a probe timeout is typically 1 to 5 s.
@@ -28,8 +45,6 @@ pub struct MetricsSnapshot {
     pub drops: BTreeMap<String, u64>,
     pub reloads_success: u64,
     pub reloads_failure: u64,
-    pub probe_success: Histogram,
-    pub probe_failure: Histogram,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,274 +64,379 @@ pub struct BackendHealthSample {
     pub state: BackendHealth,
 }
 
-#[derive(Debug, Clone, PartialEq, Error)]
-pub enum HistogramError {
-    #[error("histogram bounds must be finite and strictly increasing")]
-    BadBounds,
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    #[error("encoding the metrics: {0}")]
+    Encode(#[from] std::fmt::Error),
 }
 
-/// A cumulative-on-render histogram. Counts are kept per bucket (not
-/// cumulative) so `observe` touches one slot; the last slot is `+Inf`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    bounds: Vec<f64>,
-    counts: Vec<u64>,
-    sum: f64,
+type ProbeLabels = [(&'static str, &'static str); 1];
+const PROBE_SUCCESS: ProbeLabels = [("result", "success")];
+const PROBE_FAILURE: ProbeLabels = [("result", "failure")];
+
+fn probe_histogram() -> Histogram {
+    Histogram::new(PROBE_DURATION_BUCKETS.iter().copied())
 }
 
-impl Default for Histogram {
+/// The registry and what feeds it. Shared (`Arc`) between the scrape
+/// handler and the health checker's observer.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    probes: Family<ProbeLabels, Histogram>,
+    /// The snapshot the collector encodes; replaced on every scrape.
+    current: Arc<Mutex<MetricsSnapshot>>,
+    /// Held across replace-and-encode, so a scrape returns the text of the
+    /// snapshot it was given even when two scrapes overlap.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
     fn default() -> Self {
-        Self::probe_duration()
+        Self::new()
     }
 }
 
-impl Histogram {
-    pub fn new(bounds: &[f64]) -> Result<Self, HistogramError> {
-        let finite = bounds.iter().all(|b| b.is_finite());
-        let increasing = bounds.windows(2).all(|w| w[0] < w[1]);
-        if !finite || !increasing {
-            return Err(HistogramError::BadBounds);
-        }
-        Ok(Self {
-            bounds: bounds.to_vec(),
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-        })
-    }
+/// A poisoned lock here guards nothing that a panic could leave half
+/// written: the snapshot is replaced whole on every scrape.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
-    /// With [`PROBE_DURATION_BUCKETS`].
-    pub fn probe_duration() -> Self {
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let probes = Family::<ProbeLabels, Histogram>::new_with_constructor(
+            probe_histogram as fn() -> Histogram,
+        );
+        // Both series exist from the first scrape, all buckets at zero, so a
+        // rate over them never starts from a missing series.
+        for labels in [&PROBE_SUCCESS, &PROBE_FAILURE] {
+            drop(probes.get_or_create(labels));
+        }
+        // The registry appends the full stop.
+        registry.register(
+            "rivora_health_probe_duration_seconds",
+            "Duration of active health probes, by result",
+            probes.clone(),
+        );
+        let current = Arc::new(Mutex::new(MetricsSnapshot::default()));
+        registry.register_collector(Box::new(SnapshotCollector {
+            current: current.clone(),
+        }));
         Self {
-            bounds: PROBE_DURATION_BUCKETS.to_vec(),
-            counts: vec![0; PROBE_DURATION_BUCKETS.len() + 1],
-            sum: 0.0,
+            registry,
+            probes,
+            current,
+            scrape: Mutex::new(()),
         }
     }
 
-    pub fn observe(&mut self, value: f64) {
-        // `le` is inclusive: a value equal to a bound counts in that bucket.
-        let i = self.bounds.partition_point(|b| *b < value);
-        self.counts[i] += 1;
-        self.sum += value;
+    /// For metrics owned elsewhere (the controller's), registered before
+    /// the `Metrics` is shared.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
     }
 
-    pub fn count(&self) -> u64 {
-        self.counts.iter().sum()
+    /// Records one finished health probe.
+    pub fn observe_probe(&self, success: bool, seconds: f64) {
+        let labels = if success {
+            &PROBE_SUCCESS
+        } else {
+            &PROBE_FAILURE
+        };
+        self.probes.get_or_create(labels).observe(seconds);
     }
 
-    pub fn sum(&self) -> f64 {
-        self.sum
-    }
-
-    /// `(upper bound, cumulative count)`, ending with `(+Inf, count)`.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut acc = 0;
-        self.bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(&self.counts)
-            .map(|(b, c)| {
-                acc += c;
-                (b, acc)
-            })
-            .collect()
+    /// The text exposition of `snap` and of everything in the registry.
+    pub fn encode(&self, snap: MetricsSnapshot) -> Result<String, MetricsError> {
+        let _scrape = lock(&self.scrape);
+        *lock(&self.current) = snap;
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
     }
 }
 
-/// Escapes a label value: backslash, double quote and line feed.
-pub fn escape_label_value(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A float as the exposition format spells it.
-fn fmt_float(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v == f64::INFINITY {
-        "+Inf".into()
-    } else if v == f64::NEG_INFINITY {
-        "-Inf".into()
-    } else {
-        // Rust's shortest round-trip form: 0.005, 1, 2.5.
-        format!("{v}")
-    }
-}
-
-struct Writer {
-    out: String,
-}
-
-impl Writer {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        // HELP text escapes only backslash and line feed.
-        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
-        let _ = writeln!(self.out, "# HELP {name} {help}");
-        let _ = writeln!(self.out, "# TYPE {name} {kind}");
-    }
-
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: &str) {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape_label_value(v));
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
+/// Encodes the current snapshot as constant metrics: the values are
+/// cumulative in the kernel's per-CPU maps, so each scrape reports them
+/// as they are rather than feeding counters.
+#[derive(Debug)]
+struct SnapshotCollector {
+    current: Arc<Mutex<MetricsSnapshot>>,
 }
 
 type VipField = fn(&VipCounters) -> u64;
 
-/// Renders the snapshot. VIPs and backends are sorted by name so that two
-/// scrapes of the same state are byte-identical.
-pub fn render(s: &MetricsSnapshot) -> String {
-    let mut w = Writer { out: String::new() };
+/// A counter family with one label. `name` lacks the `_total` that the
+/// encoder appends.
+fn counters<'v>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'v str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, n) in samples {
+        ConstCounter::new(n).encode(family.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
 
-    w.family(
-        "rivora_build_info",
-        "gauge",
-        "Build information; the value is always 1.",
-    );
-    w.sample("rivora_build_info", &[("version", &s.version)], "1");
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = lock(&self.current);
 
-    let mut vips: Vec<&VipCounters> = s.vips.iter().collect();
-    vips.sort_by(|a, b| a.vip.cmp(&b.vip));
-    let per_vip: [(&str, &str, VipField); 4] = [
-        (
-            "rivora_vip_packets_total",
-            "Packets that matched the VIP.",
-            |v| v.packets,
-        ),
-        (
-            "rivora_vip_bytes_total",
-            "Bytes of packets that matched the VIP.",
-            |v| v.bytes,
-        ),
-        (
-            "rivora_vip_rate_limited_syns_total",
-            "TCP SYNs to the VIP dropped by the SYN rate limit.",
-            |v| v.rate_limited_syns,
-        ),
-        (
-            "rivora_vip_no_healthy_backend_drops_total",
-            "Packets to the VIP dropped because no backend was healthy.",
-            |v| v.no_healthy_backend_drops,
-        ),
-    ];
-    for (name, help, get) in per_vip {
-        w.family(name, "counter", help);
-        for v in &vips {
-            w.sample(name, &[("vip", &v.vip)], &get(v).to_string());
+        let mut build = enc.encode_descriptor(
+            "rivora_build_info",
+            "Build information; the value is always 1.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(build.encode_family(&[("version", s.version.as_str())])?)?;
+
+        // Sorted by name so that two scrapes of the same state are
+        // byte-identical.
+        let mut vips: Vec<&VipCounters> = s.vips.iter().collect();
+        vips.sort_by(|a, b| a.vip.cmp(&b.vip));
+        let per_vip: [(&str, &str, VipField); 4] = [
+            ("rivora_vip_packets", "Packets that matched the VIP.", |v| {
+                v.packets
+            }),
+            (
+                "rivora_vip_bytes",
+                "Bytes of packets that matched the VIP.",
+                |v| v.bytes,
+            ),
+            (
+                "rivora_vip_rate_limited_syns",
+                "TCP SYNs to the VIP dropped by the SYN rate limit.",
+                |v| v.rate_limited_syns,
+            ),
+            (
+                "rivora_vip_no_healthy_backend_drops",
+                "Packets to the VIP dropped because no backend was healthy.",
+                |v| v.no_healthy_backend_drops,
+            ),
+        ];
+        for (name, help, get) in per_vip {
+            let samples = vips.iter().map(|v| (v.vip.as_str(), get(v)));
+            counters(&mut enc, name, help, "vip", samples)?;
         }
-    }
 
-    // One 0/1 series per state (a state set), so `== 1` selects the state
-    // without knowing an enum encoding.
-    w.family(
-        "rivora_backend_health",
-        "gauge",
-        "1 for the backend's current datapath state (healthy, draining, down), 0 for the others.",
-    );
-    let mut backends: Vec<&BackendHealthSample> = s.backends.iter().collect();
-    backends.sort_by(|a, b| a.backend.cmp(&b.backend));
-    for b in backends {
-        for state in BackendHealth::ALL {
-            let v = if b.state == state { "1" } else { "0" };
-            w.sample(
-                "rivora_backend_health",
-                &[("backend", &b.backend), ("state", state.as_str())],
-                v,
-            );
+        // One 0/1 series per state (a state set), so `== 1` selects the state
+        // without knowing an enum encoding.
+        let mut health = enc.encode_descriptor(
+            "rivora_backend_health",
+            "1 for the backend's current datapath state (healthy, draining, down), 0 for the others.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let mut backends: Vec<&BackendHealthSample> = s.backends.iter().collect();
+        backends.sort_by(|a, b| a.backend.cmp(&b.backend));
+        for b in backends {
+            for state in BackendHealth::ALL {
+                let labels = [("backend", b.backend.as_str()), ("state", state.as_str())];
+                ConstGauge::new(i64::from(b.state == state))
+                    .encode(health.encode_family(&labels)?)?;
+            }
         }
+
+        counters(
+            &mut enc,
+            "rivora_drops",
+            "Packets dropped by the datapath, by reason.",
+            "reason",
+            s.drops.iter().map(|(reason, n)| (reason.as_str(), *n)),
+        )?;
+
+        counters(
+            &mut enc,
+            "rivora_config_reloads",
+            "Configuration reloads, by result; a failed reload keeps the running configuration.",
+            "result",
+            [
+                ("success", s.reloads_success),
+                ("failure", s.reloads_failure),
+            ],
+        )
     }
-
-    w.family(
-        "rivora_drops_total",
-        "counter",
-        "Packets dropped by the datapath, by reason.",
-    );
-    for (reason, n) in &s.drops {
-        w.sample("rivora_drops_total", &[("reason", reason)], &n.to_string());
-    }
-
-    w.family(
-        "rivora_config_reloads_total",
-        "counter",
-        "Configuration reloads, by result; a failed reload keeps the running configuration.",
-    );
-    w.sample(
-        "rivora_config_reloads_total",
-        &[("result", "success")],
-        &s.reloads_success.to_string(),
-    );
-    w.sample(
-        "rivora_config_reloads_total",
-        &[("result", "failure")],
-        &s.reloads_failure.to_string(),
-    );
-
-    let name = "rivora_health_probe_duration_seconds";
-    w.family(
-        name,
-        "histogram",
-        "Duration of active health probes, by result.",
-    );
-    for (result, h) in [("success", &s.probe_success), ("failure", &s.probe_failure)] {
-        for (le, n) in h.cumulative() {
-            w.sample(
-                &format!("{name}_bucket"),
-                &[("result", result), ("le", &fmt_float(le))],
-                &n.to_string(),
-            );
-        }
-        w.sample(
-            &format!("{name}_sum"),
-            &[("result", result)],
-            &fmt_float(h.sum()),
-        );
-        w.sample(
-            &format!("{name}_count"),
-            &[("result", result)],
-            &h.count().to_string(),
-        );
-    }
-
-    w.out
 }
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::metrics::histogram::Histogram;
+
     use super::*;
 
-    fn small_histogram(values: &[f64]) -> Histogram {
-        let mut h = Histogram::new(&[0.01, 0.1, 1.0]).unwrap();
-        for v in values {
-            h.observe(*v);
-        }
-        h
+    #[derive(Debug)]
+    struct Sample {
+        name: String,
+        labels: Vec<(String, String)>,
+        value: f64,
     }
 
-    #[test]
-    fn golden_text() {
+    /// The exposition, read back the way a scraper reads it.
+    #[derive(Debug, Default)]
+    struct Parsed {
+        help: BTreeMap<String, String>,
+        types: BTreeMap<String, String>,
+        samples: Vec<Sample>,
+    }
+
+    impl Parsed {
+        fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+            let mut want: Vec<(String, String)> = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            want.sort();
+            let found: Vec<f64> = self
+                .samples
+                .iter()
+                .filter(|s| {
+                    let mut have = s.labels.clone();
+                    have.sort();
+                    s.name == name && have == want
+                })
+                .map(|s| s.value)
+                .collect();
+            assert!(found.len() <= 1, "duplicate series {name} {labels:?}");
+            found.first().copied()
+        }
+
+        fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+            self.get(name, labels)
+                .unwrap_or_else(|| panic!("no {name}{labels:?} in {:#?}", self.samples))
+        }
+
+        /// The label values of `label` across `name`'s series, in output
+        /// order.
+        fn label_values(&self, name: &str, label: &str) -> Vec<String> {
+            self.samples
+                .iter()
+                .filter(|s| s.name == name)
+                .filter_map(|s| s.labels.iter().find(|(k, _)| k == label))
+                .map(|(_, v)| v.clone())
+                .collect()
+        }
+
+        fn count(&self, name: &str) -> usize {
+            self.samples.iter().filter(|s| s.name == name).count()
+        }
+    }
+
+    fn unescape(s: &str, quote: bool) -> String {
+        let mut out = String::new();
+        let mut chars = s.chars();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('\\') => out.push('\\'),
+                Some('n') => out.push('\n'),
+                Some('"') if quote => out.push('"'),
+                other => panic!("bad escape \\{other:?} in {s:?}"),
+            }
+        }
+        out
+    }
+
+    /// Text format 0.0.4: HELP and TYPE comments, then samples without
+    /// timestamps. Any other comment (`# EOF`, `# UNIT`) is OpenMetrics and
+    /// fails the parse; so does a sample whose family was not declared.
+    fn parse(text: &str) -> Parsed {
+        assert!(text.ends_with('\n'), "{text:?}");
+        let mut p = Parsed::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').expect("HELP name text");
+                let dup = p.help.insert(name.into(), unescape(help, false));
+                assert!(dup.is_none(), "second HELP for {name}");
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+                assert!(p.help.contains_key(name), "TYPE before HELP: {line}");
+                let dup = p.types.insert(name.into(), kind.into());
+                assert!(dup.is_none(), "second TYPE for {name}");
+                continue;
+            }
+            assert!(!line.starts_with('#'), "unexpected comment: {line}");
+
+            let end = line.find(['{', ' ']).expect("a sample has a value");
+            let name = &line[..end];
+            let mut rest = &line[end..];
+            let mut labels = Vec::new();
+            if let Some(mut l) = rest.strip_prefix('{') {
+                while !l.starts_with('}') {
+                    let (key, after) = l.split_once("=\"").expect("label=\"value\"");
+                    // The value ends at the first quote not escaped.
+                    let mut close = None;
+                    let mut escaped = false;
+                    for (i, c) in after.char_indices() {
+                        match c {
+                            _ if escaped => escaped = false,
+                            '\\' => escaped = true,
+                            '"' => {
+                                close = Some(i);
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                    let close = close.expect("closing quote");
+                    labels.push((key.to_string(), unescape(&after[..close], true)));
+                    l = &after[close + 1..];
+                    l = l.strip_prefix(',').unwrap_or(l);
+                }
+                rest = &l[1..];
+            }
+            let value = rest.strip_prefix(' ').expect("space before the value");
+            let value: f64 = value.parse().unwrap_or_else(|_| panic!("value: {line}"));
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .filter_map(|suffix| name.strip_suffix(suffix))
+                .find(|f| p.types.get(*f).map(String::as_str) == Some("histogram"))
+                .unwrap_or(name);
+            assert!(p.types.contains_key(family), "undeclared: {line}");
+            p.samples.push(Sample {
+                name: name.into(),
+                labels,
+                value,
+            });
+        }
+        p
+    }
+
+    const FAMILIES: [(&str, &str); 9] = [
+        ("rivora_build_info", "gauge"),
+        ("rivora_vip_packets_total", "counter"),
+        ("rivora_vip_bytes_total", "counter"),
+        ("rivora_vip_rate_limited_syns_total", "counter"),
+        ("rivora_vip_no_healthy_backend_drops_total", "counter"),
+        ("rivora_backend_health", "gauge"),
+        ("rivora_drops_total", "counter"),
+        ("rivora_config_reloads_total", "counter"),
+        ("rivora_health_probe_duration_seconds", "histogram"),
+    ];
+
+    fn assert_families(p: &Parsed) {
+        let want: BTreeMap<String, String> = FAMILIES
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect();
+        assert_eq!(p.types, want);
+    }
+
+    fn snapshot() -> MetricsSnapshot {
         let mut drops = BTreeMap::new();
         drops.insert("no_healthy_backend".to_string(), 7);
         drops.insert("rate_limited".to_string(), 3);
-        let snap = MetricsSnapshot {
+        MetricsSnapshot {
             version: "0.1.0".into(),
             vips: vec![
                 VipCounters {
@@ -341,131 +461,230 @@ mod tests {
             drops,
             reloads_success: 2,
             reloads_failure: 1,
-            probe_success: small_histogram(&[0.005, 0.01, 0.05]),
-            probe_failure: small_histogram(&[2.0]),
-        };
-        let expected = r#"# HELP rivora_build_info Build information; the value is always 1.
-# TYPE rivora_build_info gauge
-rivora_build_info{version="0.1.0"} 1
-# HELP rivora_vip_packets_total Packets that matched the VIP.
-# TYPE rivora_vip_packets_total counter
-rivora_vip_packets_total{vip="tcp/10.0.0.1:80"} 1000
-rivora_vip_packets_total{vip="udp/[2001:db8::1]:53"} 5
-# HELP rivora_vip_bytes_total Bytes of packets that matched the VIP.
-# TYPE rivora_vip_bytes_total counter
-rivora_vip_bytes_total{vip="tcp/10.0.0.1:80"} 64000
-rivora_vip_bytes_total{vip="udp/[2001:db8::1]:53"} 500
-# HELP rivora_vip_rate_limited_syns_total TCP SYNs to the VIP dropped by the SYN rate limit.
-# TYPE rivora_vip_rate_limited_syns_total counter
-rivora_vip_rate_limited_syns_total{vip="tcp/10.0.0.1:80"} 3
-rivora_vip_rate_limited_syns_total{vip="udp/[2001:db8::1]:53"} 0
-# HELP rivora_vip_no_healthy_backend_drops_total Packets to the VIP dropped because no backend was healthy.
-# TYPE rivora_vip_no_healthy_backend_drops_total counter
-rivora_vip_no_healthy_backend_drops_total{vip="tcp/10.0.0.1:80"} 7
-rivora_vip_no_healthy_backend_drops_total{vip="udp/[2001:db8::1]:53"} 0
-# HELP rivora_backend_health 1 for the backend's current datapath state (healthy, draining, down), 0 for the others.
-# TYPE rivora_backend_health gauge
-rivora_backend_health{backend="10.0.1.1:8080",state="healthy"} 0
-rivora_backend_health{backend="10.0.1.1:8080",state="draining"} 1
-rivora_backend_health{backend="10.0.1.1:8080",state="down"} 0
-# HELP rivora_drops_total Packets dropped by the datapath, by reason.
-# TYPE rivora_drops_total counter
-rivora_drops_total{reason="no_healthy_backend"} 7
-rivora_drops_total{reason="rate_limited"} 3
-# HELP rivora_config_reloads_total Configuration reloads, by result; a failed reload keeps the running configuration.
-# TYPE rivora_config_reloads_total counter
-rivora_config_reloads_total{result="success"} 2
-rivora_config_reloads_total{result="failure"} 1
-# HELP rivora_health_probe_duration_seconds Duration of active health probes, by result.
-# TYPE rivora_health_probe_duration_seconds histogram
-rivora_health_probe_duration_seconds_bucket{result="success",le="0.01"} 2
-rivora_health_probe_duration_seconds_bucket{result="success",le="0.1"} 3
-rivora_health_probe_duration_seconds_bucket{result="success",le="1"} 3
-rivora_health_probe_duration_seconds_bucket{result="success",le="+Inf"} 3
-rivora_health_probe_duration_seconds_sum{result="success"} 0.065
-rivora_health_probe_duration_seconds_count{result="success"} 3
-rivora_health_probe_duration_seconds_bucket{result="failure",le="0.01"} 0
-rivora_health_probe_duration_seconds_bucket{result="failure",le="0.1"} 0
-rivora_health_probe_duration_seconds_bucket{result="failure",le="1"} 0
-rivora_health_probe_duration_seconds_bucket{result="failure",le="+Inf"} 1
-rivora_health_probe_duration_seconds_sum{result="failure"} 2
-rivora_health_probe_duration_seconds_count{result="failure"} 1
-"#;
-        assert_eq!(render(&snap), expected);
+        }
+    }
+
+    #[test]
+    fn snapshot_exposition() {
+        let m = Metrics::new();
+        for v in [0.005, 0.01, 0.05] {
+            m.observe_probe(true, v);
+        }
+        m.observe_probe(false, 2.0);
+        let text = m.encode(snapshot()).unwrap();
+        let p = parse(&text);
+        assert_families(&p);
+        assert_eq!(
+            p.help["rivora_vip_packets_total"],
+            "Packets that matched the VIP."
+        );
+        assert_eq!(
+            p.help["rivora_backend_health"],
+            "1 for the backend's current datapath state (healthy, draining, down), 0 for the others."
+        );
+        assert_eq!(
+            p.help["rivora_health_probe_duration_seconds"],
+            "Duration of active health probes, by result."
+        );
+
+        assert_eq!(p.value("rivora_build_info", &[("version", "0.1.0")]), 1.0);
+        let tcp = [("vip", "tcp/10.0.0.1:80")];
+        let udp = [("vip", "udp/[2001:db8::1]:53")];
+        for (name, at_tcp, at_udp) in [
+            ("rivora_vip_packets_total", 1000.0, 5.0),
+            ("rivora_vip_bytes_total", 64000.0, 500.0),
+            ("rivora_vip_rate_limited_syns_total", 3.0, 0.0),
+            ("rivora_vip_no_healthy_backend_drops_total", 7.0, 0.0),
+        ] {
+            assert_eq!(p.value(name, &tcp), at_tcp, "{name}");
+            assert_eq!(p.value(name, &udp), at_udp, "{name}");
+            assert_eq!(
+                p.label_values(name, "vip"),
+                ["tcp/10.0.0.1:80", "udp/[2001:db8::1]:53"],
+                "sorted by VIP"
+            );
+        }
+        for (state, v) in [("healthy", 0.0), ("draining", 1.0), ("down", 0.0)] {
+            let labels = [("backend", "10.0.1.1:8080"), ("state", state)];
+            assert_eq!(p.value("rivora_backend_health", &labels), v, "{state}");
+        }
+        let drops = |reason| p.value("rivora_drops_total", &[("reason", reason)]);
+        assert_eq!(drops("no_healthy_backend"), 7.0);
+        assert_eq!(drops("rate_limited"), 3.0);
+        let reloads = |result| p.value("rivora_config_reloads_total", &[("result", result)]);
+        assert_eq!(reloads("success"), 2.0);
+        assert_eq!(reloads("failure"), 1.0);
+
+        let h = "rivora_health_probe_duration_seconds";
+        let bucket =
+            |result, le| p.value(&format!("{h}_bucket"), &[("result", result), ("le", le)]);
+        assert_eq!(bucket("success", "0.0025"), 0.0);
+        assert_eq!(bucket("success", "0.005"), 1.0);
+        assert_eq!(bucket("success", "0.01"), 2.0);
+        assert_eq!(bucket("success", "0.025"), 2.0);
+        assert_eq!(bucket("success", "0.05"), 3.0);
+        assert_eq!(bucket("success", "+Inf"), 3.0);
+        assert_eq!(bucket("failure", "1"), 0.0);
+        assert_eq!(bucket("failure", "2.5"), 1.0);
+        assert_eq!(bucket("failure", "+Inf"), 1.0);
+        let sum = |result| p.value(&format!("{h}_sum"), &[("result", result)]);
+        assert!((sum("success") - 0.065).abs() < 1e-12);
+        assert_eq!(sum("failure"), 2.0);
+        assert_eq!(
+            p.value(&format!("{h}_count"), &[("result", "success")]),
+            3.0
+        );
+        assert_eq!(
+            p.value(&format!("{h}_count"), &[("result", "failure")]),
+            1.0
+        );
+
+        // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2, and
+        // per result the 14 bounds, +Inf, _sum and _count.
+        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 * 17);
+        assert_eq!(
+            m.encode(snapshot()).unwrap(),
+            text,
+            "the same state encodes byte-identically"
+        );
     }
 
     #[test]
     fn empty_snapshot_still_declares_every_family() {
-        let text = render(&MetricsSnapshot::default());
-        for family in [
-            "rivora_build_info gauge",
-            "rivora_vip_packets_total counter",
-            "rivora_vip_bytes_total counter",
-            "rivora_vip_rate_limited_syns_total counter",
-            "rivora_vip_no_healthy_backend_drops_total counter",
-            "rivora_backend_health gauge",
-            "rivora_drops_total counter",
-            "rivora_config_reloads_total counter",
-            "rivora_health_probe_duration_seconds histogram",
-        ] {
-            assert!(text.contains(&format!("# TYPE {family}\n")), "{family}");
+        let p = parse(&Metrics::new().encode(MetricsSnapshot::default()).unwrap());
+        assert_families(&p);
+        assert_eq!(p.count("rivora_vip_packets_total"), 0);
+        assert_eq!(p.count("rivora_drops_total"), 0);
+        // Both probe results from the first scrape, every bucket present.
+        let h = "rivora_health_probe_duration_seconds_bucket";
+        for result in ["success", "failure"] {
+            let les: Vec<String> = p
+                .samples
+                .iter()
+                .filter(|s| s.name == h && s.labels.contains(&("result".into(), result.into())))
+                .map(|s| {
+                    assert_eq!(s.value, 0.0);
+                    s.labels.iter().find(|(k, _)| k == "le").unwrap().1.clone()
+                })
+                .collect();
+            let want: Vec<String> = PROBE_DURATION_BUCKETS
+                .iter()
+                .map(|b| b.to_string())
+                .chain(["+Inf".to_string()])
+                .collect();
+            assert_eq!(les, want, "{result}");
         }
-        // Default buckets, all empty, and the +Inf bucket equals _count.
-        assert!(text.contains(
-            "rivora_health_probe_duration_seconds_bucket{result=\"success\",le=\"0.0005\"} 0\n"
-        ));
-        assert!(text.contains(
-            "rivora_health_probe_duration_seconds_bucket{result=\"failure\",le=\"+Inf\"} 0\n"
-        ));
+        let reloads = |result| p.value("rivora_config_reloads_total", &[("result", result)]);
+        assert_eq!((reloads("success"), reloads("failure")), (0.0, 0.0));
+    }
+
+    #[test]
+    fn each_scrape_encodes_its_own_snapshot() {
+        let m = Metrics::new();
+        let p = parse(&m.encode(snapshot()).unwrap());
+        assert_eq!(p.count("rivora_vip_packets_total"), 2);
+        let mut later = snapshot();
+        later.vips.retain(|v| v.vip.starts_with("udp/"));
+        later.vips[0].packets = 9;
+        let p = parse(&m.encode(later).unwrap());
+        assert_eq!(
+            p.label_values("rivora_vip_packets_total", "vip"),
+            ["udp/[2001:db8::1]:53"],
+            "a removed VIP's series goes"
+        );
+        assert_eq!(
+            p.value(
+                "rivora_vip_packets_total",
+                &[("vip", "udp/[2001:db8::1]:53")]
+            ),
+            9.0
+        );
     }
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape_label_value(r#"a\b"c"#), r#"a\\b\"c"#);
-        assert_eq!(escape_label_value("line\nbreak"), "line\\nbreak");
-        assert_eq!(escape_label_value("tcp/[::1]:80"), "tcp/[::1]:80");
+        let version = "1.0\"-dirty\\\n";
         let snap = MetricsSnapshot {
-            version: "1.0\"-dirty\\\n".into(),
+            version: version.into(),
             ..Default::default()
         };
-        let text = render(&snap);
-        assert!(text.contains("rivora_build_info{version=\"1.0\\\"-dirty\\\\\\n\"} 1\n"));
+        let text = Metrics::new().encode(snap).unwrap();
+        assert!(
+            text.contains("rivora_build_info{version=\"1.0\\\"-dirty\\\\\\n\"} 1\n"),
+            "{text}"
+        );
         // The raw newline must not split the sample across lines.
         assert!(text
             .lines()
             .all(|l| l.starts_with('#') || l.starts_with("rivora_")));
+        let p = parse(&text);
+        assert_eq!(p.label_values("rivora_build_info", "version"), [version]);
     }
 
     #[test]
     fn buckets_are_cumulative_and_le_inclusive() {
-        let h = small_histogram(&[0.01, 0.0100001, 0.1, 0.5, 1.0, 1.5, 100.0, 0.0]);
-        let c = h.cumulative();
+        let m = Metrics::new();
+        for v in [0.01, 0.0100001, 0.1, 0.5, 1.0, 1.5, 100.0, 0.0] {
+            m.observe_probe(true, v);
+        }
+        let p = parse(&m.encode(MetricsSnapshot::default()).unwrap());
+        let h = "rivora_health_probe_duration_seconds";
+        let bucket = |le| p.value(&format!("{h}_bucket"), &[("result", "success"), ("le", le)]);
+        // 0 and 0.01 fall in le=0.01; 1.0 in le=1.
+        assert_eq!(bucket("0.005"), 1.0);
+        assert_eq!(bucket("0.01"), 2.0);
+        assert_eq!(bucket("0.025"), 3.0);
+        assert_eq!(bucket("0.1"), 4.0);
+        assert_eq!(bucket("1"), 6.0);
+        assert_eq!(bucket("2.5"), 7.0);
+        assert_eq!(bucket("10"), 7.0);
+        assert_eq!(bucket("+Inf"), 8.0);
+        let counts: Vec<f64> = p
+            .samples
+            .iter()
+            .filter(|s| s.name == format!("{h}_bucket"))
+            .filter(|s| s.labels.contains(&("result".into(), "success".into())))
+            .map(|s| s.value)
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
         assert_eq!(
-            c,
-            vec![(0.01, 2), (0.1, 4), (1.0, 6), (f64::INFINITY, 8)],
-            "0 and 0.01 fall in le=0.01; 1.0 in le=1"
+            p.value(&format!("{h}_count"), &[("result", "success")]),
+            8.0
         );
-        assert!(c.windows(2).all(|w| w[0].1 <= w[1].1));
-        assert_eq!(c.last().map(|l| l.1), Some(h.count()));
-        assert!((h.sum() - 103.1200001).abs() < 1e-9);
+        assert!(
+            (p.value(&format!("{h}_sum"), &[("result", "success")]) - 103.1200001).abs() < 1e-9
+        );
+        assert_eq!(
+            p.value(&format!("{h}_count"), &[("result", "failure")]),
+            0.0,
+            "a success is not counted as a failure"
+        );
     }
 
     #[test]
-    fn histogram_bounds_are_checked() {
-        assert!(Histogram::new(&[1.0, 1.0]).is_err());
-        assert!(Histogram::new(&[2.0, 1.0]).is_err());
-        assert!(Histogram::new(&[1.0, f64::INFINITY]).is_err());
-        assert!(Histogram::new(&[f64::NAN]).is_err());
-        assert!(Histogram::new(&[]).is_ok());
+    fn other_metrics_share_the_registry() {
+        let mut m = Metrics::new();
+        let programming = Histogram::new([0.1, 1.0]);
+        m.registry_mut().register(
+            "rivora_network_programming_seconds",
+            "From an object change to the datapath programmed",
+            programming.clone(),
+        );
+        programming.observe(0.5);
+        let p = parse(&m.encode(snapshot()).unwrap());
+        assert_eq!(p.types["rivora_network_programming_seconds"], "histogram");
+        assert_eq!(
+            p.value("rivora_network_programming_seconds_bucket", &[("le", "1")]),
+            1.0
+        );
+        assert_eq!(
+            p.value("rivora_vip_packets_total", &[("vip", "tcp/10.0.0.1:80")]),
+            1000.0
+        );
     }
 
     #[test]
-    fn floats_use_exposition_spelling() {
-        assert_eq!(fmt_float(f64::INFINITY), "+Inf");
-        assert_eq!(fmt_float(f64::NEG_INFINITY), "-Inf");
-        assert_eq!(fmt_float(f64::NAN), "NaN");
-        assert_eq!(fmt_float(2.5), "2.5");
-        assert_eq!(fmt_float(1.0), "1");
-        assert_eq!(fmt_float(0.0005), "0.0005");
+    fn the_server_sends_this_format() {
+        assert_eq!(crate::api::METRICS_CONTENT_TYPE, CONTENT_TYPE);
     }
 }

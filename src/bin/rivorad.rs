@@ -10,11 +10,12 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use rivora::abi;
 use rivora::api::{serve_api, serve_metrics, ApiConfig, TcpApiConfig};
-use rivora::daemon::api::{DaemonApi, ProbeHistograms};
+use rivora::daemon::api::DaemonApi;
 use rivora::daemon::{self, Daemon, Options};
 use rivora::dataplane::{
     check_flow_table_size, Maps, DEFAULT_PIN_DIR, FLOW_TABLE_MAX_SIZE, FLOW_TABLE_MIN_SIZE,
 };
+use rivora::metrics::Metrics;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
 
@@ -134,18 +135,10 @@ fn main() -> Result<()> {
         flow_table_size: args.flow_table_size,
         state_dir: args.state_dir.clone(),
     };
-    let probes = Arc::new(Mutex::new(ProbeHistograms::default()));
+    let metrics = Arc::new(Metrics::new());
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
-        let probes = probes.clone();
-        Arc::new(move |_key, obs| {
-            if let Ok(mut h) = probes.lock() {
-                if obs.success() {
-                    h.success.observe(obs.latency_secs());
-                } else {
-                    h.failure.observe(obs.latency_secs());
-                }
-            }
-        })
+        let metrics = metrics.clone();
+        Arc::new(move |_key, obs| metrics.observe_probe(obs.success(), obs.latency_secs()))
     };
     let (d, mut events) = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
@@ -155,7 +148,7 @@ fn main() -> Result<()> {
     let state = Arc::new(DaemonApi {
         daemon: d.clone(),
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
-        probes,
+        metrics,
     });
     let api = runtime
         .block_on(serve_api(

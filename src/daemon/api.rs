@@ -16,21 +16,15 @@ use crate::api::{ApiRequestError, ApiState};
 use crate::daemon::{Daemon, DaemonError};
 use crate::dataplane::render::Health;
 use crate::dataplane::{Maps, XdpMode};
-use crate::metrics::{self, BackendHealthSample, Histogram, MetricsSnapshot, VipCounters};
+use crate::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 use crate::model::{Affinity, BackendTarget, Mode, Ports, Protocol, VipKey};
-
-/// Probe latency histograms, fed by the health checker's observer.
-#[derive(Default)]
-pub struct ProbeHistograms {
-    pub success: Histogram,
-    pub failure: Histogram,
-}
 
 pub struct DaemonApi {
     pub daemon: Arc<Mutex<Daemon>>,
     /// Read-only view of the pinned counters.
     pub maps: Maps,
-    pub probes: Arc<Mutex<ProbeHistograms>>,
+    /// Also fed by the health checker's observer (probe latencies).
+    pub metrics: Arc<Metrics>,
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiRequestError {
@@ -385,10 +379,6 @@ impl ApiState for DaemonApi {
                 d.reloads_failed,
             )
         };
-        let probes = self
-            .probes
-            .lock()
-            .map_err(|_| internal("histogram lock poisoned"))?;
         let snap = MetricsSnapshot {
             version: env!("CARGO_PKG_VERSION").to_string(),
             vips: vips
@@ -411,9 +401,7 @@ impl ApiState for DaemonApi {
             drops,
             reloads_success,
             reloads_failure,
-            probe_success: probes.success.clone(),
-            probe_failure: probes.failure.clone(),
         };
-        Ok(metrics::render(&snap))
+        self.metrics.encode(snap).map_err(internal)
     }
 }

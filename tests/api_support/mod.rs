@@ -13,7 +13,7 @@ use rivora::api::{
     Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadResult, Status, VipBackend, VipInfo,
     VipMode, VipName, XdpMode,
 };
-use rivora::metrics::{self, BackendHealthSample, MetricsSnapshot, VipCounters};
+use rivora::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 
 pub const VIP4: &str = "tcp/10.0.0.1:80";
 pub const VIP6: &str = "udp/[2001:db8::1]:53";
@@ -293,7 +293,7 @@ impl ApiState for Fake {
     async fn metrics(&self) -> Result<String, ApiRequestError> {
         self.read_guard()?;
         let vips = self.all_vips();
-        Ok(metrics::render(&MetricsSnapshot {
+        let snap = MetricsSnapshot {
             version: "0.1.0-test".into(),
             vips: vips
                 .iter()
@@ -310,6 +310,11 @@ impl ApiState for Fake {
                 state: BackendHealth::Healthy,
             }],
             ..Default::default()
-        }))
+        };
+        Metrics::new()
+            .encode(snap)
+            .map_err(|e| ApiRequestError::Internal {
+                reason: e.to_string(),
+            })
     }
 }

@@ -49,7 +49,7 @@ pub trait ApiState: Send + Sync + 'static {
     /// `Err(ConfigInvalid)` and leaves the running state as it was.
     fn reload(&self) -> impl Future<Output = Result<ReloadResult, ApiRequestError>> + Send;
 
-    /// The Prometheus text exposition, usually `metrics::render` of a
-    /// fresh `MetricsSnapshot`.
+    /// The Prometheus text exposition, usually `metrics::Metrics::encode`
+    /// of a fresh `MetricsSnapshot`.
     fn metrics(&self) -> impl Future<Output = Result<String, ApiRequestError>> + Send;
 }
