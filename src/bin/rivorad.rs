@@ -4,7 +4,6 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -17,7 +16,7 @@ use rivora::dataplane::{
 };
 use rivora::metrics::Metrics;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info};
+use tracing::info;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,8 +25,9 @@ use tracing::{error, info};
     about = "Rivora's per-node load-balancer daemon"
 )]
 struct Args {
-    /// The static configuration file (YAML).
-    #[arg(long, value_name = "FILE", required_unless_present = "cleanup")]
+    /// The static configuration file (YAML). Default: /etc/rivora/rivora.yaml
+    /// (what `make install` writes).
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where maps (and, with -persist-datapath, links) are pinned.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
@@ -63,6 +63,10 @@ struct Args {
     )]
     flow_table_size: u32,
 }
+
+/// Where `make install` puts the configuration, and where rivorad looks
+/// without `-config`.
+const DEFAULT_CONFIG: &str = "/etc/rivora/rivora.yaml";
 
 /// `-flow-table-size`: a count within the bounds. Checked while parsing
 /// the flags, so a bad value stops rivorad before anything is touched.
@@ -116,7 +120,20 @@ fn main() -> Result<()> {
         info!(pin_dir = %args.pin_dir.display(), "removed everything rivora pinned");
         return Ok(());
     }
-    let config = args.config.context("-config is required")?;
+    let config = match args.config {
+        Some(c) => c,
+        None => {
+            let default = PathBuf::from(DEFAULT_CONFIG);
+            if !default.exists() {
+                // Said in one sentence, as the first thing a new user sees.
+                eprintln!(
+                    "rivorad: no configuration: {DEFAULT_CONFIG} does not exist; write one (examples/ has one per mode), pass -config FILE, or run -kubernetes"
+                );
+                std::process::exit(2);
+            }
+            default
+        }
+    };
     if args.check {
         let c = rivora::config::load(&config)?;
         println!("{}", rivora::config::summary(&c));
@@ -140,13 +157,15 @@ fn main() -> Result<()> {
         let metrics = metrics.clone();
         Arc::new(move |_key, obs| metrics.observe_probe(obs.success(), obs.latency_secs()))
     };
-    let (d, mut events) = Daemon::start(opts, runtime.handle().clone(), observer)
+    let d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
     let api_conf = d.config.file.api.clone();
     let metrics_addr = d.config.file.metrics.listen;
-    let d = Arc::new(Mutex::new(d));
+    let file = d.file_source();
     let state = Arc::new(DaemonApi {
-        daemon: d.clone(),
+        status: d.status(),
+        reconciler: Mutex::new(d.sender()),
+        file: file.clone(),
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
     });
@@ -173,40 +192,11 @@ fn main() -> Result<()> {
     };
     info!(socket = %api_conf.socket.display(), metrics = ?metrics_addr, "ready");
 
-    let main_ref = d.clone();
     runtime.block_on(async move {
-        let d = main_ref;
-        let health = {
-            let d = d.clone();
-            tokio::spawn(async move {
-                while let Some(ev) = events.recv().await {
-                    let mut g = d.lock().expect("daemon lock");
-                    if let Err(e) = g.on_health(&ev) {
-                        error!(error = %e, "applying a health change");
-                    }
-                }
-            })
-        };
-        // Reload when the file changes (checked every second), as on SIGHUP.
+        // Reload when the file changes, as on SIGHUP.
         let watcher = {
-            let d = d.clone();
-            let path = config.clone();
-            tokio::spawn(async move {
-                let stamp = |p: &PathBuf| -> Option<(SystemTime, u64)> {
-                    let m = std::fs::metadata(p).ok()?;
-                    Some((m.modified().ok()?, m.len()))
-                };
-                let mut last = stamp(&path);
-                loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    let now = stamp(&path);
-                    if now.is_some() && now != last {
-                        last = now;
-                        info!(file = %path.display(), "configuration file changed");
-                        let _ = d.lock().expect("daemon lock").reload();
-                    }
-                }
-            })
+            let file = file.clone();
+            tokio::spawn(async move { file.watch().await })
         };
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -215,13 +205,13 @@ fn main() -> Result<()> {
             tokio::select! {
                 _ = hup.recv() => {
                     info!("SIGHUP: reloading");
-                    let _ = d.lock().expect("daemon lock").reload();
+                    // The outcome is logged and shown by the status.
+                    let _ = file.reload().await;
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
             }
         }
-        health.abort();
         watcher.abort();
         api.shutdown().await;
         if let Some(m) = metrics {
@@ -230,12 +220,7 @@ fn main() -> Result<()> {
         anyhow::Ok(())
     })?;
     drop(state);
-    // The tasks held references; the runtime going away drops them.
     drop(runtime);
-    let d = Arc::try_unwrap(d).map_err(|_| anyhow::anyhow!("daemon still shared at exit"))?;
-    let d = d
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("daemon lock poisoned"))?;
     d.shutdown();
     info!("stopped");
     Ok(())

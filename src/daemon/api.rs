@@ -1,10 +1,14 @@
-//! The API as the daemon answers it: reads come from the daemon's state and
-//! the pinned counters, writes go through the daemon (and so through the
-//! map writer, under the one lock).
+//! The API as rivorad answers it. Reads come from the reconciler's
+//! published status and the pinned counters, never from the reconciler
+//! itself, so they answer during a long apply; writes are commands to the
+//! reconciler (drains) or the file source (reload), answered once
+//! applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc};
+
+use tokio::sync::oneshot;
 
 use crate::abi::{self, rv_drop_stats, rv_vip_stats};
 use crate::api::{
@@ -13,14 +17,20 @@ use crate::api::{
     VipInfo, VipMode, VipName, XdpMode as ApiXdpMode,
 };
 use crate::api::{ApiRequestError, ApiState};
-use crate::daemon::{Daemon, DaemonError};
 use crate::dataplane::render::Health;
 use crate::dataplane::{Maps, XdpMode};
+use crate::desired::SourceKind;
+use crate::healthcheck::HealthState;
 use crate::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
-use crate::model::{Affinity, BackendTarget, Mode, Ports, Protocol, VipKey};
+use crate::model::{Affinity, Mode, Ports, Protocol, VipKey};
+use crate::reconciler::status::{DataplaneStatus, ProbeStatus, SourceStatus, StatusReader};
+use crate::reconciler::{Command, DrainError};
+use crate::sources::file::{FileSource, ReloadError};
 
 pub struct DaemonApi {
-    pub daemon: Arc<Mutex<Daemon>>,
+    pub status: StatusReader,
+    pub reconciler: std::sync::Mutex<mpsc::Sender<Command>>,
+    pub file: Arc<FileSource>,
     /// Read-only view of the pinned counters.
     pub maps: Maps,
     /// Also fed by the health checker's observer (probe latencies).
@@ -51,32 +61,22 @@ fn key_of(name: &VipName) -> VipKey {
     }
 }
 
-fn health_of(h: Option<Health>) -> BackendHealth {
+fn health_of(h: Health) -> BackendHealth {
     match h {
-        Some(Health::Draining) => BackendHealth::Draining,
-        Some(Health::Down) => BackendHealth::Down,
-        _ => BackendHealth::Healthy,
+        Health::Healthy => BackendHealth::Healthy,
+        Health::Draining => BackendHealth::Draining,
+        Health::Down => BackendHealth::Down,
     }
 }
 
-/// The probe port of a backend with port 0 is the VIP's.
-fn service_port(key: &VipKey, port: u16) -> u16 {
-    if port != 0 {
-        return port;
-    }
-    match key.ports {
-        Ports::One(p) => p,
-        Ports::Range { first, .. } => first,
-    }
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl DaemonApi {
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Daemon>, ApiRequestError> {
-        self.daemon
-            .lock()
-            .map_err(|_| internal("daemon state lock poisoned"))
-    }
-
     fn vip_stats(&self, svc_id: u32) -> rv_vip_stats {
         let per_cpu: Vec<rv_vip_stats> =
             self.maps.stats_map.get_percpu(&svc_id).unwrap_or_default();
@@ -89,237 +89,186 @@ impl DaemonApi {
         })
     }
 
-    fn vip_infos(&self, d: &Daemon) -> Vec<VipInfo> {
-        let specs: BTreeMap<VipKey, crate::model::Vip> =
-            d.writer.specs().into_iter().map(|v| (v.key(), v)).collect();
-        let mut out = Vec::new();
-        for info in d.writer.vips() {
-            let Some(key) = info.key else { continue };
-            let Some(spec) = specs.get(&key) else {
-                continue;
-            };
-            let st = self.vip_stats(info.svc_id);
-            let (first, last) = key.ports.bounds();
-            out.push(VipInfo {
-                vip: key.to_string(),
-                addr: key.addr,
-                ports: ApiPorts { first, last },
-                proto: match key.proto {
-                    Protocol::Tcp => Proto::Tcp,
-                    Protocol::Udp => Proto::Udp,
-                },
-                mode: match spec.mode {
-                    Mode::Nat => VipMode::Nat,
-                    Mode::Dsr => VipMode::Dsr,
-                    Mode::L3Dsr => VipMode::L3dsr,
-                },
-                affinity: match spec.affinity {
-                    Affinity::None => ApiAffinity::None,
-                    Affinity::ClientIp { .. } => ApiAffinity::ClientIp,
-                },
-                service_id: info.svc_id,
-                slice_start: info.slice.start,
-                slice_len: info.slice.len,
-                backends: spec
-                    .backends
-                    .iter()
-                    .zip(info.backend_ids.iter())
-                    .map(|(b, id)| {
-                        let t = BackendTarget {
-                            addr: b.addr,
-                            port: b.port,
-                        };
-                        VipBackend {
-                            target: SocketAddr::new(b.addr, service_port(&key, b.port)),
-                            backend_id: *id,
+    fn vip_infos(&self, st: &DataplaneStatus) -> Vec<VipInfo> {
+        st.vips
+            .iter()
+            .map(|v| {
+                let key = v.key;
+                let c = self.vip_stats(v.svc_id);
+                let (first, last) = key.ports.bounds();
+                VipInfo {
+                    vip: key.to_string(),
+                    addr: key.addr,
+                    ports: ApiPorts { first, last },
+                    proto: match key.proto {
+                        Protocol::Tcp => Proto::Tcp,
+                        Protocol::Udp => Proto::Udp,
+                    },
+                    mode: match v.mode {
+                        Mode::Nat => VipMode::Nat,
+                        Mode::Dsr => VipMode::Dsr,
+                        Mode::L3Dsr => VipMode::L3dsr,
+                    },
+                    affinity: match v.affinity {
+                        Affinity::None => ApiAffinity::None,
+                        Affinity::ClientIp { .. } => ApiAffinity::ClientIp,
+                    },
+                    service_id: v.svc_id,
+                    slice_start: v.slice.start,
+                    slice_len: v.slice.len,
+                    backends: v
+                        .backends
+                        .iter()
+                        .map(|b| VipBackend {
+                            target: SocketAddr::new(b.target.addr, b.service_port),
+                            backend_id: b.backend_id,
                             weight: b.weight,
-                            health: health_of(d.writer.health(&t)),
-                            drained: d.drains.contains(&(None, t))
-                                || d.drains.contains(&(Some(key), t)),
-                        }
-                    })
-                    .collect(),
-                packets: st.packets,
-                bytes: st.bytes,
-                rate_limited: st.rate_limited,
-                no_backend: st.no_backend,
-            });
-        }
-        out
+                            health: health_of(b.health),
+                            drained: b.drained,
+                        })
+                        .collect(),
+                    packets: c.packets,
+                    bytes: c.bytes,
+                    rate_limited: c.rate_limited,
+                    no_backend: c.no_backend,
+                }
+            })
+            .collect()
     }
 
-    fn backend_infos(&self, d: &Daemon) -> Vec<BackendInfo> {
+    fn backend_infos(st: &DataplaneStatus) -> Vec<BackendInfo> {
         let mut by_target: BTreeMap<SocketAddr, BackendInfo> = BTreeMap::new();
-        for v in self.vip_infos(d) {
-            let key = key_of(&v.vip.parse().unwrap_or(VipName {
-                proto: v.proto,
-                addr: v.addr,
-                ports: v.ports,
-            }));
-            for b in v.backends {
-                let model_port = d
-                    .config
-                    .desired
-                    .vips
-                    .iter()
-                    .find(|x| x.key() == key)
-                    .and_then(|x| {
-                        x.backends.iter().find(|y| {
-                            y.addr == b.target.ip() && service_port(&key, y.port) == b.target.port()
-                        })
-                    })
-                    .map(|y| y.port)
-                    .unwrap_or(b.target.port());
-                let t = BackendTarget {
-                    addr: b.target.ip(),
-                    port: model_port,
+        for v in &st.vips {
+            for b in &v.backends {
+                let at = SocketAddr::new(b.target.addr, b.service_port);
+                let probe = match b.probe {
+                    ProbeStatus::Disabled => ProbeState::Disabled,
+                    ProbeStatus::Unknown => ProbeState::Unknown,
+                    ProbeStatus::Is(HealthState::Healthy) => ProbeState::Healthy,
+                    ProbeStatus::Is(HealthState::Down) => ProbeState::Down,
                 };
-                let probe = match d.config.health.get(&(key, b.target)) {
-                    Some(None) | None => ProbeState::Disabled,
-                    Some(Some(_)) => match d.checker.state(&(key, t)) {
-                        Some(crate::healthcheck::HealthState::Healthy) => ProbeState::Healthy,
-                        Some(crate::healthcheck::HealthState::Down) => ProbeState::Down,
-                        None => ProbeState::Unknown,
-                    },
-                };
-                let e = by_target.entry(b.target).or_insert_with(|| BackendInfo {
-                    target: b.target,
+                let e = by_target.entry(at).or_insert_with(|| BackendInfo {
+                    target: at,
                     backend_id: b.backend_id,
-                    health: b.health,
+                    health: health_of(b.health),
                     probe,
-                    drained_by_operator: d.drains.iter().any(|(_, dt)| *dt == t),
+                    drained_by_operator: false,
                     vips: Vec::new(),
                 });
+                // Down if any VIP's probe says so; drained if any drain
+                // names it.
                 if probe == ProbeState::Down {
                     e.probe = ProbeState::Down;
                 }
-                e.vips.push(v.vip.clone());
+                e.drained_by_operator |= b.drained;
+                e.vips.push(v.key.to_string());
             }
         }
         by_target.into_values().collect()
     }
 
-    /// The dataplane target for an API target (addr:port where the port
-    /// may be the VIP's own for a backend configured without one).
-    fn resolve_target(
-        d: &Daemon,
-        target: SocketAddr,
-        vip: Option<&VipKey>,
-    ) -> Vec<(VipKey, BackendTarget)> {
-        let mut out = Vec::new();
-        for v in &d.config.desired.vips {
-            let key = v.key();
-            if vip.is_some_and(|k| *k != key) {
-                continue;
-            }
-            for b in &v.backends {
-                if b.addr == target.ip() && service_port(&key, b.port) == target.port() {
-                    out.push((
-                        key,
-                        BackendTarget {
-                            addr: b.addr,
-                            port: b.port,
-                        },
-                    ));
-                }
-            }
-        }
-        out
+    fn file_status(st: &DataplaneStatus) -> SourceStatus {
+        st.sources
+            .get(&SourceKind::File)
+            .cloned()
+            .unwrap_or_default()
     }
 
-    fn drain_common(&self, spec: &DrainSpec, drain: bool) -> Result<DrainOutcome, ApiRequestError> {
-        let mut d = self.lock()?;
-        let vip = spec.vip.as_ref().map(key_of);
-        if let Some(k) = &vip {
-            if !d.config.desired.vips.iter().any(|v| v.key() == *k) {
-                return Err(ApiRequestError::UnknownVip { vip: k.to_string() });
-            }
-        }
-        let matches = Self::resolve_target(&d, spec.target, vip.as_ref());
-        if matches.is_empty() {
-            return Err(
-                match (&vip, Self::resolve_target(&d, spec.target, None).is_empty()) {
-                    (Some(k), false) => ApiRequestError::BackendNotInVip {
-                        target: spec.target,
-                        vip: k.to_string(),
-                    },
-                    _ => ApiRequestError::UnknownBackend {
-                        target: spec.target,
-                    },
+    async fn drain_common(
+        &self,
+        spec: &DrainSpec,
+        drain: bool,
+    ) -> Result<DrainOutcome, ApiRequestError> {
+        let (reply, answer) = oneshot::channel();
+        self.reconciler
+            .lock()
+            .map_err(|_| internal("reconciler channel lock poisoned"))?
+            .send(Command::Drain {
+                target: spec.target,
+                vip: spec.vip.as_ref().map(key_of),
+                drain,
+                reply,
+            })
+            .map_err(|_| internal("rivorad is shutting down"))?;
+        let done = answer
+            .await
+            .map_err(|_| internal("rivorad is shutting down"))?
+            .map_err(|e| match e {
+                DrainError::UnknownVip { vip } => ApiRequestError::UnknownVip {
+                    vip: vip.to_string(),
                 },
-            );
-        }
-        let target = matches[0].1;
-        let before = d.drains.contains(&(vip, target));
-        d.set_drain(target, vip, drain).map_err(|e| match e {
-            DaemonError::Config(c) => ApiRequestError::ConfigInvalid {
-                error: c.to_string(),
-            },
-            other => internal(other),
-        })?;
+                DrainError::UnknownBackend { target } => ApiRequestError::UnknownBackend { target },
+                DrainError::BackendNotInVip { target, vip } => ApiRequestError::BackendNotInVip {
+                    target,
+                    vip: vip.to_string(),
+                },
+                other => internal(other),
+            })?;
         Ok(DrainOutcome {
             target: spec.target,
-            vips: matches.iter().map(|(k, _)| k.to_string()).collect(),
-            changed: before != drain,
+            vips: done.vips.iter().map(|k| k.to_string()).collect(),
+            changed: done.changed,
         })
     }
 }
 
 impl ApiState for DaemonApi {
     async fn status(&self) -> Result<Status, ApiRequestError> {
-        let d = self.lock()?;
-        let backends: std::collections::BTreeSet<_> = d
-            .config
-            .desired
+        let apply_in_progress = self.status.applying();
+        let st = self.status.current();
+        let file = Self::file_status(&st);
+        let backends: BTreeSet<_> = st
             .vips
             .iter()
-            .flat_map(|v| v.backends.iter().map(|b| (b.addr, b.port)))
+            .flat_map(|v| v.backends.iter().map(|b| b.target))
             .collect();
         Ok(Status {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            config_generation: d.generation,
+            config_generation: file.updates_ok,
             last_reload: ReloadResult {
-                ok: d.last_reload.ok,
-                at: d.last_reload.at,
-                error: d.last_reload.error.clone(),
+                ok: file.last_error.is_none(),
+                at: file.last_at,
+                error: file.last_error.clone(),
             },
-            interfaces: d
-                .attached
+            interfaces: st
+                .interfaces
                 .iter()
                 .map(|a| InterfaceStatus {
                     name: a.name.clone(),
                     ifindex: a.ifindex,
-                    xdp_mode: match a.xdp.xdp_mode {
+                    xdp_mode: match a.xdp_mode {
                         Some(XdpMode::Generic) => ApiXdpMode::Generic,
                         _ => ApiXdpMode::Native,
                     },
                     tc_attached: true,
                 })
                 .collect(),
-            vip_count: d.writer.vips().len() as u64,
+            vip_count: (st.vips.len() + st.unclaimed) as u64,
             backend_count: backends.len() as u64,
-            maglev_size: d.dp.maglev_size(),
-            flow_table_size: d.dp.flow_table_size(),
-            // Shown, not relied on: a failed read of the possible CPUs
-            // is not worth failing the status call for.
-            flow_table_per_cpu: d.dp.flow_table_per_cpu().unwrap_or(0),
+            maglev_size: st.capacities.maglev_size,
+            flow_table_size: st.capacities.flow_table_size,
+            flow_table_per_cpu: st.capacities.flow_table_per_cpu,
+            apply_in_progress,
+            unclaimed_vips: st.unclaimed as u64,
+            conflicts: st.conflicts.iter().map(|c| c.to_string()).collect(),
+            failed_vips: st.failed.iter().map(|(k, e)| format!("{k}: {e}")).collect(),
         })
     }
 
     async fn vips(&self) -> Result<Vec<VipInfo>, ApiRequestError> {
-        let d = self.lock()?;
-        Ok(self.vip_infos(&d))
+        Ok(self.vip_infos(&self.status.current()))
     }
 
     async fn vip(&self, name: &VipName) -> Result<Option<VipInfo>, ApiRequestError> {
-        let d = self.lock()?;
         let want = key_of(name).to_string();
-        Ok(self.vip_infos(&d).into_iter().find(|v| v.vip == want))
+        Ok(self
+            .vip_infos(&self.status.current())
+            .into_iter()
+            .find(|v| v.vip == want))
     }
 
     async fn backends(&self) -> Result<Vec<BackendInfo>, ApiRequestError> {
-        let d = self.lock()?;
-        Ok(self.backend_infos(&d))
+        Ok(Self::backend_infos(&self.status.current()))
     }
 
     async fn drops(&self) -> Result<Drops, ApiRequestError> {
@@ -333,11 +282,12 @@ impl ApiState for DaemonApi {
             let label = abi::drop_reason_label(*r).unwrap_or("unknown");
             by_reason.insert(label.to_string(), per_cpu.iter().map(|s| s.packets).sum());
         }
-        let d = self.lock()?;
         let rate_limited_by_vip = self
-            .vip_infos(&d)
-            .into_iter()
-            .map(|v| (v.vip, v.rate_limited))
+            .status
+            .current()
+            .vips
+            .iter()
+            .map(|v| (v.key.to_string(), self.vip_stats(v.svc_id).rate_limited))
             .collect();
         Ok(Drops {
             by_reason,
@@ -346,22 +296,23 @@ impl ApiState for DaemonApi {
     }
 
     async fn drain(&self, spec: &DrainSpec) -> Result<DrainOutcome, ApiRequestError> {
-        self.drain_common(spec, true)
+        self.drain_common(spec, true).await
     }
 
     async fn undrain(&self, spec: &DrainSpec) -> Result<DrainOutcome, ApiRequestError> {
-        self.drain_common(spec, false)
+        self.drain_common(spec, false).await
     }
 
     async fn reload(&self) -> Result<ReloadResult, ApiRequestError> {
-        let mut d = self.lock()?;
-        match d.reload() {
-            Ok(_) => Ok(ReloadResult {
+        match self.file.reload().await {
+            Ok(()) => Ok(ReloadResult {
                 ok: true,
-                at: d.last_reload.at,
+                at: Self::file_status(&self.status.current())
+                    .last_at
+                    .max(now_secs()),
                 error: None,
             }),
-            Err(e @ DaemonError::Config(_)) => Err(ApiRequestError::ConfigInvalid {
+            Err(e @ ReloadError::Invalid(_)) => Err(ApiRequestError::ConfigInvalid {
                 error: e.to_string(),
             }),
             Err(e) => Err(internal(e)),
@@ -370,18 +321,12 @@ impl ApiState for DaemonApi {
 
     async fn metrics(&self) -> Result<String, ApiRequestError> {
         let drops = self.drops().await?.by_reason;
-        let (vips, backends, reloads_success, reloads_failure) = {
-            let d = self.lock()?;
-            (
-                self.vip_infos(&d),
-                self.backend_infos(&d),
-                d.reloads_ok,
-                d.reloads_failed,
-            )
-        };
+        let st = self.status.current();
+        let file = Self::file_status(&st);
         let snap = MetricsSnapshot {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            vips: vips
+            vips: self
+                .vip_infos(&st)
                 .iter()
                 .map(|v| VipCounters {
                     vip: v.vip.clone(),
@@ -391,7 +336,7 @@ impl ApiState for DaemonApi {
                     no_healthy_backend_drops: v.no_backend,
                 })
                 .collect(),
-            backends: backends
+            backends: Self::backend_infos(&st)
                 .iter()
                 .map(|b| BackendHealthSample {
                     backend: b.target.to_string(),
@@ -399,8 +344,9 @@ impl ApiState for DaemonApi {
                 })
                 .collect(),
             drops,
-            reloads_success,
-            reloads_failure,
+            // The start's apply is not a reload.
+            reloads_success: file.updates_ok.saturating_sub(1),
+            reloads_failure: file.updates_failed,
         };
         self.metrics.encode(snap).map_err(internal)
     }

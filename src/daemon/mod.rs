@@ -1,33 +1,31 @@
-//! rivorad's core: the one owner of the dataplane on a node. Sources (the
-//! static file here) produce desired state; this applies it through the
-//! map writer, attaches the programs, runs the health checker and answers
-//! the API. Every change goes through one `Daemon` behind one lock, so map
-//! writes never interleave.
+//! rivorad's start-up and shutdown: load and adopt the datapath, hand the
+//! writer to the reconciler (the one owner of the maps from then on),
+//! attach the programs, and start the file source. What the daemon keeps
+//! itself is what outlives a reconcile: the loaded programs and the
+//! attached links.
 
 pub mod api;
 pub mod net;
 pub mod state;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{mpsc, Arc};
 
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::config::{self, Config, ConfigError};
 use crate::dataplane::attach::xdp_attached_mode;
 use crate::dataplane::{
-    AttachPoint, AttachedLink, Datapath, DataplaneError, LoadOptions, Probe, ReconcileReport,
-    Writer, XdpMode,
+    AttachPoint, AttachedLink, Datapath, DataplaneError, LoadOptions, Writer, XdpMode,
 };
-use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
-use crate::model::{BackendTarget, DesiredState, Mode, VipKey};
+use crate::healthcheck::HealthChecker;
+use crate::reconciler::status::{self as rstatus, Capacities, InterfaceInfo, StatusReader};
+use crate::reconciler::{Command, KernelFacts, Reconciler};
+use crate::sources::file::{self as file_source, FileSource};
 use state::{DrainStore, Drains, StateError};
 
-/// A probe is one (VIP, backend) pair: a backend shared by VIPs on
-/// different ports is probed on each.
-pub type ProbeKey = (VipKey, BackendTarget);
+pub use crate::reconciler::ProbeKey;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -37,12 +35,12 @@ pub enum DaemonError {
     Dataplane(#[from] DataplaneError),
     #[error(transparent)]
     Net(#[from] net::NetError),
-    #[error("health checker: {0}")]
-    Health(String),
-    #[error("{vips} VIP(s) could not be applied: {detail}")]
-    Apply { vips: usize, detail: String },
+    #[error("{0}")]
+    Apply(String),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error("starting the reconciler thread: {0}")]
+    Thread(std::io::Error),
 }
 
 #[derive(Debug, Clone)]
@@ -58,14 +56,6 @@ pub struct Options {
     pub state_dir: PathBuf,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ReloadStatus {
-    pub ok: bool,
-    /// Unix seconds.
-    pub at: u64,
-    pub error: Option<String>,
-}
-
 /// One attached interface.
 pub struct Attached {
     pub name: String,
@@ -75,82 +65,26 @@ pub struct Attached {
 }
 
 pub struct Daemon {
-    pub opts: Options,
+    opts: Options,
+    /// The configuration rivorad started with (listeners, interfaces).
     pub config: Config,
-    pub dp: Datapath,
-    pub writer: Writer,
-    pub attached: Vec<Attached>,
-    pub checker: HealthChecker<ProbeKey>,
-    pub generation: u64,
-    pub last_reload: ReloadStatus,
-    pub reloads_ok: u64,
-    pub reloads_failed: u64,
-    /// Operator drains: a backend everywhere (None) or for one VIP.
-    pub drains: Drains,
-    drain_store: DrainStore,
-    /// Probes that currently say down, by backend.
-    probe_down: BTreeMap<BackendTarget, BTreeSet<VipKey>>,
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// The probe targets a configuration asks for.
-fn probe_targets(cfg: &Config, writer: &Writer) -> Vec<ProbeTarget<ProbeKey>> {
-    let mut out = Vec::new();
-    for ((vip, addr), spec) in &cfg.health {
-        let Some(spec) = spec else { continue };
-        let Some(target) = backend_target(cfg, vip, *addr) else {
-            continue;
-        };
-        // A backend the pinned maps say is down stays down until a probe
-        // says otherwise (restarts must not resurrect it).
-        let initial = match writer.health(&target) {
-            Some(crate::dataplane::render::Health::Down) => HealthState::Down,
-            _ => HealthState::Healthy,
-        };
-        out.push(ProbeTarget {
-            key: (*vip, target),
-            addr: *addr,
-            spec: spec.clone(),
-            initial,
-        });
-    }
-    out
-}
-
-/// The dataplane identity of the backend probed at `addr` for `vip`.
-fn backend_target(cfg: &Config, vip: &VipKey, addr: SocketAddr) -> Option<BackendTarget> {
-    let v = cfg.desired.vips.iter().find(|v| v.key() == *vip)?;
-    let b = v
-        .backends
-        .iter()
-        .find(|b| b.addr == addr.ip() && (b.port == addr.port() || b.port == 0))?;
-    Some(BackendTarget {
-        addr: b.addr,
-        port: b.port,
-    })
+    dp: Datapath,
+    attached: Vec<Attached>,
+    tx: mpsc::Sender<Command>,
+    status: StatusReader,
+    file: Arc<FileSource>,
+    reconciler: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
     /// Load the configuration (an invalid file is an error, nothing is
     /// touched), the BPF objects and the pinned maps (adopting what they
-    /// hold), apply the file, attach, and start probing.
+    /// hold), apply the file, attach, and start probing and reconciling.
     pub fn start(
         opts: Options,
         runtime: tokio::runtime::Handle,
         observer: crate::healthcheck::Observer<ProbeKey>,
-    ) -> Result<
-        (
-            Self,
-            tokio::sync::mpsc::UnboundedReceiver<HealthEvent<ProbeKey>>,
-        ),
-        DaemonError,
-    > {
+    ) -> Result<Self, DaemonError> {
         let t0 = std::time::Instant::now();
         let load_opts = LoadOptions {
             pin_dir: opts.pin_dir.clone(),
@@ -228,31 +162,11 @@ impl Daemon {
                 writer.set_drain(&t, false)?;
             }
         }
-        let (checker, events) = HealthChecker::with_observer(runtime, observer);
-        let mut d = Self {
-            opts,
-            config: cfg.clone(),
-            dp,
-            writer,
-            attached: Vec::new(),
-            checker,
-            generation: 0,
-            last_reload: ReloadStatus {
-                ok: true,
-                at: now_secs(),
-                error: None,
-            },
-            reloads_ok: 0,
-            reloads_failed: 0,
-            drains,
-            drain_store,
-            probe_down: BTreeMap::new(),
-        };
-        let flow_table_size = d.dp.flow_table_size();
+        let flow_table_size = dp.flow_table_size();
         info!(
             adopted,
-            drains = d.drains.len(),
-            file = %d.opts.config.display(),
+            drains = drains.len(),
+            file = %opts.config.display(),
             flow_table_size,
             config_ms,
             load_ms,
@@ -262,152 +176,91 @@ impl Daemon {
         // Each CPU keeps only its share of every flow table: a node that
         // declares many possible CPUs (hot-pluggable ones count) can leave
         // each a share too thin for the flows one CPU handles.
-        let per_cpu = d.dp.flow_table_per_cpu()?;
+        let per_cpu = dp.flow_table_per_cpu()?;
         if per_cpu < 1024 {
             warn!(
                 flow_table_size,
                 per_cpu, "each CPU keeps only {per_cpu} flows: consider a larger -flow-table-size"
             );
         }
+
+        let (checker, mut events) = HealthChecker::with_observer(runtime.clone(), observer);
+        let (publisher, status) = rstatus::channel();
+        let mut rec = Reconciler::new(writer, KernelFacts, checker, drains, drain_store, publisher);
+        rec.register(crate::desired::SourceKind::File);
         let t1 = std::time::Instant::now();
-        let report = d.apply(&cfg)?;
-        d.generation = 1;
+        let (ack, mut applied) = tokio::sync::oneshot::channel();
+        rec.submit_all(file_source::commands(&cfg, Some(ack)));
+        let applied = applied
+            .try_recv()
+            .map_err(|_| DaemonError::Apply("the first apply gave no answer".into()))?;
+        if !applied.ok() {
+            return Err(DaemonError::Apply(applied.summary()));
+        }
         info!(
-            created = report.created,
-            updated = report.updated,
-            unchanged = report.unchanged,
-            removed = report.removed,
             apply_ms = t1.elapsed().as_millis() as u64,
             "configuration applied"
         );
-        d.attach()?;
-        Ok((d, events))
-    }
 
-    /// Desired state for `cfg` with this node's facts filled in: the
-    /// interfaces' MACs, DSR backends' MACs from the neighbour table, and
-    /// operator drains for one VIP as weight 0 (no new flows for that VIP,
-    /// established ones continue through the affinity table).
-    fn desired(&self, cfg: &Config) -> Result<DesiredState, DaemonError> {
-        let mut d = cfg.desired.clone();
-        for ifc in &cfg.file.interfaces {
-            let (ifindex, mac) = net::interface(&ifc.name)?;
-            d.node.interface_macs.insert(ifindex, mac);
-        }
-        for v in &mut d.vips {
-            let key = v.key();
-            for b in &mut v.backends {
-                if v.mode == Mode::Dsr && b.mac.is_none() {
-                    b.mac = Some(net::resolve_mac(b.addr, Duration::from_secs(1))?);
-                }
-                if self.drains.contains(&(
-                    Some(key),
-                    BackendTarget {
-                        addr: b.addr,
-                        port: b.port,
-                    },
-                )) {
-                    b.weight = 0;
+        let mut d = Self {
+            opts,
+            config: cfg.clone(),
+            dp,
+            attached: Vec::new(),
+            // Replaced below, once the reconciler's thread runs.
+            tx: mpsc::channel().0,
+            status,
+            file: Arc::new(FileSource::new(PathBuf::new(), mpsc::channel().0, &cfg)),
+            reconciler: None,
+        };
+        d.attach()?;
+        rec.set_attached(
+            d.attached
+                .iter()
+                .map(|a| InterfaceInfo {
+                    name: a.name.clone(),
+                    ifindex: a.ifindex,
+                    xdp_mode: a.xdp.xdp_mode,
+                })
+                .collect(),
+            Capacities {
+                maglev_size: d.dp.maglev_size(),
+                flow_table_size,
+                flow_table_per_cpu: per_cpu,
+            },
+        );
+        let (tx, rx) = mpsc::channel();
+        d.reconciler = Some(
+            std::thread::Builder::new()
+                .name("reconciler".into())
+                .spawn(move || rec.run(rx))
+                .map_err(DaemonError::Thread)?,
+        );
+        d.file = Arc::new(FileSource::new(d.opts.config.clone(), tx.clone(), &cfg));
+        d.tx = tx.clone();
+        // Probe verdicts go to the reconciler like everything else.
+        runtime.spawn(async move {
+            while let Some(ev) = events.recv().await {
+                if tx.send(Command::Health(ev)).is_err() {
+                    return;
                 }
             }
-        }
-        d.validate().map_err(|e| {
-            DaemonError::Config(ConfigError {
-                file: cfg.path.clone(),
-                line: None,
-                field: None,
-                message: e.to_string(),
-            })
-        })?;
+        });
         Ok(d)
     }
 
-    /// Make the maps hold `cfg`: the file is the whole desired set, so
-    /// VIPs it does not list (adopted or not) are removed.
-    fn apply(&mut self, cfg: &Config) -> Result<ReconcileReport, DaemonError> {
-        let desired = self.desired(cfg)?;
-        self.writer.set_node(&desired.node)?;
-        let report = self.writer.reconcile(&desired)?;
-        // Adopted VIPs the file no longer lists were removed by reconcile;
-        // any adopted leftover it could not name goes too.
-        let pruned = self.writer.prune_unclaimed()?;
-        if !pruned.is_empty() {
-            info!(
-                count = pruned.len(),
-                "pruned adopted VIPs the file does not list"
-            );
-        }
-        if cfg.desired.vips.iter().any(|v| v.mode == Mode::L3Dsr) {
-            // A tunnelled packet the FIB cannot send yet (no neighbour
-            // entry) goes to the kernel with our own address as source:
-            // accept_local keeps it from being dropped as martian.
-            for ifc in &cfg.file.interfaces {
-                if let Err(e) =
-                    net::sysctl(&["net", "ipv4", "conf", &ifc.name, "accept_local"], "1")
-                {
-                    warn!(interface = %ifc.name, error = %e, "cannot set accept_local for L3 DSR");
-                }
-            }
-        }
-        // Global drains again: a backend id this reconcile created for a
-        // drained target starts healthy.
-        for (vip, t) in &self.drains {
-            if vip.is_none() {
-                self.writer.set_drain(t, true)?;
-            }
-        }
-        let targets = probe_targets(cfg, &self.writer);
-        self.checker
-            .set_targets(targets)
-            .map_err(|e| DaemonError::Health(e.to_string()))?;
-        // A probe that starts down (adopted as down from the maps) sends
-        // no event until it changes: record it, or another VIP's probe of
-        // the same backend coming up would mark it healthy too early.
-        for st in self.checker.status() {
-            if st.state == HealthState::Down {
-                self.probe_down
-                    .entry(st.key.1)
-                    .or_default()
-                    .insert(st.key.0);
-            }
-        }
-        // A backend the maps hold as down that no probe watches any more
-        // would stay down for ever: without a probe a backend is healthy.
-        let probed: BTreeSet<BackendTarget> =
-            self.checker.status().into_iter().map(|s| s.key.1).collect();
-        for t in self.writer.down_targets() {
-            if !probed.contains(&t) && !self.probe_down.contains_key(&t) {
-                info!(backend = %t, "no probe watches this backend any more: healthy");
-                self.writer.set_health(&t, Probe::Up)?;
-            }
-        }
-        // Probes that no longer exist no longer hold a backend down.
-        let live: BTreeSet<ProbeKey> = self.checker.status().into_iter().map(|s| s.key).collect();
-        let stale: Vec<(BackendTarget, VipKey)> = self
-            .probe_down
-            .iter()
-            .flat_map(|(t, vips)| vips.iter().map(move |v| (*t, *v)))
-            .filter(|(t, v)| !live.contains(&(*v, *t)))
-            .collect();
-        for (t, v) in stale {
-            self.set_probe(&(v, t), true)?;
-        }
-        if !report.failed.is_empty() {
-            for (vip, e) in &report.failed {
-                error!(%vip, error = %e, "VIP not applied; its previous state (if any) keeps forwarding");
-            }
-            let detail = report
-                .failed
-                .iter()
-                .map(|(v, e)| format!("{v}: {e}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(DaemonError::Apply {
-                vips: report.failed.len(),
-                detail,
-            });
-        }
-        Ok(report)
+    /// Where commands for the reconciler go (drains).
+    pub fn sender(&self) -> mpsc::Sender<Command> {
+        self.tx.clone()
+    }
+
+    /// What readers read.
+    pub fn status(&self) -> StatusReader {
+        self.status.clone()
+    }
+
+    pub fn file_source(&self) -> Arc<FileSource> {
+        self.file.clone()
     }
 
     fn attach(&mut self) -> Result<(), DaemonError> {
@@ -613,122 +466,14 @@ impl Daemon {
         Ok(Some(link))
     }
 
-    /// Re-read the file. An invalid file changes nothing (the running state
-    /// keeps forwarding) and is counted and reported.
-    pub fn reload(&mut self) -> Result<ReconcileReport, DaemonError> {
-        let result = config::load(&self.opts.config)
-            .map_err(DaemonError::from)
-            .and_then(|cfg| {
-                if cfg.file.interfaces.iter().map(|i| &i.name).ne(self
-                    .config
-                    .file
-                    .interfaces
-                    .iter()
-                    .map(|i| &i.name))
-                {
-                    warn!("interface changes take effect at the next restart");
-                }
-                let r = self.apply(&cfg)?;
-                self.config = cfg;
-                Ok(r)
-            });
-        match &result {
-            Ok(r) => {
-                self.generation += 1;
-                self.reloads_ok += 1;
-                self.last_reload = ReloadStatus {
-                    ok: true,
-                    at: now_secs(),
-                    error: None,
-                };
-                info!(
-                    generation = self.generation,
-                    created = r.created,
-                    updated = r.updated,
-                    removed = r.removed,
-                    "reloaded"
-                );
-            }
-            Err(e) => {
-                self.reloads_failed += 1;
-                self.last_reload = ReloadStatus {
-                    ok: false,
-                    at: now_secs(),
-                    error: Some(e.to_string()),
-                };
-                error!(error = %e, "reload failed; the running configuration stays");
-            }
-        }
-        result
-    }
-
-    /// A probe's verdict. A backend is down while any of its probes says
-    /// so; a failed probe wins over a drain (the writer's rule).
-    pub fn on_health(&mut self, ev: &HealthEvent<ProbeKey>) -> Result<(), DaemonError> {
-        let up = ev.state == HealthState::Healthy;
-        info!(vip = %ev.key.0, backend = %ev.key.1, up, "health changed");
-        self.set_probe(&ev.key, up)
-    }
-
-    fn set_probe(&mut self, key: &ProbeKey, up: bool) -> Result<(), DaemonError> {
-        let (vip, target) = key;
-        let downs = self.probe_down.entry(*target).or_default();
-        if up {
-            downs.remove(vip);
-        } else {
-            downs.insert(*vip);
-        }
-        let down = !downs.is_empty();
-        if !down {
-            self.probe_down.remove(target);
-        }
-        self.writer
-            .set_health(target, if down { Probe::Down } else { Probe::Up })?;
-        Ok(())
-    }
-
-    /// Drain (or undrain) a backend everywhere, or for one VIP.
-    pub fn set_drain(
-        &mut self,
-        target: BackendTarget,
-        vip: Option<VipKey>,
-        drain: bool,
-    ) -> Result<(), DaemonError> {
-        let k = (vip, target);
-        let changed = if drain {
-            self.drains.insert(k)
-        } else {
-            self.drains.remove(&k)
-        };
-        if !changed {
-            return Ok(());
-        }
-        // The file first: if the maps then fail, the next reload or start
-        // applies what the operator asked for.
-        if let Err(e) = self.drain_store.save(&self.drains) {
-            if drain {
-                self.drains.remove(&k);
-            } else {
-                self.drains.insert(k);
-            }
-            return Err(e.into());
-        }
-        match vip {
-            None => {
-                self.writer.set_drain(&target, drain)?;
-            }
-            Some(_) => {
-                let cfg = self.config.clone();
-                self.apply(&cfg)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Detach (unless the links are pinned: then the datapath keeps
     /// forwarding without us, and closing our link fds leaves them be).
     /// The maps stay pinned either way.
-    pub fn shutdown(self) {
+    pub fn shutdown(mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.reconciler.take() {
+            let _ = t.join();
+        }
         if self.opts.persist_datapath {
             info!("links stay pinned: the datapath keeps forwarding");
         } else {

@@ -221,8 +221,28 @@ enum Waiting {
     Drain {
         vip: VipKey,
         done: DrainDone,
-        reply: oneshot::Sender<Result<DrainDone, DrainError>>,
+        reply: DrainReply,
     },
+}
+
+type DrainReply = oneshot::Sender<Result<DrainDone, DrainError>>;
+
+#[derive(Default)]
+struct Replies {
+    acks: Vec<(oneshot::Sender<Applied>, Applied)>,
+    drains: Vec<(DrainReply, Result<DrainDone, DrainError>)>,
+}
+
+impl Replies {
+    fn deliver(self) {
+        // A requester that went away no longer needs its answer.
+        for (tx, v) in self.acks {
+            let _ = tx.send(v);
+        }
+        for (tx, v) in self.drains {
+            let _ = tx.send(v);
+        }
+    }
 }
 
 impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
@@ -367,49 +387,49 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             if self.dirty {
                 self.apply();
             }
-            self.answer(&mut waiting);
+            let replies = self.answer(&mut waiting);
             self.publish();
+            replies.deliver();
             if !go_on {
                 return;
             }
         }
     }
 
-    /// Apply what is pending now (start-up applies before attaching).
-    pub fn apply_pending(&mut self) -> Applied {
-        self.apply();
-        self.publish();
-        Applied {
-            failed: self.failed.iter().map(|(k, e)| (*k, e.clone())).collect(),
-        }
-    }
-
-    /// Take a command outside `run` (start-up, tests); answers what it can
-    /// after an apply.
-    pub fn submit(&mut self, cmd: Command) {
+    /// Take commands outside `run` (start-up, tests): handle them all,
+    /// apply once, answer.
+    pub fn submit_all(&mut self, cmds: impl IntoIterator<Item = Command>) {
         let mut waiting = Vec::new();
-        self.handle(cmd, &mut waiting);
+        for c in cmds {
+            self.handle(c, &mut waiting);
+        }
         if self.dirty {
             self.apply();
         }
-        self.answer(&mut waiting);
+        let replies = self.answer(&mut waiting);
         self.publish();
+        replies.deliver();
     }
 
-    fn answer(&mut self, waiting: &mut Vec<Waiting>) {
-        let merged_owner: BTreeMap<VipKey, Owner> = self
-            .written
-            .iter()
-            .map(|(k, w)| (*k, w.owner.clone()))
-            .collect();
+    pub fn submit(&mut self, cmd: Command) {
+        self.submit_all([cmd]);
+    }
+
+    /// What the waiting replies get, with the sources' counters updated.
+    /// Delivered after the status is published, so an answer is never
+    /// ahead of what readers see.
+    fn answer(&mut self, waiting: &mut Vec<Waiting>) -> Replies {
+        let mut replies = Replies::default();
+        let merged = self.store.merged();
         for w in waiting.drain(..) {
             match w {
                 Waiting::Ack(owner, ack) => {
+                    // This owner's VIPs that did not make it, and its
+                    // claims another owner holds.
                     let mut failed: Vec<(VipKey, String)> = self
                         .failed
                         .iter()
-                        .filter(|(k, _)| merged_owner.get(k).is_none_or(|o| *o == owner))
-                        .filter(|(k, _)| self.wanted_by(&owner, k))
+                        .filter(|(k, _)| merged.vips.get(k).is_some_and(|(o, _)| *o == owner))
                         .map(|(k, e)| (*k, e.clone()))
                         .collect();
                     failed.extend(
@@ -432,7 +452,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                             .summary(),
                         );
                     }
-                    let _ = ack.send(Applied { failed });
+                    replies.acks.push((ack, Applied { failed }));
                 }
                 Waiting::Drain { vip, done, reply } => {
                     let r = match self.failed.get(&vip) {
@@ -442,18 +462,11 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                         }),
                         None => Ok(done),
                     };
-                    let _ = reply.send(r);
+                    replies.drains.push((reply, r));
                 }
             }
         }
-    }
-
-    fn wanted_by(&self, owner: &Owner, key: &VipKey) -> bool {
-        self.store
-            .merged()
-            .vips
-            .get(key)
-            .is_some_and(|(o, _)| o == owner)
+        replies
     }
 
     /// Node settings with this node's facts filled in.

@@ -1,1 +1,145 @@
+//! The static YAML file as a source: its node part becomes the node's
+//! settings, its VIPs one object's desired set. Reloads (SIGHUP, the
+//! file changing, `POST /v1/reload`) read and validate the file on a
+//! blocking thread and hand the result to the reconciler; an invalid file
+//! is reported and changes nothing.
 
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::oneshot;
+use tracing::{error, info, warn};
+
+use crate::config::{self, Config, ConfigError};
+use crate::desired::{self, DesiredVip, Owner, SourceKind};
+use crate::reconciler::{Applied, Command, NodeConf, Sender};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    #[error("{0}")]
+    NotApplied(String),
+    #[error("rivorad is shutting down")]
+    Stopped,
+}
+
+/// The node's part of a configuration.
+pub fn node_conf(cfg: &Config) -> NodeConf {
+    NodeConf {
+        interfaces: cfg.file.interfaces.iter().map(|i| i.name.clone()).collect(),
+        syn_rate_limit: cfg.desired.node.syn_rate_limit,
+        tunnel_src4: cfg.desired.node.tunnel_src4,
+        tunnel_src6: cfg.desired.node.tunnel_src6,
+    }
+}
+
+/// The file's object in the desired-state store.
+pub fn owner(path: &Path) -> Owner {
+    Owner::new(SourceKind::File, path.display().to_string())
+}
+
+/// What to tell the reconciler for a valid file.
+pub fn commands(cfg: &Config, ack: Option<oneshot::Sender<Applied>>) -> Vec<Command> {
+    let vips: Vec<DesiredVip> = desired::from_config(cfg);
+    vec![
+        Command::SetNode(node_conf(cfg)),
+        Command::SetDesired {
+            owner: owner(&cfg.path),
+            vips,
+            ack,
+        },
+        // The file is the whole desired set: synced from its first parse.
+        Command::Synced(SourceKind::File),
+    ]
+}
+
+pub struct FileSource {
+    path: PathBuf,
+    tx: Mutex<Sender>,
+    /// The interfaces attached at start (they change at a restart only).
+    interfaces: Vec<String>,
+    /// One reload at a time, so their answers come in order.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+impl FileSource {
+    pub fn new(path: PathBuf, tx: Sender, started_with: &Config) -> Self {
+        Self {
+            path,
+            tx: Mutex::new(tx),
+            interfaces: node_conf(started_with).interfaces,
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), ReloadError> {
+        self.tx
+            .lock()
+            .map_err(|_| ReloadError::Stopped)?
+            .send(cmd)
+            .map_err(|_| ReloadError::Stopped)
+    }
+
+    /// Read the file again and apply it. Parsing runs off the async
+    /// workers; the answer comes once the reconciler has applied it.
+    pub async fn reload(&self) -> Result<(), ReloadError> {
+        let _one = self.reloading.lock().await;
+        let path = self.path.clone();
+        let parsed = tokio::task::spawn_blocking(move || config::load(&path))
+            .await
+            .map_err(|_| ReloadError::Stopped)?;
+        let cfg = match parsed {
+            Ok(c) => c,
+            Err(e) => {
+                error!(error = %e, "reload refused: the file is invalid; the running state stays");
+                self.send(Command::SourceFailed {
+                    source: SourceKind::File,
+                    error: e.to_string(),
+                })?;
+                return Err(e.into());
+            }
+        };
+        if node_conf(&cfg).interfaces != self.interfaces {
+            warn!("interface changes take effect at the next restart");
+        }
+        let (ack, done) = oneshot::channel();
+        for c in commands(&cfg, Some(ack)) {
+            self.send(c)?;
+        }
+        let applied = done.await.map_err(|_| ReloadError::Stopped)?;
+        if applied.ok() {
+            info!(file = %self.path.display(), "reloaded");
+            Ok(())
+        } else {
+            let msg = applied.summary();
+            error!(error = %msg, "reload applied in part; the VIPs named keep their previous state");
+            Err(ReloadError::NotApplied(msg))
+        }
+    }
+
+    /// Reload whenever the file changes (checked every second).
+    pub async fn watch(&self) {
+        let stamp = |p: &Path| -> Option<(SystemTime, u64)> {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len()))
+        };
+        let mut last = stamp(&self.path);
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = stamp(&self.path);
+            if now.is_some() && now != last {
+                last = now;
+                info!(file = %self.path.display(), "configuration file changed");
+                if let Err(ReloadError::Stopped) = self.reload().await {
+                    return;
+                }
+            }
+        }
+    }
+}

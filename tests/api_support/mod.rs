@@ -214,6 +214,10 @@ impl ApiState for Fake {
             maglev_size: 65_537,
             flow_table_size: 131_072,
             flow_table_per_cpu: 65_536,
+            apply_in_progress: false,
+            unclaimed_vips: 0,
+            conflicts: Vec::new(),
+            failed_vips: Vec::new(),
         })
     }
 

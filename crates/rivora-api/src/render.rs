@@ -129,6 +129,19 @@ pub fn status(s: &Status) -> String {
         "flow tables        {} entries each ({} per CPU)",
         s.flow_table_size, s.flow_table_per_cpu
     );
+    if s.unclaimed_vips > 0 {
+        let _ = writeln!(
+            out,
+            "unclaimed VIPs     {} (adopted; kept until every source has synced)",
+            s.unclaimed_vips
+        );
+    }
+    for c in &s.conflicts {
+        let _ = writeln!(out, "CONFLICT           {c}");
+    }
+    for f in &s.failed_vips {
+        let _ = writeln!(out, "NOT APPLIED        {f}");
+    }
     out.push('\n');
     let mut t = Table::new(&["INTERFACE", "IFINDEX>", "XDP", "TC NAT"]);
     for i in &s.interfaces {

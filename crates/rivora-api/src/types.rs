@@ -34,6 +34,20 @@ pub struct Status {
     pub flow_table_size: u32,
     #[serde(default)]
     pub flow_table_per_cpu: u32,
+    /// Map writes under way right now (the answer comes from the state
+    /// before them: reads never wait for the reconciler).
+    #[serde(default)]
+    pub apply_in_progress: bool,
+    /// VIPs adopted from the pinned maps that no source has claimed yet
+    /// (kept forwarding until every source has synced).
+    #[serde(default)]
+    pub unclaimed_vips: u64,
+    /// VIP keys two sources claim: the first keeps it.
+    #[serde(default)]
+    pub conflicts: Vec<String>,
+    /// VIPs wanted but not in the maps as wanted, with the reason.
+    #[serde(default)]
+    pub failed_vips: Vec<String>,
 }
 
 /// The outcome of the last configuration load (`POST /v1/reload` answers
