@@ -588,7 +588,7 @@ fn pin_snapshot(pins: &Path) -> Snapshot {
     (
         names,
         link_prog(&pins.join("links/xdp_n0")),
-        ids_in_maps(&pins),
+        ids_in_maps(pins),
     )
 }
 

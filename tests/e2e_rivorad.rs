@@ -1065,7 +1065,8 @@ fn invalid_config_at_start_changes_nothing() {
             home.socket().display()
         )
     };
-    let cases: [(&str, fn(String) -> String, &str); 2] = [
+    type Case = (&'static str, fn(String) -> String, &'static str);
+    let cases: [Case; 2] = [
         // A parse error: an unknown mode.
         (
             "mode: bogus",
