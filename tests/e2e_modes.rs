@@ -40,267 +40,19 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::lab::{spawn_in, Lab, Mode, SVC_V4_TCP, SVC_V4_UDP, SVC_V6_TCP, SVC_V6_UDP};
+use common::lab::{Lab, Mode, SVC_V4_TCP, SVC_V4_UDP, SVC_V6_TCP, SVC_V6_UDP};
+use common::traffic::{canonical, exchanges, Proto, Servers};
 
 /// Connections (TCP) or exchanges (UDP) per mode, family and protocol.
 const FLOWS: usize = 120;
-/// Client threads sharing them.
-const WORKERS: usize = 4;
 /// A broken path fails within this per step (connect, reply).
 const STEP_TIMEOUT: Duration = Duration::from_secs(2);
 /// At least this share of the flows per backend (see the module doc).
 const MIN_SHARE: f64 = 0.15;
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "e2e_modes needs root (network namespaces, BPF); run it as root"
-    );
-}
-
-/// What a backend says about one request: "name|local|peer[|payload]".
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Reply {
-    backend: String,
-    local: SocketAddr,
-    peer: SocketAddr,
-    payload: String,
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip().to_canonical(), a.port())
-}
-
-fn parse_reply(s: &str) -> Result<Reply, String> {
-    let mut it = s.trim_end().splitn(4, '|');
-    let (Some(backend), Some(local), Some(peer)) = (it.next(), it.next(), it.next()) else {
-        return Err(format!("malformed reply {s:?}"));
-    };
-    let addr = |a: &str| {
-        a.parse::<SocketAddr>()
-            .map_err(|e| format!("reply {s:?}: address {a:?}: {e}"))
-    };
-    Ok(Reply {
-        backend: backend.to_string(),
-        local: addr(local)?,
-        peer: addr(peer)?,
-        payload: it.next().unwrap_or("").to_string(),
-    })
-}
-
-/// The servers of all backends, stopped and joined on drop.
-struct Servers {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<()>>,
-    /// Requests the servers failed to answer (an I/O error on their side).
-    errors: Arc<AtomicUsize>,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Wait until `fd` is readable or 50 ms pass; true if readable.
-fn readable(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, 50) > 0 }
-}
-
-fn tcp_server(name: String, stop: Arc<AtomicBool>, errors: Arc<AtomicUsize>, l: TcpListener) {
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(l.as_raw_fd()) {
-            continue;
-        }
-        let Ok((mut s, peer)) = l.accept() else {
-            errors.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        let answer = s.local_addr().and_then(|local| {
-            let msg = format!("{name}|{}|{}\n", canonical(local), canonical(peer));
-            s.write_all(msg.as_bytes())
-        });
-        if answer.is_err() {
-            errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A UDP echo bound to one address: replies then leave from that address
-/// (the VIP under DSR), whatever the routing would pick.
-fn udp_server(name: String, stop: Arc<AtomicBool>, errors: Arc<AtomicUsize>, sock: UdpSocket) {
-    let local = sock.local_addr().expect("bound UDP socket");
-    let mut buf = [0u8; 1500];
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(sock.as_raw_fd()) {
-            continue;
-        }
-        let Ok((n, peer)) = sock.recv_from(&mut buf) else {
-            errors.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        let msg = format!(
-            "{name}|{}|{}|{}",
-            canonical(local),
-            canonical(peer),
-            String::from_utf8_lossy(&buf[..n])
-        );
-        if sock.send_to(msg.as_bytes(), peer).is_err() {
-            errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-fn start_servers(lab: &Lab) -> Servers {
-    let stop = Arc::new(AtomicBool::new(false));
-    let errors = Arc::new(AtomicUsize::new(0));
-    let port = lab.backend_port();
-    let mut handles = Vec::new();
-    let mut ready = Vec::new();
-    for b in &lab.backends {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let (name, st, er) = (b.name.clone(), stop.clone(), errors.clone());
-        handles.push(spawn_in(&b.ns, move || {
-            // Dual-stack: IPv4 clients arrive as v4-mapped addresses.
-            let l = TcpListener::bind(("::", port)).expect("binding the TCP server");
-            let _ = tx.send(());
-            tcp_server(name, st, er, l)
-        }));
-        ready.push(rx);
-        for v6 in [false, true] {
-            let local = SocketAddr::new(lab.backend_local(b, v6), port);
-            let (tx, rx) = std::sync::mpsc::channel::<()>();
-            let (name, st, er) = (b.name.clone(), stop.clone(), errors.clone());
-            handles.push(spawn_in(&b.ns, move || {
-                let sock = UdpSocket::bind(local)
-                    .unwrap_or_else(|e| panic!("binding the UDP server on {local}: {e}"));
-                let _ = tx.send(());
-                udp_server(name, st, er, sock)
-            }));
-            ready.push(rx);
-        }
-    }
-    let servers = Servers {
-        stop,
-        handles,
-        errors,
-    };
-    for rx in ready {
-        // The sender is dropped without sending if the thread panicked.
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("a backend server did not start");
-    }
-    servers
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    Tcp,
-    Udp,
-}
-
-fn tcp_exchange(vip: SocketAddr) -> Result<(SocketAddr, Reply), String> {
-    let mut s =
-        TcpStream::connect_timeout(&vip, STEP_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
-    let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-    s.set_read_timeout(Some(STEP_TIMEOUT))
-        .map_err(|e| format!("set_read_timeout: {e}"))?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).map_err(|e| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
-            format!("connected from {me}, but no reply within {STEP_TIMEOUT:?}")
-        }
-        _ => format!("reading the reply on {me}: {e}"),
-    })?;
-    Ok((me, parse_reply(&buf)?))
-}
-
-fn udp_exchange(vip: SocketAddr, token: &str) -> Result<(SocketAddr, Reply), String> {
-    let any: SocketAddr = match vip {
-        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
-        SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
-    };
-    let s = UdpSocket::bind(any).map_err(|e| format!("bind: {e}"))?;
-    // Connected: only datagrams from the VIP's address and port reach us.
-    s.connect(vip).map_err(|e| format!("connect: {e}"))?;
-    let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-    s.set_read_timeout(Some(STEP_TIMEOUT))
-        .map_err(|e| format!("set_read_timeout: {e}"))?;
-    s.send(token.as_bytes())
-        .map_err(|e| format!("send from {me}: {e}"))?;
-    let mut buf = [0u8; 1500];
-    let n = s.recv(&mut buf).map_err(|e| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
-            format!("no reply to {me} within {STEP_TIMEOUT:?}")
-        }
-        _ => format!("recv on {me}: {e}"),
-    })?;
-    let reply = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
-    if reply.payload != token {
-        return Err(format!(
-            "echo of {token:?} came back as {:?} (from {})",
-            reply.payload, reply.backend
-        ));
-    }
-    Ok((me, reply))
-}
-
-/// `FLOWS` exchanges to `vip` from the client namespace, `WORKERS` at a
-/// time. A failure stops the others from starting new ones, so a broken
-/// path costs one timeout per worker, not one per flow.
-fn run_flows(lab: &Lab, vip: SocketAddr, proto: Proto) -> Vec<Result<(SocketAddr, Reply), String>> {
-    lab.client.run(move || {
-        let failed = Arc::new(AtomicBool::new(false));
-        let next = Arc::new(AtomicUsize::new(0));
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|_| {
-                let (failed, next) = (failed.clone(), next.clone());
-                // Threads started here inherit the client namespace.
-                std::thread::spawn(move || {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= FLOWS || failed.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let r = match proto {
-                            Proto::Tcp => tcp_exchange(vip),
-                            Proto::Udp => udp_exchange(vip, &format!("flow-{i}")),
-                        };
-                        if r.is_err() {
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                        out.push(r);
-                    }
-                    out
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("client worker panicked"))
-            .collect()
-    })
-}
 
 /// Every flow of one (family, protocol) completed, from the right places,
 /// with a fair share per backend. Returns the per-backend counts.
@@ -312,7 +64,7 @@ fn check_flows(lab: &Lab, v6: bool, proto: Proto) -> BTreeMap<String, usize> {
     };
     let what = format!("{:?} {proto:?} to {vip}", lab.mode);
     let started = Instant::now();
-    let results = run_flows(lab, vip, proto);
+    let results = exchanges(&lab.client, vip, proto, FLOWS, STEP_TIMEOUT);
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
         failures.is_empty(),
@@ -326,7 +78,8 @@ fn check_flows(lab: &Lab, v6: bool, proto: Proto) -> BTreeMap<String, usize> {
 
     let mut counts: BTreeMap<String, usize> =
         lab.backends.iter().map(|b| (b.name.clone(), 0)).collect();
-    for (me, reply) in results.into_iter().flatten() {
+    for reply in results.into_iter().flatten() {
+        let me = reply.me;
         let b = lab
             .backends
             .iter()
@@ -368,10 +121,10 @@ fn check_flows(lab: &Lab, v6: bool, proto: Proto) -> BTreeMap<String, usize> {
 }
 
 fn run_mode(mode: Mode) {
-    require_root();
+    common::require::root_and_tools("e2e_modes");
     let t0 = Instant::now();
     let lab = Lab::new(mode);
-    let servers = start_servers(&lab);
+    let servers = Servers::for_topology(&lab, true);
     let setup = t0.elapsed();
 
     let mut spread = Vec::new();

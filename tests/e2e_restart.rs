@@ -1,5 +1,6 @@
 //! Restarts and upgrades under traffic, with the real rivorad binary run
-//! inside the node namespace of a lab (see `common::rlab`).
+//! inside the node namespace of a lab (see `common::topology`: NAT and
+//! DSR VIPs side by side, IPv4 only).
 //!
 //! `restart_under_traffic_keeps_every_flow`: 64 long-lived TCP
 //! connections (32 through a NAT VIP, 32 through a DSR VIP), each sending
@@ -38,28 +39,26 @@
 //!
 //! Needs root (namespaces, BPF). Every wait is bounded.
 
-mod bins;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::lab::spawn_in;
-use common::rlab::{attached, link_prog, RLab, Rivorad};
+use common::rivorad::{attached, link_prog, rivorad_bin, Home, Rivorad, READY};
+use common::topology::{Mode, Topology};
+use common::traffic::{long_lived, tcp_once, udp_streams, wait_until, ConnResult, Servers};
 use rivora::abi;
 use rivora::dataplane::adopt::adopt;
 use rivora::dataplane::render::Health;
 use rivora::dataplane::{MapStore, Maps};
 use rivora::model::{Ports, Protocol, VipKey};
 
-const READY: Duration = Duration::from_secs(30);
 const TCP_CONNS_PER_VIP: usize = 32;
 const UDP_FLOWS_PER_VIP: usize = 4;
 /// Datagrams per second per VIP (2,000/s in all).
@@ -67,20 +66,6 @@ const UDP_RATE_PER_VIP: u64 = 1_000;
 const TCP_INTERVAL: Duration = Duration::from_millis(50);
 /// A reply later than this is a failure (a gap would show here first).
 const TCP_REPLY_TIMEOUT: Duration = Duration::from_secs(3);
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "e2e_restart needs root (network namespaces, BPF)");
-}
-
-fn rivorad_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rivorad"))
-}
-
-fn rivoractl_bin() -> PathBuf {
-    bins::rivoractl()
-}
 
 /// The variant build of rivorad: prebuilt (RIVORA_VARIANT_RIVORAD) or
 /// built once here.
@@ -145,8 +130,18 @@ fn backend_health(maps: &Maps, addr: Ipv4Addr, port: u16) -> Option<(u32, Health
     Some((*id, img.health.get(id).copied().unwrap_or(Health::Down)))
 }
 
+/// The lab: NAT and DSR VIPs side by side (`vip(1)` NAT, `vip(2)` DSR,
+/// `vip(3)` the health VIP), IPv4 only.
+fn lab() -> Topology {
+    Topology::builder(Mode::Nat)
+        .ipv4_only()
+        .dsr_vip_beside_nat()
+        .build()
+}
+
 struct Cfg<'a> {
-    lab: &'a RLab,
+    lab: &'a Topology,
+    socket: PathBuf,
     /// The VIP removed while rivorad is down.
     doomed: bool,
     /// The VIP added while rivorad is down.
@@ -168,7 +163,7 @@ impl Cfg<'_> {
                         s += &format!(", port: {p}");
                     }
                     if mac {
-                        s += &format!(", mac: \"{}\"", b.mac);
+                        s += &format!(", mac: \"{}\"", b.mac_str());
                     }
                     s + " }\n"
                 })
@@ -176,7 +171,7 @@ impl Cfg<'_> {
         };
         let mut y = format!(
             "interfaces:\n  - name: n0\n    xdpMode: native\napi:\n  socket: {sock}\nvips:\n",
-            sock = lab.socket().display()
+            sock = self.socket.display()
         );
         for proto in ["tcp", "udp"] {
             y += &format!(
@@ -209,145 +204,26 @@ impl Cfg<'_> {
     }
 }
 
-fn rivorad_args(lab: &RLab, cfg: &Path, persist: bool, extra: &[&str]) -> Vec<String> {
-    let mut a = vec![
-        "-config".to_string(),
-        cfg.display().to_string(),
-        "-pin-dir".to_string(),
-        lab.pin_dir().display().to_string(),
-        "-state-dir".to_string(),
-        lab.path("state").display().to_string(),
-        "-log-format".to_string(),
-        "json".to_string(),
-    ];
+/// rivorad's flags beside the home's config, pins and state.
+fn flags<'a>(persist: bool, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = Vec::new();
     if persist {
-        a.push("-persist-datapath".to_string());
+        a.push("-persist-datapath");
     }
-    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend_from_slice(extra);
     a
 }
 
-fn rivoractl(lab: &RLab, args: &[&str]) -> String {
-    let out = Command::new(rivoractl_bin())
-        .arg("--socket")
-        .arg(lab.socket())
-        .args(args)
-        .output()
-        .expect("running rivoractl");
-    assert!(
-        out.status.success(),
-        "rivoractl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// Start `bin` and wait until it is ready.
+fn run(rd: &mut Rivorad, bin: &Path, persist: bool, extra: &[&str]) {
+    rd.spawn(bin, &flags(persist, extra));
+    rd.wait_ready(READY);
 }
 
-// ---- backends' servers ------------------------------------------------
+// ---- backends' servers and the client ---------------------------------
 
-/// UDP arrivals: per flow, which backends saw it and which sequence
-/// numbers arrived.
-#[derive(Default)]
-struct UdpLog {
-    flows: BTreeMap<u32, (BTreeSet<String>, Vec<bool>)>,
-    total: u64,
-}
-
-struct Servers {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<()>>,
-    udp: Arc<Mutex<UdpLog>>,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-fn readable(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
-}
-
-/// An echo server: each line "seq" is answered "name seq".
-fn tcp_echo(name: String, stop: Arc<AtomicBool>, l: TcpListener) {
-    use std::os::fd::AsRawFd;
-    let mut conns = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(l.as_raw_fd(), 50) {
-            continue;
-        }
-        let Ok((s, _)) = l.accept() else { continue };
-        let name = name.clone();
-        let stop = stop.clone();
-        conns.push(std::thread::spawn(move || {
-            let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-            let mut w = match s.try_clone() {
-                Ok(w) => w,
-                Err(_) => return,
-            };
-            let mut r = BufReader::new(s);
-            let mut line = String::new();
-            while !stop.load(Ordering::Relaxed) {
-                match r.read_line(&mut line) {
-                    Ok(0) => return,
-                    Ok(_) if line.ends_with('\n') => {
-                        let msg = format!("{name} {}", line);
-                        line.clear();
-                        if w.write_all(msg.as_bytes()).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                    Err(_) => return,
-                }
-            }
-        }));
-    }
-    for c in conns {
-        let _ = c.join();
-    }
-}
-
-fn udp_sink(name: String, stop: Arc<AtomicBool>, s: UdpSocket, log: Arc<Mutex<UdpLog>>) {
-    use std::os::fd::AsRawFd;
-    let mut buf = [0u8; 64];
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(s.as_raw_fd(), 50) {
-            continue;
-        }
-        while let Ok(n) = s.recv(&mut buf) {
-            if n < 12 {
-                continue;
-            }
-            let flow = u32::from_be_bytes(buf[0..4].try_into().expect("4"));
-            let seq = u64::from_be_bytes(buf[4..12].try_into().expect("8")) as usize;
-            let mut g = log.lock().expect("udp log");
-            g.total += 1;
-            let e = g.flows.entry(flow).or_default();
-            e.0.insert(name.clone());
-            if e.1.len() <= seq {
-                e.1.resize(seq + 1, false);
-            }
-            e.1[seq] = true;
-        }
-    }
-}
-
-fn start_servers(lab: &RLab) -> Servers {
-    let stop = Arc::new(AtomicBool::new(false));
-    let udp = Arc::new(Mutex::new(UdpLog::default()));
-    let mut handles = Vec::new();
+fn start_servers(lab: &Topology) -> Servers {
+    let mut s = Servers::new();
     for (i, b) in lab.backends.iter().enumerate() {
         // NAT on 8080 (and the added VIP's 8081), DSR on 80; the health
         // VIP's 9090 everywhere but on b2, which its probe finds down.
@@ -356,48 +232,13 @@ fn start_servers(lab: &RLab) -> Servers {
             tcp_ports.push(9090);
         }
         for port in tcp_ports {
-            let (name, stop) = (b.name.clone(), stop.clone());
-            let l =
-                b.ns.run(move || TcpListener::bind(("0.0.0.0", port)).expect("tcp listen"));
-            l.set_nonblocking(false).expect("blocking");
-            handles.push(spawn_in(&b.ns, move || tcp_echo(name, stop, l)));
+            s.tcp(&b.ns, &b.name, SocketAddr::from(([0, 0, 0, 0], port)));
         }
         for port in [8080u16, 80] {
-            let (name, stop, log) = (b.name.clone(), stop.clone(), udp.clone());
-            let s = b.ns.run(move || {
-                let s = UdpSocket::bind(("0.0.0.0", port)).expect("udp bind");
-                s.set_nonblocking(true).expect("nonblocking");
-                s
-            });
-            set_rcvbuf(&s, 4 << 20);
-            handles.push(spawn_in(&b.ns, move || udp_sink(name, stop, s, log)));
+            s.udp_sink(&b.ns, &b.name, SocketAddr::from(([0, 0, 0, 0], port)));
         }
     }
-    Servers { stop, handles, udp }
-}
-
-fn set_rcvbuf(s: &UdpSocket, bytes: i32) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: setsockopt with a valid int.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&bytes as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        );
-    }
-}
-
-// ---- the client ---------------------------------------------------------
-
-#[derive(Debug, Default)]
-struct ConnResult {
-    vip: String,
-    backends: BTreeSet<String>,
-    echoed: u64,
-    error: Option<String>,
+    s
 }
 
 struct Client {
@@ -414,121 +255,35 @@ impl Drop for Client {
     }
 }
 
-fn tcp_conn(vip: Ipv4Addr, stop: Arc<AtomicBool>, echoed: Arc<AtomicU64>) -> ConnResult {
-    let mut r = ConnResult {
-        vip: vip.to_string(),
-        ..Default::default()
-    };
-    let addr = SocketAddr::new(IpAddr::V4(vip), 80);
-    let s = match TcpStream::connect_timeout(&addr, TCP_REPLY_TIMEOUT) {
-        Ok(s) => s,
-        Err(e) => {
-            r.error = Some(format!("connect: {e}"));
-            return r;
-        }
-    };
-    let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(TCP_REPLY_TIMEOUT));
-    let mut w = s.try_clone().expect("clone");
-    let mut rd = BufReader::new(s);
-    let mut seq = 0u64;
-    let mut line = String::new();
-    while !stop.load(Ordering::Relaxed) {
-        if let Err(e) = w.write_all(format!("{seq}\n").as_bytes()) {
-            r.error = Some(format!("send {seq}: {e}"));
-            return r;
-        }
-        line.clear();
-        match rd.read_line(&mut line) {
-            Ok(0) => {
-                r.error = Some(format!("closed by the peer at {seq}"));
-                return r;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                r.error = Some(format!("reply {seq}: {e}"));
-                return r;
-            }
-        }
-        let mut it = line.split_whitespace();
-        let (Some(name), Some(got)) = (it.next(), it.next()) else {
-            r.error = Some(format!("malformed echo {line:?}"));
-            return r;
-        };
-        if got != seq.to_string() {
-            r.error = Some(format!("echo {got} for message {seq}"));
-            return r;
-        }
-        r.backends.insert(name.to_string());
-        r.echoed += 1;
-        echoed.fetch_add(1, Ordering::Relaxed);
-        seq += 1;
-        std::thread::sleep(TCP_INTERVAL);
-    }
-    r
-}
-
-/// One VIP's UDP flows, paced together at `rate`/s; returns the count
-/// sent per flow.
-fn udp_stream(
-    vip: Ipv4Addr,
-    first_flow: u32,
-    stop: Arc<AtomicBool>,
-    sent_total: Arc<AtomicU64>,
-) -> Vec<u64> {
-    let socks: Vec<UdpSocket> = (0..UDP_FLOWS_PER_VIP)
-        .map(|_| {
-            let s = UdpSocket::bind("0.0.0.0:0").expect("udp bind");
-            s.connect((vip, 80)).expect("udp connect");
-            s
-        })
-        .collect();
-    let mut sent = vec![0u64; socks.len()];
-    let start = Instant::now();
-    let mut k = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let due = start + Duration::from_micros(k * 1_000_000 / UDP_RATE_PER_VIP);
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        let i = (k as usize) % socks.len();
-        let mut msg = [0u8; 12];
-        msg[0..4].copy_from_slice(&(first_flow + i as u32).to_be_bytes());
-        msg[4..12].copy_from_slice(&sent[i].to_be_bytes());
-        // A send error (ENOBUFS, a transient ICMP error queued on the
-        // socket) would hide a loss from the count: retry it.
-        let mut tries = 0;
-        while socks[i].send(&msg).is_err() {
-            tries += 1;
-            assert!(tries < 1000, "UDP send keeps failing");
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        sent[i] += 1;
-        sent_total.fetch_add(1, Ordering::Relaxed);
-        k += 1;
-    }
-    sent
-}
-
-fn start_client(lab: &RLab) -> Client {
+fn start_client(lab: &Topology) -> Client {
     let stop = Arc::new(AtomicBool::new(false));
     let echoed = Arc::new(AtomicU64::new(0));
     let udp_sent = Arc::new(AtomicU64::new(0));
     let mut tcp = Vec::new();
     for vip in [lab.vip(1), lab.vip(2)] {
         for _ in 0..TCP_CONNS_PER_VIP {
-            let (stop, echoed) = (stop.clone(), echoed.clone());
-            tcp.push(spawn_in(&lab.client, move || tcp_conn(vip, stop, echoed)));
+            let ll = long_lived(
+                &lab.client,
+                SocketAddr::from((vip, 80)),
+                TCP_INTERVAL,
+                TCP_REPLY_TIMEOUT,
+                stop.clone(),
+                echoed.clone(),
+            );
+            tcp.push(ll.handle);
         }
     }
     let mut udp = Vec::new();
     for (i, vip) in [lab.vip(1), lab.vip(2)].into_iter().enumerate() {
-        let (stop, sent) = (stop.clone(), udp_sent.clone());
-        let first = (i * UDP_FLOWS_PER_VIP) as u32;
-        udp.push(spawn_in(&lab.client, move || {
-            udp_stream(vip, first, stop, sent)
-        }));
+        udp.push(udp_streams(
+            &lab.client,
+            SocketAddr::from((vip, 80)),
+            (i * UDP_FLOWS_PER_VIP) as u32,
+            UDP_FLOWS_PER_VIP,
+            UDP_RATE_PER_VIP,
+            stop.clone(),
+            udp_sent.clone(),
+        ));
     }
     Client {
         stop,
@@ -539,25 +294,16 @@ fn start_client(lab: &RLab) -> Client {
     }
 }
 
-/// Wait until `f` holds (bounded).
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Traffic keeps flowing: both counters grow within a second.
 fn assert_flowing(c: &Client, servers: &Servers, when: &str) {
     let (e0, u0) = (
         c.echoed.load(Ordering::Relaxed),
-        servers.udp.lock().expect("udp log").total,
+        servers.udp_log.lock().expect("udp log").total,
     );
     std::thread::sleep(Duration::from_millis(500));
     let (e1, u1) = (
         c.echoed.load(Ordering::Relaxed),
-        servers.udp.lock().expect("udp log").total,
+        servers.udp_log.lock().expect("udp log").total,
     );
     assert!(e1 > e0 + 100, "{when}: TCP echoes stalled ({e0} -> {e1})");
     assert!(u1 > u0 + 500, "{when}: UDP arrivals stalled ({u0} -> {u1})");
@@ -585,99 +331,73 @@ fn sample_health(
 
 #[test]
 fn restart_under_traffic_keeps_every_flow() {
-    require_root();
+    common::require::root_and_tools("e2e_restart");
     let variant = variant_bin();
-    let lab = RLab::new();
-    let cfg = lab.path("rivora.yaml");
+    let lab = lab();
+    let mut d = Rivorad::new(&lab.node, Home::new());
+    let cfg = d.home.config();
+    let pins = d.home.pin_dir().to_path_buf();
     Cfg {
         lab: &lab,
+        socket: d.home.socket(),
         doomed: true,
         added: false,
     }
     .write(&cfg);
     let servers = start_servers(&lab);
-    let xdp_pin = lab.pin_dir().join("links/xdp_n0");
+    let xdp_pin = pins.join("links/xdp_n0");
     let b = |i: usize| lab.backends[i].v4;
 
     // 1. First start: pins maps and links.
-    let mut d = Rivorad::spawn(
-        &rivorad_bin(),
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("rivorad-1.log"),
-    );
-    d.wait_ready(READY);
+    run(&mut d, &rivorad_bin(), true, &[]);
     let (prog1, tag1) = link_prog(&xdp_pin).expect("a pinned XDP link after the first start");
 
     // The health VIP: b2 has no listener on 9090, its probe takes it down.
-    let maps = Maps::open(lab.pin_dir()).expect("maps");
-    wait_for("b2:9090 down", Duration::from_secs(10), || {
+    let maps = Maps::open(&pins).expect("maps");
+    wait_until("b2:9090 down", Duration::from_secs(10), || {
         matches!(backend_health(&maps, b(1), 9090), Some((_, Health::Down)))
     });
     // Operator drains: b3:9090 everywhere, b1:9090 for the health VIP only.
     let hc_vip = format!("tcp/{}:90", lab.vip(3));
-    rivoractl(&lab, &["drain", &format!("{}:9090", b(2))]);
-    rivoractl(
-        &lab,
-        &["drain", &format!("{}:9090", b(0)), "--vip", &hc_vip],
-    );
+    d.ctl_ok(&["drain", &format!("{}:9090", b(2))]);
+    d.ctl_ok(&["drain", &format!("{}:9090", b(0)), "--vip", &hc_vip]);
     assert!(matches!(
         backend_health(&maps, b(2), 9090),
         Some((_, Health::Draining))
     ));
 
     let mut client = start_client(&lab);
-    wait_for(
+    wait_until(
         "every TCP connection to echo",
         Duration::from_secs(10),
         || client.echoed.load(Ordering::Relaxed) >= (2 * TCP_CONNS_PER_VIP) as u64 * 3,
     );
     assert_flowing(&client, &servers, "first start");
-    let before = ids_in_maps(lab.pin_dir());
+    let before = ids_in_maps(&pins);
     let doomed = vip_key(lab.vip(1), 443, Protocol::Tcp);
     assert!(before.contains_key(&doomed), "doomed VIP programmed");
     assert_eq!(before.len(), 6, "six VIPs in the maps: {before:?}");
 
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    let down_sampler = sample_health(
-        lab.pin_dir().to_path_buf(),
-        b(1),
-        9090,
-        sampler_stop.clone(),
-    );
-    let drain_sampler = sample_health(
-        lab.pin_dir().to_path_buf(),
-        b(2),
-        9090,
-        sampler_stop.clone(),
-    );
+    let down_sampler = sample_health(pins.clone(), b(1), 9090, sampler_stop.clone());
+    let drain_sampler = sample_health(pins.clone(), b(2), 9090, sampler_stop.clone());
 
     // 2. SIGKILL: the datapath keeps forwarding with nobody home.
-    let st = d.stop(libc::SIGKILL, Duration::from_secs(5));
+    let st = d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert!(!st.success());
     assert_flowing(&client, &servers, "rivorad SIGKILLed");
 
     // 3. Start again (same build): adopts, swaps the program in place.
-    let mut d = Rivorad::spawn(
-        &rivorad_bin(),
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("rivorad-2.log"),
-    );
-    d.wait_ready(READY);
+    run(&mut d, &rivorad_bin(), true, &[]);
     let (prog2, tag2) = link_prog(&xdp_pin).expect("pinned XDP link");
     assert_ne!(prog2, prog1, "the second start swapped its own program in");
     assert_eq!(tag2, tag1, "same build, same instructions");
     assert!(d.log_text().contains("took over the pinned link"));
-    assert_eq!(
-        ids_in_maps(lab.pin_dir()),
-        before,
-        "ids after SIGKILL + start"
-    );
+    assert_eq!(ids_in_maps(&pins), before, "ids after SIGKILL + start");
     assert_flowing(&client, &servers, "after the second start");
 
     // 4. SIGTERM with -persist-datapath detaches nothing.
-    let st = d.stop(libc::SIGTERM, Duration::from_secs(10));
+    let st = d.stop_with(libc::SIGTERM, Duration::from_secs(10));
     assert!(st.success(), "clean exit: {st}\n{}", d.log_text());
     assert_eq!(
         attached(&lab.node, "n0"),
@@ -687,39 +407,28 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_flowing(&client, &servers, "rivorad stopped with SIGTERM");
 
     // 5. Upgrade to a build whose XDP program differs.
-    let mut d = Rivorad::spawn(
-        &variant,
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("rivorad-3.log"),
-    );
-    d.wait_ready(READY);
+    run(&mut d, &variant, true, &[]);
     let (prog3, tag3) = link_prog(&xdp_pin).expect("pinned XDP link");
     assert_ne!(prog3, prog2);
     assert_ne!(tag3, tag1, "the variant build runs different instructions");
-    assert_eq!(ids_in_maps(lab.pin_dir()), before, "ids after the upgrade");
+    assert_eq!(ids_in_maps(&pins), before, "ids after the upgrade");
     assert_flowing(&client, &servers, "after the upgrade");
 
     // 6. SIGKILL, change the file while rivorad is down (a VIP removed,
     //    one added), start the default build again.
-    let st = d.stop(libc::SIGKILL, Duration::from_secs(5));
+    let st = d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert!(!st.success());
     Cfg {
         lab: &lab,
+        socket: d.home.socket(),
         doomed: false,
         added: true,
     }
     .write(&cfg);
-    let mut d = Rivorad::spawn(
-        &rivorad_bin(),
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("rivorad-4.log"),
-    );
-    d.wait_ready(READY);
+    run(&mut d, &rivorad_bin(), true, &[]);
     let (_, tag4) = link_prog(&xdp_pin).expect("pinned XDP link");
     assert_eq!(tag4, tag1, "back on the default build");
-    let after = ids_in_maps(lab.pin_dir());
+    let after = ids_in_maps(&pins);
     let added = vip_key(lab.vip(1), 81, Protocol::Tcp);
     assert!(!after.contains_key(&doomed), "the removed VIP was pruned");
     let (added_id, _) = after
@@ -738,22 +447,13 @@ fn restart_under_traffic_keeps_every_flow() {
     }
     // The added VIP forwards.
     let added_vip = lab.vip(1);
-    let reply = spawn_in(&lab.client, move || {
-        let mut s =
-            TcpStream::connect_timeout(&SocketAddr::from((added_vip, 81)), TCP_REPLY_TIMEOUT)
-                .expect("connecting to the added VIP");
-        s.set_read_timeout(Some(TCP_REPLY_TIMEOUT))
-            .expect("timeout");
-        s.write_all(b"7\n").expect("send");
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).expect("echo from the added VIP");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    })
-    .join()
-    .expect("added VIP client");
+    let hit = lab
+        .client
+        .run(move || tcp_once(SocketAddr::from((added_vip, 81)), TCP_REPLY_TIMEOUT))
+        .unwrap_or_else(|e| panic!("echo through the added VIP: {e}"));
     assert!(
-        reply.ends_with(" 7\n"),
-        "echo through the added VIP: {reply:?}"
+        hit.backend.starts_with('b'),
+        "echo through the added VIP: {hit:?}"
     );
     assert_flowing(&client, &servers, "after the config change");
 
@@ -772,7 +472,7 @@ fn restart_under_traffic_keeps_every_flow() {
         "b3:9090 must stay drained across the restarts: {drain_seen:?}"
     );
     let vips: Vec<rivora::api::VipInfo> =
-        serde_json::from_str(&rivoractl(&lab, &["-o", "json", "vip", "list"])).expect("vip list");
+        serde_json::from_str(&d.ctl_ok(&["-o", "json", "vip", "list"])).expect("vip list");
     let hc = vips
         .iter()
         .find(|v| v.vip == hc_vip)
@@ -817,7 +517,7 @@ fn restart_under_traffic_keeps_every_flow() {
         assert_eq!(c.backends.len(), 1, "a connection moved: {c:?}");
         assert!(c.echoed >= 20, "a connection barely ran: {c:?}");
     }
-    let log = servers.udp.lock().expect("udp log");
+    let log = servers.udp_log.lock().expect("udp log");
     let total_sent: u64 = sent.iter().sum();
     let mut lost = 0u64;
     for (flow, n) in sent.iter().enumerate() {
@@ -852,22 +552,12 @@ fn restart_under_traffic_keeps_every_flow() {
     drop(log);
 
     // 8. Uninstall: -cleanup detaches and removes every pin.
-    let st = d.stop(libc::SIGTERM, Duration::from_secs(10));
+    let st = d.stop_with(libc::SIGTERM, Duration::from_secs(10));
     assert!(st.success());
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", lab.node.name))
-        .arg(rivorad_bin())
-        .args(["-cleanup", "-pin-dir"])
-        .arg(lab.pin_dir())
-        .output()
-        .expect("rivorad -cleanup");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!lab.pin_dir().exists(), "pins removed");
+    // `rivorad -cleanup` succeeds and removes every pin; the state
+    // directory holds nothing else than the drain file.
+    d.home.assert_no_leftovers(&lab.node);
     assert_eq!(
         attached(&lab.node, "n0"),
         (false, 0),
@@ -878,8 +568,8 @@ fn restart_under_traffic_keeps_every_flow() {
 }
 
 /// Starts `bin` and expects it to refuse: non-zero exit, stderr returned.
-fn start_expect_refusal(lab: &RLab, args: Vec<String>, log: &str) -> String {
-    let mut d = Rivorad::spawn(&rivorad_bin(), &lab.node, &args, &lab.path(log));
+fn start_expect_refusal(d: &mut Rivorad, extra: &[&str]) -> String {
+    d.spawn(&rivorad_bin(), &flags(true, extra));
     let st = d.wait_exit(READY);
     assert!(!st.success(), "rivorad should refuse:\n{}", d.log_text());
     d.log_text()
@@ -892,13 +582,13 @@ type Ids = BTreeMap<VipKey, (u32, Vec<u32>)>;
 /// "touching nothing" is checked against.
 type Snapshot = (Vec<String>, Option<(u32, String)>, Ids);
 
-fn pin_snapshot(lab: &RLab) -> Snapshot {
-    let mut names: Vec<String> = walk(lab.pin_dir());
+fn pin_snapshot(pins: &Path) -> Snapshot {
+    let mut names: Vec<String> = walk(pins);
     names.sort();
     (
         names,
-        link_prog(&lab.pin_dir().join("links/xdp_n0")),
-        ids_in_maps(lab.pin_dir()),
+        link_prog(&pins.join("links/xdp_n0")),
+        ids_in_maps(pins),
     )
 }
 
@@ -918,28 +608,25 @@ fn walk(p: &Path) -> Vec<String> {
 
 #[test]
 fn incompatible_pins_refuse_to_start_and_touch_nothing() {
-    require_root();
-    let lab = RLab::new();
-    let cfg = lab.path("rivora.yaml");
+    common::require::root_and_tools("e2e_restart");
+    let lab = lab();
+    let mut d = Rivorad::new(&lab.node, Home::new());
+    let cfg = d.home.config();
+    let pins = d.home.pin_dir().to_path_buf();
     Cfg {
         lab: &lab,
+        socket: d.home.socket(),
         doomed: false,
         added: false,
     }
     .write(&cfg);
-    let mut d = Rivorad::spawn(
-        &rivorad_bin(),
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("first.log"),
-    );
-    d.wait_ready(READY);
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
-    let snap = pin_snapshot(&lab);
+    run(&mut d, &rivorad_bin(), true, &[]);
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    let snap = pin_snapshot(&pins);
     assert!(snap.1.is_some(), "a pinned XDP link");
 
     // Another layout version in meta_map.
-    let maps = Maps::open(lab.pin_dir()).expect("maps");
+    let maps = Maps::open(&pins).expect("maps");
     let meta: abi::rv_meta = maps
         .meta_map
         .get(&0u32)
@@ -948,7 +635,7 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     let mut future = meta;
     future.abi_version = abi::ABI_VERSION + 1;
     maps.meta_map.put(&0u32, &future).expect("writing meta_map");
-    let err = start_expect_refusal(&lab, rivorad_args(&lab, &cfg, true, &[]), "abi.log");
+    let err = start_expect_refusal(&mut d, &[]);
     let (pinned, ours) = (
         format!("layout version {}", abi::ABI_VERSION + 1),
         format!("expects version {}", abi::ABI_VERSION),
@@ -959,15 +646,11 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     );
     let got: abi::rv_meta = maps.meta_map.get(&0u32).expect("meta").expect("meta");
     assert_eq!(got.abi_version, abi::ABI_VERSION + 1, "meta_map untouched");
-    assert_eq!(pin_snapshot(&lab), snap, "pins, program and ids untouched");
+    assert_eq!(pin_snapshot(&pins), snap, "pins, program and ids untouched");
     maps.meta_map.put(&0u32, &meta).expect("restoring meta_map");
 
     // Another Maglev table size: libbpf would say "parameter mismatch".
-    let err = start_expect_refusal(
-        &lab,
-        rivorad_args(&lab, &cfg, true, &["-maglev-size", "131071"]),
-        "maglev.log",
-    );
+    let err = start_expect_refusal(&mut d, &["-maglev-size", "131071"]);
     assert!(
         err.contains("maglev_table")
             && err.contains(&format!("-maglev-size {}", abi::MAGLEV_DEFAULT_SIZE))
@@ -975,17 +658,13 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
             && err.contains("rivorad -cleanup"),
         "the refusal names the map, both sizes and the migration:\n{err}"
     );
-    assert_eq!(pin_snapshot(&lab), snap, "pins, program and ids untouched");
+    assert_eq!(pin_snapshot(&pins), snap, "pins, program and ids untouched");
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
 
     // Another flow table size: the same refusal, naming the first flow
     // table it meets. The pinned size is the kernel's figure.
     let pinned = maps.connection_affinity_map.max_entries();
-    let err = start_expect_refusal(
-        &lab,
-        rivorad_args(&lab, &cfg, true, &["-flow-table-size", "65536"]),
-        "flows.log",
-    );
+    let err = start_expect_refusal(&mut d, &["-flow-table-size", "65536"]);
     assert!(
         err.contains(&format!(
             "pinned map connection_affinity_map has max entries {pinned}"
@@ -994,17 +673,13 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
             && err.contains("rivorad -cleanup"),
         "the refusal names the map, both sizes and the migration:\n{err}"
     );
-    let bad = start_expect_refusal(
-        &lab,
-        rivorad_args(&lab, &cfg, true, &["-flow-table-size", "100"]),
-        "flows-bad.log",
-    );
+    let bad = start_expect_refusal(&mut d, &["-flow-table-size", "100"]);
     assert!(
         bad.contains("--flow-table-size") && bad.contains("4096") && bad.contains("16777216"),
         "a size out of range is a bad flag:\n{bad}"
     );
-    assert_eq!(pin_snapshot(&lab), snap, "pins, program and ids untouched");
-    let again = Maps::open(lab.pin_dir()).expect("maps");
+    assert_eq!(pin_snapshot(&pins), snap, "pins, program and ids untouched");
+    let again = Maps::open(&pins).expect("maps");
     assert_eq!(
         again.connection_affinity_map.max_entries(),
         pinned,
@@ -1013,71 +688,61 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
 
     // And the original build still starts over them.
-    let mut d = Rivorad::spawn(
-        &rivorad_bin(),
-        &lab.node,
-        &rivorad_args(&lab, &cfg, true, &[]),
-        &lab.path("again.log"),
-    );
-    d.wait_ready(READY);
-    assert_eq!(ids_in_maps(lab.pin_dir()), snap.2);
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
+    run(&mut d, &rivorad_bin(), true, &[]);
+    assert_eq!(ids_in_maps(&pins), snap.2);
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
 }
 
 #[test]
 fn without_persist_clean_exit_detaches_and_start_adopts() {
-    require_root();
-    let lab = RLab::new();
-    let cfg = lab.path("rivora.yaml");
+    common::require::root_and_tools("e2e_restart");
+    let lab = lab();
+    let mut d = Rivorad::new(&lab.node, Home::new());
+    let cfg = d.home.config();
+    let pins = d.home.pin_dir().to_path_buf();
     Cfg {
         lab: &lab,
+        socket: d.home.socket(),
         doomed: false,
         added: false,
     }
     .write(&cfg);
-    let start = |persist: bool, log: &str| {
-        let mut d = Rivorad::spawn(
-            &rivorad_bin(),
-            &lab.node,
-            &rivorad_args(&lab, &cfg, persist, &[]),
-            &lab.path(log),
-        );
-        d.wait_ready(READY);
-        d
-    };
-
     // Without the flag: a clean exit detaches, the maps stay.
-    let mut d = start(false, "1.log");
+    run(&mut d, &rivorad_bin(), false, &[]);
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
-    assert!(!lab.pin_dir().join("links").join("xdp_n0").exists());
-    let ids = ids_in_maps(lab.pin_dir());
+    assert!(!pins.join("links").join("xdp_n0").exists());
+    let ids = ids_in_maps(&pins);
     assert_eq!(ids.len(), 5);
-    assert!(d.stop(libc::SIGTERM, Duration::from_secs(10)).success());
+    assert!(d
+        .stop_with(libc::SIGTERM, Duration::from_secs(10))
+        .success());
     assert_eq!(
         attached(&lab.node, "n0"),
         (false, 0),
         "detached on a clean exit"
     );
-    assert!(lab.pin_dir().join("vip_map").exists(), "maps stay pinned");
+    assert!(pins.join("vip_map").exists(), "maps stay pinned");
     // The next start adopts.
-    let mut d = start(false, "2.log");
-    assert_eq!(ids_in_maps(lab.pin_dir()), ids, "adopted ids");
-    assert!(d.stop(libc::SIGTERM, Duration::from_secs(10)).success());
+    run(&mut d, &rivorad_bin(), false, &[]);
+    assert_eq!(ids_in_maps(&pins), ids, "adopted ids");
+    assert!(d
+        .stop_with(libc::SIGTERM, Duration::from_secs(10))
+        .success());
 
     // With the flag, then without: the second start takes the pinned
     // links over (no gap) and unpins them, so its exit detaches.
-    let mut d = start(true, "3.log");
-    let xdp_pin = lab.pin_dir().join("links/xdp_n0");
+    run(&mut d, &rivorad_bin(), true, &[]);
+    let xdp_pin = pins.join("links/xdp_n0");
     let (p1, _) = link_prog(&xdp_pin).expect("pinned link");
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert_eq!(
         attached(&lab.node, "n0"),
         (true, 1),
         "pinned links outlive SIGKILL"
     );
-    let mut d = start(false, "4.log");
+    run(&mut d, &rivorad_bin(), false, &[]);
     assert!(!xdp_pin.exists(), "unpinned by a start without the flag");
-    assert!(!lab.pin_dir().join("links/tcx_n0").exists());
+    assert!(!pins.join("links/tcx_n0").exists());
     assert_eq!(
         attached(&lab.node, "n0"),
         (true, 1),
@@ -1086,7 +751,9 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     assert!(d
         .log_text()
         .contains("took over a pinned link and unpinned it"));
-    assert!(d.stop(libc::SIGTERM, Duration::from_secs(10)).success());
+    assert!(d
+        .stop_with(libc::SIGTERM, Duration::from_secs(10))
+        .success());
     assert_eq!(attached(&lab.node, "n0"), (false, 0));
     let _ = p1;
 
@@ -1095,10 +762,11 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     // lab's own n0 stays).
     lab.node
         .exec("ip link add s0 type veth peer name s1 && ip link set s0 up && ip link set s1 up");
-    let cfg2 = lab.path("two.yaml");
+    // The file lists s0 too while rivorad 5 and 6 run; the original
+    // comes back for the last start.
     let text = std::fs::read_to_string(&cfg).expect("config");
     std::fs::write(
-        &cfg2,
+        &cfg,
         text.replacen(
             "  - name: n0\n    xdpMode: native\n",
             "  - name: n0\n    xdpMode: native\n  - name: s0\n    xdpMode: native\n",
@@ -1106,10 +774,8 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
         ),
     )
     .expect("config");
-    let args = rivorad_args(&lab, &cfg2, true, &[]);
-    let mut d = Rivorad::spawn(&rivorad_bin(), &lab.node, &args, &lab.path("5.log"));
-    d.wait_ready(READY);
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
+    run(&mut d, &rivorad_bin(), true, &[]);
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     lab.node.exec(
         "ip link del s0 && ip link add s0 type veth peer name s1 && ip link set s0 up && ip link set s1 up",
     );
@@ -1118,8 +784,7 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
         (false, 0),
         "a new s0 has nothing"
     );
-    let mut d = Rivorad::spawn(&rivorad_bin(), &lab.node, &args, &lab.path("6.log"));
-    d.wait_ready(READY);
+    run(&mut d, &rivorad_bin(), true, &[]);
     assert!(
         d.log_text().contains("stale pinned link"),
         "{}",
@@ -1128,13 +793,14 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     assert_eq!(attached(&lab.node, "s0"), (true, 1), "attached anew");
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
     // Dropping s0 from the file detaches its pinned links at the next start.
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
-    let mut d = start(true, "7.log");
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    std::fs::write(&cfg, &text).expect("config");
+    run(&mut d, &rivorad_bin(), true, &[]);
     assert_eq!(
         attached(&lab.node, "s0"),
         (false, 0),
         "unlisted interface detached"
     );
-    assert!(!lab.pin_dir().join("links/xdp_s0").exists());
-    d.stop(libc::SIGKILL, Duration::from_secs(5));
+    assert!(!pins.join("links/xdp_s0").exists());
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
 }

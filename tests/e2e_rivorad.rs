@@ -31,35 +31,30 @@
 //! work directory removed; its log printed if the test panics), every wait
 //! has a deadline, and every client step a timeout. Needs root.
 
-mod bins;
 mod common;
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::fs::{self, File};
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use common::lab::{spawn_in, Lab, Mode, Topology, VIP_PORT};
-use common::netns::Netns;
+use common::netns::{spawn_in, Netns};
+use common::rivorad::{attached, Home, Rivorad};
+use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
+use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Proto, Servers};
 use common::unique;
 use serde_json::Value;
 
 /// Connections (TCP) or exchanges (UDP) per spread measurement.
 const FLOWS: usize = 120;
-/// Client threads sharing them.
-const WORKERS: usize = 4;
 /// A broken path fails within this per step (connect, reply).
 const STEP: Duration = Duration::from_secs(2);
 /// Each serving backend takes at least this share: with a fair 1-in-3
@@ -67,8 +62,6 @@ const STEP: Duration = Duration::from_secs(2);
 /// deviation 5.2; 15% is 18, 4.3 deviations under the mean (P = 1.6e-6 per
 /// check). With two serving backends the margin is wider still.
 const MIN_SHARE: f64 = 0.15;
-/// rivorad must log "ready" within this.
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Health-check timing of the health test, as in the config below.
 const INTERVAL: Duration = Duration::from_millis(300);
@@ -82,236 +75,16 @@ const FAST_HEALTH: &str = "{ type: tcp, interval: 300ms, timeout: 200ms, rise: 2
 /// Health checks that stay out of the way (the traffic tests).
 const SLOW_HEALTH: &str = "{ type: tcp, interval: 1s, timeout: 500ms, rise: 2, fall: 3 }";
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "e2e_rivorad needs root (namespaces, BPF)");
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip().to_canonical(), a.port())
-}
-
-/// Poll `f` every `period` until it returns Some or `limit` passes.
-fn wait_for<T>(limit: Duration, period: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(period);
-    }
-}
-
 // ---------------------------------------------------------------------
-// rivorad and its files
+// rivorad, as the API reports it
 // ---------------------------------------------------------------------
 
-/// A directory for one rivorad's config, socket, token and log, removed
-/// on drop. Mode 0755: the permission test must meet the socket's own
-/// mode, not a closed directory.
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn new() -> Self {
-        let p = std::env::temp_dir().join(unique("rivorad-e2e-"));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir(&p).expect("creating the work directory");
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod work dir");
-        Self(p)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("rivorad.sock")
-    }
-
-    fn config(&self) -> PathBuf {
-        self.0.join("rivora.yaml")
-    }
+trait Report {
+    fn health_of(&self, target: SocketAddr) -> String;
+    fn vip_packets(&self, vip: &str) -> u64;
 }
 
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Start rivorad inside `ns` (`nsenter --net`, which execs: the child's pid
-/// is rivorad's), appending its JSON log to `log`.
-fn spawn_rivorad(ns: &str, config: &Path, pin_dir: &Path, log: &Path, extra: &[&str]) -> Child {
-    let out = File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .expect("opening the rivorad log");
-    let err = out.try_clone().expect("cloning the log fd");
-    let mut cmd = Command::new("nsenter");
-    // SAFETY: prctl is async-signal-safe. If the test process dies
-    // without running its guards (killed by a timeout), rivorad gets
-    // SIGTERM and detaches rather than forwarding on in a leftover lab.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.arg(format!("--net=/run/netns/{ns}"))
-        .arg(env!("CARGO_BIN_EXE_rivorad"))
-        .arg("-config")
-        .arg(config)
-        .arg("-pin-dir")
-        .arg(pin_dir)
-        .args(["-log-format", "json"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("spawning nsenter rivorad")
-}
-
-/// SIGTERM, up to 5 s to exit, then SIGKILL. Returns the exit status.
-fn terminate(child: &mut Child) -> ExitStatus {
-    if let Ok(Some(st)) = child.try_wait() {
-        return st;
-    }
-    // SAFETY: kill on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(st)) = child.try_wait() {
-            return st;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    child.wait().expect("reaping rivorad")
-}
-
-/// A running rivorad: stopped, its pins removed and its work directory
-/// deleted on drop; its log printed when the test is failing.
-struct Rivorad {
-    child: Child,
-    ns: String,
-    config: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-    pin_dir: PathBuf,
-    exited: Option<ExitStatus>,
-    _dir: WorkDir,
-}
-
-impl Rivorad {
-    /// Write `yaml` as the config in `dir`, start rivorad in `ns` (with
-    /// `extra` flags) and wait until it logs "ready".
-    fn start(ns: &Netns, dir: WorkDir, yaml: &str, extra: &[&str]) -> Self {
-        let config = dir.config();
-        fs::write(&config, yaml).expect("writing the config");
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/{}", unique("rivorad-e2e-")));
-        let log = dir.0.join("rivorad.log");
-        let child = spawn_rivorad(&ns.name, &config, &pin_dir, &log, extra);
-        let mut rd = Rivorad {
-            child,
-            ns: ns.name.clone(),
-            config,
-            socket: dir.socket(),
-            log,
-            pin_dir,
-            exited: None,
-            _dir: dir,
-        };
-        rd.wait_ready(0);
-        rd
-    }
-
-    /// Wait until the log holds more than `before` "ready" lines.
-    fn wait_ready(&mut self, before: usize) {
-        let t0 = Instant::now();
-        loop {
-            if self.log_text().matches("\"message\":\"ready\"").count() > before {
-                return;
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.exited = Some(st);
-                panic!("rivorad exited ({st}) before it was ready");
-            }
-            assert!(
-                t0.elapsed() < READY_TIMEOUT,
-                "rivorad not ready within {READY_TIMEOUT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Start a stopped rivorad again: same namespace, config, pins and
-    /// socket, with `extra` flags.
-    fn restart(&mut self, extra: &[&str]) {
-        assert!(self.exited.is_some(), "restart of a running rivorad");
-        let before = self.log_text().matches("\"message\":\"ready\"").count();
-        self.child = spawn_rivorad(&self.ns, &self.config, &self.pin_dir, &self.log, extra);
-        self.exited = None;
-        self.wait_ready(before);
-    }
-
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn sighup(&self) {
-        // SAFETY: a signal to our own running child.
-        let rc = unsafe { libc::kill(self.pid(), libc::SIGHUP) };
-        assert_eq!(rc, 0, "SIGHUP: {}", std::io::Error::last_os_error());
-    }
-
-    /// rivoractl against this rivorad's socket.
-    fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bins::rivoractl())
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("running rivoractl")
-    }
-
-    fn ctl_ok(&self, args: &[&str]) -> String {
-        let out = self.ctl(args);
-        assert!(
-            out.status.success(),
-            "rivoractl {args:?}: {}\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn ctl_json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["-o", "json"];
-        all.extend_from_slice(args);
-        let text = self.ctl_ok(&all);
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("rivoractl {all:?}: {e}: {text}"))
-    }
-
-    fn status(&self) -> Value {
-        self.ctl_json(&["status"])
-    }
-
-    fn generation(&self) -> u64 {
-        self.status()["config_generation"]
-            .as_u64()
-            .expect("config_generation in status")
-    }
-
+impl Report for Rivorad {
     /// The datapath health rivorad reports for `target` ("healthy",
     /// "draining", "down").
     fn health_of(&self, target: SocketAddr) -> String {
@@ -338,93 +111,6 @@ impl Rivorad {
             .as_u64()
             .expect("packets")
     }
-
-    /// Replace the config so that the file watcher cannot see it (same
-    /// length, same mtime, swapped in by rename): only SIGHUP applies it.
-    fn write_config_unseen(&self, yaml: &str) {
-        let old = fs::metadata(&self.config).expect("config metadata");
-        assert_eq!(
-            old.len(),
-            yaml.len() as u64,
-            "an unseen rewrite needs a config of the same length"
-        );
-        let mtime: SystemTime = old.modified().expect("config mtime");
-        let tmp = self.config.with_extension("yaml.new");
-        fs::write(&tmp, yaml).expect("writing the new config");
-        File::options()
-            .write(true)
-            .open(&tmp)
-            .and_then(|f| f.set_modified(mtime))
-            .expect("setting the new config's mtime");
-        fs::rename(&tmp, &self.config).expect("renaming the new config into place");
-    }
-
-    /// Replace the config as an editor would (new mtime): the watcher
-    /// reloads it within about a second.
-    fn write_config(&self, yaml: &str) {
-        // A whole second later than the old mtime, whatever the
-        // filesystem's timestamp granularity.
-        let old = fs::metadata(&self.config)
-            .and_then(|m| m.modified())
-            .expect("config mtime");
-        let tmp = self.config.with_extension("yaml.new");
-        fs::write(&tmp, yaml).expect("writing the new config");
-        File::options()
-            .write(true)
-            .open(&tmp)
-            .and_then(|f| f.set_modified(old + Duration::from_secs(1)))
-            .expect("setting the new config's mtime");
-        fs::rename(&tmp, &self.config).expect("renaming the new config into place");
-    }
-
-    /// Stop rivorad (SIGTERM) and return how it exited.
-    fn stop(&mut self) -> ExitStatus {
-        let st = terminate(&mut self.child);
-        self.exited = Some(st);
-        st
-    }
-}
-
-impl Drop for Rivorad {
-    fn drop(&mut self) {
-        if self.exited.is_none() {
-            self.exited = Some(terminate(&mut self.child));
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "--- rivorad in {} ({:?}), log {}:\n{}--- end of rivorad log",
-                self.ns,
-                self.exited,
-                self.log.display(),
-                self.log_text()
-            );
-        }
-        let _ = rivora::daemon::cleanup(&self.pin_dir);
-        let _ = fs::remove_dir_all(&self.pin_dir);
-    }
-}
-
-/// (XDP program id, TCX egress program count) on `dev` in `ns`, asked of
-/// the kernel through libbpf (Debian's bpftool does not know TCX).
-fn attached(ns: &Netns, dev: &'static str) -> (u32, u32) {
-    ns.run(move || {
-        let idx = rivora::dataplane::attach::ifindex(dev).expect("interface in the namespace");
-        let mut xdp_id = 0u32;
-        // SAFETY: plain query with a valid out pointer.
-        let rc = unsafe { libbpf_sys::bpf_xdp_query_id(idx as i32, 0, &mut xdp_id) };
-        assert_eq!(rc, 0, "bpf_xdp_query_id on {dev}: {rc}");
-        // SAFETY: an all-zero opts struct is its documented initial state.
-        let mut opts: libbpf_sys::bpf_prog_query_opts = unsafe { std::mem::zeroed() };
-        opts.sz = std::mem::size_of::<libbpf_sys::bpf_prog_query_opts>() as _;
-        // SAFETY: valid opts (no id arrays: only the count is filled).
-        let rc = unsafe {
-            libbpf_sys::bpf_prog_query_opts(idx as i32, libbpf_sys::BPF_TCX_EGRESS, &mut opts)
-        };
-        assert_eq!(rc, 0, "bpf_prog_query_opts(TCX egress) on {dev}: {rc}");
-        // SAFETY: `count` is the member of this union the kernel fills
-        // (`prog_cnt` is its older name for the same u32).
-        (xdp_id, unsafe { opts.__bindgen_anon_1.count })
-    })
 }
 
 // ---------------------------------------------------------------------
@@ -447,10 +133,10 @@ struct Conf<'a> {
 }
 
 impl<'a> Conf<'a> {
-    fn new(topo: &'a Topology, dir: &WorkDir) -> Self {
+    fn new(topo: &'a Topology, home: &Home) -> Self {
         Self {
             topo,
-            socket: dir.socket(),
+            socket: home.socket(),
             backends: vec![0, 1, 2],
             vips: vec![(false, "tcp")],
             health: SLOW_HEALTH,
@@ -518,17 +204,8 @@ impl<'a> Conf<'a> {
             b.v4.to_string()
         };
         match self.topo.mode {
-            Mode::Nat => format!(
-                "{{ address: {addr}, port: {} }}",
-                common::lab::NAT_BACKEND_PORT
-            ),
-            Mode::Dsr if i == 0 => {
-                let m = b.mac;
-                format!(
-                    "{{ address: {addr}, mac: \"{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}\" }}",
-                    m[0], m[1], m[2], m[3], m[4], m[5]
-                )
-            }
+            Mode::Nat => format!("{{ address: {addr}, port: {NAT_BACKEND_PORT} }}"),
+            Mode::Dsr if i == 0 => format!("{{ address: {addr}, mac: \"{}\" }}", b.mac_str()),
             _ => format!("{{ address: {addr} }}"),
         }
     }
@@ -543,292 +220,8 @@ fn line_of(text: &str, needle: &str) -> usize {
 }
 
 // ---------------------------------------------------------------------
-// Backend servers
-// ---------------------------------------------------------------------
-
-/// Wait until `fd` is readable or 50 ms pass; true if readable.
-fn readable(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, 50) > 0 }
-}
-
-/// One connection: every line gets "name|local|peer\n" back, until EOF or
-/// the servers stop.
-fn serve_conn(s: TcpStream, name: String, stop: Arc<AtomicBool>) {
-    let (Ok(local), Ok(peer)) = (s.local_addr(), s.peer_addr()) else {
-        return;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-    let Ok(mut w) = s.try_clone() else { return };
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    while !stop.load(Ordering::Relaxed) {
-        match r.read_line(&mut line) {
-            Ok(0) => return,
-            Ok(_) if line.ends_with('\n') => {
-                line.clear();
-                let msg = format!("{name}|{}|{}\n", canonical(local), canonical(peer));
-                if w.write_all(msg.as_bytes()).is_err() {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-/// A UDP echo bound to one address (replies leave from it: the VIP under
-/// DSR): "name|local|peer|payload".
-fn udp_echo(name: String, stop: Arc<AtomicBool>, sock: UdpSocket) {
-    let Ok(local) = sock.local_addr() else { return };
-    let mut buf = [0u8; 1500];
-    while !stop.load(Ordering::Relaxed) {
-        if !readable(sock.as_raw_fd()) {
-            continue;
-        }
-        let Ok((n, peer)) = sock.recv_from(&mut buf) else {
-            continue;
-        };
-        let msg = format!(
-            "{name}|{}|{}|{}",
-            canonical(local),
-            canonical(peer),
-            String::from_utf8_lossy(&buf[..n])
-        );
-        let _ = sock.send_to(msg.as_bytes(), peer);
-    }
-}
-
-/// A backend's TCP listener, which can be closed (new connections are
-/// refused, as when its process dies) and opened again.
-struct Listener {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-}
-
-/// The servers of every backend; all stopped on drop.
-struct Servers {
-    listeners: Vec<Listener>,
-    udp: Vec<JoinHandle<()>>,
-    /// Stops connection threads and UDP echoes.
-    stop_all: Arc<AtomicBool>,
-}
-
-fn start_listener(topo: &Topology, i: usize, stop_all: &Arc<AtomicBool>) -> Listener {
-    let b = &topo.backends[i];
-    let port = topo.backend_port();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel::<()>();
-    let (name, st, conns_stop) = (b.name.clone(), stop.clone(), stop_all.clone());
-    let handle = spawn_in(&b.ns, move || {
-        // Dual-stack: IPv4 clients arrive as v4-mapped addresses.
-        let l = TcpListener::bind(("::", port)).expect("binding a backend's TCP server");
-        let _ = tx.send(());
-        while !st.load(Ordering::Relaxed) {
-            if !readable(l.as_raw_fd()) {
-                continue;
-            }
-            if let Ok((s, _)) = l.accept() {
-                let (name, cs) = (name.clone(), conns_stop.clone());
-                // Inherits the backend's namespace (a thread of this one).
-                std::thread::spawn(move || serve_conn(s, name, cs));
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("a backend's TCP server did not start");
-    Listener {
-        stop,
-        handle: Some(handle),
-    }
-}
-
-impl Servers {
-    fn start(topo: &Topology, udp: bool) -> Self {
-        let stop_all = Arc::new(AtomicBool::new(false));
-        let listeners = (0..topo.backends.len())
-            .map(|i| start_listener(topo, i, &stop_all))
-            .collect();
-        let mut handles = Vec::new();
-        if udp {
-            for b in &topo.backends {
-                for v6 in [false, true] {
-                    let local = SocketAddr::new(topo.backend_local(b, v6), topo.backend_port());
-                    let (tx, rx) = mpsc::channel::<()>();
-                    let (name, st) = (b.name.clone(), stop_all.clone());
-                    handles.push(spawn_in(&b.ns, move || {
-                        let sock = UdpSocket::bind(local)
-                            .unwrap_or_else(|e| panic!("binding UDP on {local}: {e}"));
-                        let _ = tx.send(());
-                        udp_echo(name, st, sock)
-                    }));
-                    rx.recv_timeout(Duration::from_secs(5))
-                        .expect("a backend's UDP echo did not start");
-                }
-            }
-        }
-        Self {
-            listeners,
-            udp: handles,
-            stop_all,
-        }
-    }
-
-    /// Close backend `i`'s listener; returns once it is closed.
-    fn kill(&mut self, i: usize) {
-        let l = &mut self.listeners[i];
-        l.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = l.handle.take() {
-            h.join().expect("backend listener thread panicked");
-        }
-    }
-
-    fn restore(&mut self, topo: &Topology, i: usize) {
-        assert!(self.listeners[i].handle.is_none(), "backend {i} is running");
-        self.listeners[i] = start_listener(topo, i, &self.stop_all);
-    }
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop_all.store(true, Ordering::Relaxed);
-        for l in &mut self.listeners {
-            l.stop.store(true, Ordering::Relaxed);
-            if let Some(h) = l.handle.take() {
-                let _ = h.join();
-            }
-        }
-        for h in self.udp.drain(..) {
-            let _ = h.join();
-        }
-    }
-}
-
-// ---------------------------------------------------------------------
 // The client
 // ---------------------------------------------------------------------
-
-/// One answer: which backend, and what it saw.
-#[derive(Debug, Clone)]
-struct Hit {
-    backend: String,
-    /// The client's own socket address.
-    me: SocketAddr,
-    /// Where the backend saw the request addressed to, and from.
-    local: SocketAddr,
-    peer: SocketAddr,
-}
-
-fn parse_answer(s: &str, me: SocketAddr) -> Result<Hit, String> {
-    let mut it = s.trim_end().splitn(4, '|');
-    let (Some(backend), Some(local), Some(peer)) = (it.next(), it.next(), it.next()) else {
-        return Err(format!("malformed answer {s:?}"));
-    };
-    let addr = |a: &str| {
-        a.parse::<SocketAddr>()
-            .map_err(|e| format!("answer {s:?}: {a:?}: {e}"))
-    };
-    Ok(Hit {
-        backend: backend.to_string(),
-        me,
-        local: addr(local)?,
-        peer: addr(peer)?,
-    })
-}
-
-/// A fresh TCP connection: one line out, one answer back.
-fn tcp_once(vip: SocketAddr) -> Result<Hit, String> {
-    let s = TcpStream::connect_timeout(&vip, STEP).map_err(|e| format!("connect: {e}"))?;
-    let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-    s.set_read_timeout(Some(STEP))
-        .and_then(|_| s.set_write_timeout(Some(STEP)))
-        .map_err(|e| format!("timeouts: {e}"))?;
-    let mut w = s.try_clone().map_err(|e| format!("clone: {e}"))?;
-    w.write_all(b"hello\n")
-        .map_err(|e| format!("write from {me}: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(s)
-        .read_line(&mut line)
-        .map_err(|e| format!("no answer on {me}: {e}"))?;
-    if line.is_empty() {
-        return Err(format!("connection from {me} closed without an answer"));
-    }
-    parse_answer(&line, me)
-}
-
-/// A UDP exchange from a fresh socket, connected to the VIP (only the
-/// VIP's answers reach it).
-fn udp_once(vip: SocketAddr, token: &str) -> Result<Hit, String> {
-    let any: SocketAddr = match vip {
-        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
-        SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
-    };
-    let s = UdpSocket::bind(any).map_err(|e| format!("bind: {e}"))?;
-    s.connect(vip).map_err(|e| format!("connect: {e}"))?;
-    let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-    s.set_read_timeout(Some(STEP))
-        .map_err(|e| format!("timeout: {e}"))?;
-    s.send(token.as_bytes())
-        .map_err(|e| format!("send from {me}: {e}"))?;
-    let mut buf = [0u8; 1500];
-    let n = s
-        .recv(&mut buf)
-        .map_err(|e| format!("no answer to {me}: {e}"))?;
-    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-    if !text.ends_with(&format!("|{token}")) {
-        return Err(format!("echo of {token:?} came back as {text:?}"));
-    }
-    parse_answer(&text, me)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    Tcp,
-    Udp,
-}
-
-/// `n` exchanges from the client, `WORKERS` at a time; the first failure
-/// stops new ones (a broken path costs one timeout per worker).
-fn exchanges(topo: &Topology, vip: SocketAddr, proto: Proto, n: usize) -> Vec<Result<Hit, String>> {
-    topo.client.run(move || {
-        let failed = Arc::new(AtomicBool::new(false));
-        let next = Arc::new(AtomicUsize::new(0));
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|_| {
-                let (failed, next) = (failed.clone(), next.clone());
-                std::thread::spawn(move || {
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= n || failed.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let r = match proto {
-                            Proto::Tcp => tcp_once(vip),
-                            Proto::Udp => udp_once(vip, &format!("flow-{i}")),
-                        };
-                        if r.is_err() {
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                        out.push(r);
-                    }
-                    out
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("client worker panicked"))
-            .collect()
-    })
-}
 
 /// `FLOWS` exchanges must all succeed, each backend in `serving` must take
 /// a fair share and every other backend none; the backend must have seen
@@ -841,7 +234,7 @@ fn assert_spread(
     serving: &[usize],
 ) -> BTreeMap<String, usize> {
     let t0 = Instant::now();
-    let results = exchanges(topo, vip, proto, FLOWS);
+    let results = exchanges(&topo.client, vip, proto, FLOWS, STEP);
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
         failures.is_empty(),
@@ -908,20 +301,17 @@ fn target(topo: &Topology, i: usize) -> SocketAddr {
 // ---------------------------------------------------------------------
 
 fn traffic(mode: Mode) {
-    require_root();
+    common::require::root_and_tools("e2e_rivorad");
     let t0 = Instant::now();
-    let topo = Lab::topology(mode);
-    let servers = Servers::start(&topo, true);
-    let dir = WorkDir::new();
-    let mut conf = Conf::new(&topo, &dir);
+    let topo = Topology::new(mode);
+    let servers = Servers::for_topology(&topo, true);
+    let home = Home::new();
+    let mut conf = Conf::new(&topo, &home);
     conf.vips = vec![(false, "tcp"), (false, "udp"), (true, "tcp"), (true, "udp")];
-    let mut rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
+    let mut rd = Rivorad::start(&topo.node, home, &conf.yaml(), &[]);
     let setup = t0.elapsed();
     let (x, t) = attached(&topo.node, "n0");
-    assert!(
-        x != 0 && t == 1,
-        "{mode:?}: XDP id {x}, TCX egress programs {t}"
-    );
+    assert!(x && t == 1, "{mode:?}: XDP id {x}, TCX egress programs {t}");
 
     let all = [0, 1, 2];
     let mut spread = Vec::new();
@@ -946,7 +336,7 @@ fn traffic(mode: Mode) {
     }
     // Where the backends saw the requests addressed to: their own address
     // and port under NAT, the VIP otherwise.
-    let hits = exchanges(&topo, vip4(&topo), Proto::Tcp, 9);
+    let hits = exchanges(&topo.client, vip4(&topo), Proto::Tcp, 9, STEP);
     for h in hits {
         let h = h.expect("a TCP exchange");
         let b = topo
@@ -1027,9 +417,10 @@ fn traffic(mode: Mode) {
     assert!(st.success(), "rivorad exited with {st} on SIGTERM");
     assert_eq!(
         attached(&topo.node, "n0"),
-        (0, 0),
+        (false, 0),
         "{mode:?}: still attached after exit"
     );
+    rd.home.assert_no_leftovers(&topo.node);
     drop(servers);
     eprintln!(
         "{mode:?}: lab and rivorad up in {setup:?}, traffic in {:?}; spread {spread:?}",
@@ -1074,7 +465,7 @@ fn background_load(
         let mut out = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let start = Instant::now();
-            let result = tcp_once(vip).map(|h| h.backend);
+            let result = tcp_once(vip, STEP).map(|h| h.backend);
             out.push(Attempt { start, result });
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -1084,13 +475,13 @@ fn background_load(
 
 #[test]
 fn health_kill_and_restore() {
-    require_root();
-    let topo = Lab::topology(Mode::Nat);
-    let mut servers = Servers::start(&topo, false);
-    let dir = WorkDir::new();
-    let mut conf = Conf::new(&topo, &dir);
+    common::require::root_and_tools("e2e_rivorad");
+    let topo = Topology::new(Mode::Nat);
+    let mut servers = Servers::for_topology(&topo, false);
+    let home = Home::new();
+    let mut conf = Conf::new(&topo, &home);
     conf.health = FAST_HEALTH;
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
+    let rd = Rivorad::start(&topo.node, home, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     let victim = 1;
     let vt = target(&topo, victim);
@@ -1114,7 +505,7 @@ fn health_kill_and_restore() {
     std::thread::sleep(Duration::from_millis(800));
 
     // Kill: the listener is closed when this returns.
-    servers.kill(victim);
+    servers.close(victim);
     let killed = Instant::now();
     let out_bound = INTERVAL * FALL + TIMEOUT + SLACK;
     let seen_down = wait_for(Duration::from_secs(5), Duration::from_millis(25), || {
@@ -1132,7 +523,7 @@ fn health_kill_and_restore() {
     assert_eq!(g, Some(2), "SIGHUP reload while a backend is down");
     assert_eq!(rd.health_of(vt), "down", "{vname} after a reload");
     std::thread::sleep(Duration::from_millis(1000));
-    servers.restore(&topo, victim);
+    servers.reopen(&topo.backends[victim].ns, victim);
     let restored = Instant::now();
     let back_bound = INTERVAL * RISE + TIMEOUT + SLACK;
     let seen_up = wait_for(Duration::from_secs(5), Duration::from_millis(25), || {
@@ -1197,90 +588,55 @@ fn health_kill_and_restore() {
 // 3. Drain: a long-lived connection keeps flowing, new ones go elsewhere
 // ---------------------------------------------------------------------
 
-/// A connection that exchanges a line every 20 ms until `stop`, recording
-/// who answered; it gives up (recording why) at the first error.
-struct LongLived {
-    first: String,
-    exchanges: Arc<AtomicUsize>,
-    handle: JoinHandle<Result<Vec<String>, String>>,
-}
-
-fn long_lived(topo: &Topology, vip: SocketAddr, stop: Arc<AtomicBool>) -> LongLived {
-    let exchanges = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel::<String>();
-    let count = exchanges.clone();
-    let handle = spawn_in(&topo.client, move || {
-        let s = TcpStream::connect_timeout(&vip, STEP).map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(STEP))
-            .map_err(|e| format!("timeout: {e}"))?;
-        let mut w = s.try_clone().map_err(|e| format!("clone: {e}"))?;
-        let mut r = BufReader::new(s);
-        let mut seen = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            w.write_all(b"ping\n")
-                .map_err(|e| format!("write after {} exchanges: {e}", seen.len()))?;
-            let mut line = String::new();
-            r.read_line(&mut line)
-                .map_err(|e| format!("read after {} exchanges: {e}", seen.len()))?;
-            let name = line.split('|').next().unwrap_or("").to_string();
-            if line.is_empty() {
-                return Err(format!("closed after {} exchanges", seen.len()));
-            }
-            if seen.is_empty() {
-                let _ = tx.send(name.clone());
-            }
-            seen.push(name);
-            count.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(seen)
-    });
-    let first = rx
-        .recv_timeout(STEP * 2)
-        .expect("the long-lived connection got no first answer");
-    LongLived {
-        first,
-        exchanges,
-        handle,
-    }
-}
-
 #[test]
 fn drain_keeps_long_lived_connection() {
-    require_root();
-    let topo = Lab::topology(Mode::Nat);
-    let servers = Servers::start(&topo, false);
-    let dir = WorkDir::new();
-    let conf = Conf::new(&topo, &dir);
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
+    common::require::root_and_tools("e2e_rivorad");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let home = Home::new();
+    let conf = Conf::new(&topo, &home);
+    let rd = Rivorad::start(&topo.node, home, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     let all = [0, 1, 2];
 
     let stop = Arc::new(AtomicBool::new(false));
-    let ll = long_lived(&topo, vip, stop.clone());
+    // A line every 20 ms, each echo checked.
+    let echoed = Arc::new(AtomicU64::new(0));
+    let ll = long_lived(
+        &topo.client,
+        vip,
+        Duration::from_millis(20),
+        STEP,
+        stop.clone(),
+        echoed.clone(),
+    );
+    let first = ll
+        .first
+        .recv_timeout(STEP * 2)
+        .expect("the long-lived connection got no first answer");
     let x = topo
         .backends
         .iter()
-        .position(|b| b.name == ll.first)
+        .position(|b| b.name == first)
         .expect("the long-lived connection's backend");
     let others: Vec<usize> = all.iter().copied().filter(|i| *i != x).collect();
     let xt = target(&topo, x).to_string();
     // The long-lived connection keeps exchanging through each phase: at
     // least 5 more exchanges (20 ms apart) before the phase ends.
-    let progress = |phase: &str, before: usize| {
+    let progress = |phase: &str, before: u64| {
         let now = wait_for(Duration::from_secs(3), Duration::from_millis(10), || {
-            let now = ll.exchanges.load(Ordering::Relaxed);
+            let now = echoed.load(Ordering::Relaxed);
             (now >= before + 5).then_some(now)
         });
         now.unwrap_or_else(|| {
             panic!(
                 "{phase}: the long-lived connection stalled after {} exchanges",
-                ll.exchanges.load(Ordering::Relaxed) - before
+                echoed.load(Ordering::Relaxed) - before
             )
         })
     };
 
-    let mut n = ll.exchanges.load(Ordering::Relaxed);
+    let mut n = echoed.load(Ordering::Relaxed);
     assert_spread(&topo, "before the drain", vip, Proto::Tcp, &all);
     n = progress("before the drain", n);
 
@@ -1323,15 +679,23 @@ fn drain_keeps_long_lived_connection() {
     progress("undrained for the VIP", n);
 
     stop.store(true, Ordering::Relaxed);
-    let seen = ll
-        .handle
-        .join()
-        .expect("long-lived thread")
-        .unwrap_or_else(|e| panic!("the long-lived connection broke: {e}"));
+    let seen = ll.handle.join().expect("long-lived thread");
+    if let Some(e) = &seen.error {
+        panic!("the long-lived connection broke: {e}");
+    }
     assert!(
-        seen.iter().all(|b| *b == ll.first),
+        seen.backends.iter().all(|b| *b == first),
         "the long-lived connection moved between backends"
     );
+    // The drains went to this test's own -state-dir, not the machine's.
+    assert!(
+        rd.home.state_dir().join("drains.json").exists(),
+        "no drain file in the test's state directory"
+    );
+    let mut rd = rd;
+    let st = rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    rd.home.assert_no_leftovers(&topo.node);
     drop(servers);
 }
 
@@ -1341,13 +705,13 @@ fn drain_keeps_long_lived_connection() {
 
 #[test]
 fn reload_applies_changed_backends() {
-    require_root();
-    let topo = Lab::topology(Mode::Nat);
-    let servers = Servers::start(&topo, false);
-    let dir = WorkDir::new();
-    let mut conf = Conf::new(&topo, &dir);
+    common::require::root_and_tools("e2e_rivorad");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let home = Home::new();
+    let mut conf = Conf::new(&topo, &home);
     conf.backends = vec![0, 1];
-    let rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &[]);
+    let rd = Rivorad::start(&topo.node, home, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     assert_eq!(rd.generation(), 1);
     assert_spread(&topo, "initial b1 b2", vip, Proto::Tcp, &[0, 1]);
@@ -1438,18 +802,18 @@ fn reloads_metric(ns: &Netns, addr: SocketAddr, result: &str) -> u64 {
 
 #[test]
 fn invalid_reload_keeps_forwarding() {
-    require_root();
-    let topo = Lab::topology(Mode::Nat);
-    let servers = Servers::start(&topo, false);
-    let dir = WorkDir::new();
-    let mut conf = Conf::new(&topo, &dir);
+    common::require::root_and_tools("e2e_rivorad");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let home = Home::new();
+    let mut conf = Conf::new(&topo, &home);
     let metrics: SocketAddr = "127.0.0.1:9440".parse().expect("literal");
     conf.extra = format!("metrics:\n  listen: {metrics}\n");
     let good = conf.yaml();
-    let rd = Rivorad::start(&topo.node, dir, &good, &[]);
+    let rd = Rivorad::start(&topo.node, home, &good, &[]);
     let vip = vip4(&topo);
     let all = [0, 1, 2];
-    let cfg = rd.config.display().to_string();
+    let cfg = rd.home.config().display().to_string();
     assert_spread(&topo, "valid config", vip, Proto::Tcp, &all);
     assert_eq!(reloads_metric(&topo.node, metrics, "failure"), 0);
 
@@ -1620,32 +984,32 @@ fn connect_as_nobody(path: &Path) -> i32 {
 
 #[test]
 fn api_refuses_unauthorised_callers() {
-    require_root();
+    common::require::root_and_tools("e2e_rivorad");
     let ns = small_ns("rvd-api-");
-    let dir = WorkDir::new();
+    let home = Home::new();
     let token = "s3cret-token-of-the-test";
-    let token_file = dir.0.join("token");
+    let token_file = home.path("token");
     fs::write(&token_file, format!("{token}\n")).expect("writing the token");
     fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).expect("chmod token");
     let listen: SocketAddr = "127.0.0.1:9441".parse().expect("literal");
     let yaml = format!(
         "interfaces:\n  - name: v0\napi:\n  socket: {}\n  listen: {listen}\n  tokenFile: {}\nvips: []\n",
-        dir.socket().display(),
+        home.socket().display(),
         token_file.display()
     );
-    let mut rd = Rivorad::start(&ns, dir, &yaml, &[]);
+    let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
     let (x, t) = attached(&ns, "v0");
-    assert!(x != 0 && t == 1, "attached: XDP id {x}, TCX {t}");
+    assert!(x && t == 1, "attached: XDP id {x}, TCX {t}");
 
     // The Unix socket: root gets in, uid 65534 is refused by its mode.
     let st = rd.status();
     assert_eq!(st["config_generation"], 1, "{st}");
     assert_eq!(
-        connect_as_nobody(&rd.socket),
+        connect_as_nobody(&rd.home.socket()),
         libc::EACCES,
         "connect as uid 65534 (0: it got in; 101-104: the child could not try)"
     );
-    let mode = fs::metadata(&rd.socket)
+    let mode = fs::metadata(rd.home.socket())
         .expect("socket metadata")
         .permissions()
         .mode();
@@ -1683,7 +1047,7 @@ fn api_refuses_unauthorised_callers() {
     // A clean stop detaches from v0.
     let st = rd.stop();
     assert!(st.success(), "rivorad exited with {st}");
-    assert_eq!(attached(&ns, "v0"), (0, 0), "still attached after exit");
+    assert_eq!(attached(&ns, "v0"), (false, 0), "still attached after exit");
 }
 
 // ---------------------------------------------------------------------
@@ -1692,47 +1056,43 @@ fn api_refuses_unauthorised_callers() {
 
 #[test]
 fn invalid_config_at_start_changes_nothing() {
-    require_root();
+    common::require::root_and_tools("e2e_rivorad");
     let ns = small_ns("rvd-bad-");
-    let dir = WorkDir::new();
-    let base = format!(
-        "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n  - name: web\n    address: 10.9.0.1\n    \
-         port: 80\n    protocol: tcp\n    mode: nat\n    backends:\n      - {{ address: 10.9.1.1, port: 8080 }}\n",
-        dir.socket().display()
-    );
-    let cases = [
+    let base = |home: &Home| {
+        format!(
+            "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n  - name: web\n    address: 10.9.0.1\n    \
+             port: 80\n    protocol: tcp\n    mode: nat\n    backends:\n      - {{ address: 10.9.1.1, port: 8080 }}\n",
+            home.socket().display()
+        )
+    };
+    type Case = (&'static str, fn(String) -> String, &'static str);
+    let cases: [Case; 2] = [
         // A parse error: an unknown mode.
         (
             "mode: bogus",
-            base.replace("mode: nat", "mode: bogus"),
+            |y| y.replace("mode: nat", "mode: bogus"),
             "mode: bogus",
         ),
         // A validation error: a weight over the maximum.
         (
             "weight 5000000",
-            base.replace("port: 8080 }", "port: 8080, weight: 5000000 }"),
+            |y| y.replace("port: 8080 }", "port: 8080, weight: 5000000 }"),
             "address: 10.9.1.1",
         ),
     ];
-    for (i, (what, yaml, needle)) in cases.into_iter().enumerate() {
-        let config = dir.config();
+    for (what, edit, needle) in cases {
+        // Each case its own home: fresh pins, state and socket to check.
+        let home = Home::new();
+        let yaml = edit(base(&home));
+        let config = home.config();
         fs::write(&config, &yaml).expect("writing the config");
         let line = line_of(&yaml, needle);
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/{}", unique("rivorad-e2e-bad-")));
-        let log = dir.0.join(format!("rivorad-{i}.log"));
-        let mut child = spawn_rivorad(&ns.name, &config, &pin_dir, &log, &[]);
-        let status = wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
-            child.try_wait().expect("waiting for rivorad")
-        });
-        let status = status.unwrap_or_else(|| {
-            let st = terminate(&mut child);
-            let _ = rivora::daemon::cleanup(&pin_dir);
-            panic!("{what}: rivorad still running after 10 s ({st})");
-        });
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        let created = pin_dir.exists();
-        let _ = rivora::daemon::cleanup(&pin_dir);
-        let _ = fs::remove_dir_all(&pin_dir);
+        let mut rd = Rivorad::new(&ns, home);
+        rd.spawn(&common::rivorad::rivorad_bin(), &[]);
+        // Panics after 10 s; the guard then stops rivorad and cleans up.
+        let status = rd.wait_exit(Duration::from_secs(10));
+        let text = rd.log_text();
+        let created = rd.home.pin_dir().exists();
         assert!(
             !status.success(),
             "{what}: rivorad exited {status}:\n{text}"
@@ -1740,10 +1100,13 @@ fn invalid_config_at_start_changes_nothing() {
         let at = format!("{}:{line}", config.display());
         assert!(text.contains(&at), "{what}: the error names {at}:\n{text}");
         assert!(!created, "{what}: rivorad created its pin directory");
-        assert!(!dir.socket().exists(), "{what}: rivorad created its socket");
+        assert!(
+            !rd.home.socket().exists(),
+            "{what}: rivorad created its socket"
+        );
         assert_eq!(
             attached(&ns, "v0"),
-            (0, 0),
+            (false, 0),
             "{what}: something attached to v0"
         );
     }
@@ -1771,14 +1134,14 @@ fn service_ids(rd: &Rivorad) -> BTreeMap<String, u64> {
 
 #[test]
 fn restart_persists_and_adopts() {
-    require_root();
-    let topo = Lab::topology(Mode::Nat);
-    let servers = Servers::start(&topo, true);
-    let dir = WorkDir::new();
-    let mut conf = Conf::new(&topo, &dir);
+    common::require::root_and_tools("e2e_rivorad");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let home = Home::new();
+    let mut conf = Conf::new(&topo, &home);
     conf.vips = vec![(false, "tcp"), (true, "tcp")];
     let persist = ["-persist-datapath"];
-    let mut rd = Rivorad::start(&topo.node, dir, &conf.yaml(), &persist);
+    let mut rd = Rivorad::start(&topo.node, home, &conf.yaml(), &persist);
     let all = [0, 1, 2];
     let (tcp4, tcp6, udp4) = (
         vip_name("tcp", vip4(&topo)),
@@ -1796,16 +1159,13 @@ fn restart_persists_and_adopts() {
     let st = rd.stop();
     assert!(st.success(), "rivorad exited with {st}");
     let (x, t) = attached(&topo.node, "n0");
-    assert!(
-        x != 0 && t == 1,
-        "pinned links stay attached: XDP {x}, TCX {t}"
-    );
+    assert!(x && t == 1, "pinned links stay attached: XDP {x}, TCX {t}");
     assert_spread(&topo, "rivorad down", vip4(&topo), Proto::Tcp, &all);
     assert_spread(&topo, "rivorad down", vip6(&topo), Proto::Tcp, &all);
 
     // Started again on a changed file: the IPv6 VIP is gone, a UDP VIP new.
     conf.vips = vec![(false, "tcp"), (false, "udp")];
-    fs::write(&rd.config, conf.yaml()).expect("rewriting the config");
+    fs::write(rd.home.config(), conf.yaml()).expect("rewriting the config");
     rd.restart(&persist);
     assert!(
         rd.log_text()
@@ -1822,7 +1182,7 @@ fn restart_persists_and_adopts() {
     assert_spread(&topo, "restarted", vip4(&topo), Proto::Tcp, &all);
     assert_spread(&topo, "restarted", vip4(&topo), Proto::Udp, &all);
     // The VIP the file dropped no longer reaches any backend.
-    let gone = exchanges(&topo, vip6(&topo), Proto::Tcp, 1);
+    let gone = exchanges(&topo.client, vip6(&topo), Proto::Tcp, 1, STEP);
     assert!(
         gone.iter().all(|r| r.is_err()),
         "the removed IPv6 VIP still answers: {gone:?}"

@@ -5,7 +5,10 @@
 
 pub mod lab;
 pub mod netns;
-pub mod rlab;
+pub mod require;
+pub mod rivorad;
+pub mod topology;
+pub mod traffic;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
