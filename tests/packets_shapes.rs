@@ -15,7 +15,7 @@ mod common;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use common::fixture::{self, Fx};
+use common::fixture::{Fx, Named};
 use common::fixtures::*;
 use common::*;
 use etherparse::{
@@ -34,28 +34,7 @@ const IFACE_MAC: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0xee];
 
 /// The service set most tests share, written by the writer, by the
 /// name the tests give each VIP (1 to 6).
-struct Svcs {
-    /// The backend of each VIP, with the id the writer gave it.
-    be: HashMap<u32, Be>,
-    /// The service id the writer gave each VIP.
-    svc: HashMap<u32, u32>,
-}
-
-impl std::ops::Index<&u32> for Svcs {
-    type Output = Be;
-
-    fn index(&self, name: &u32) -> &Be {
-        &self.be[name]
-    }
-}
-
-impl Svcs {
-    fn id(&self, name: u32) -> u32 {
-        self.svc[&name]
-    }
-}
-
-fn setup(fx: &mut Fx) -> Svcs {
+fn setup(fx: &mut Fx) -> Named {
     let list = [
         // (name, mode, vip, port, proto, backend addr, backend port)
         (1, Mode::Nat, VIP4, 80, PROTO_TCP, "10.1.0.1", 8080),
@@ -69,21 +48,15 @@ fn setup(fx: &mut Fx) -> Svcs {
         interface_macs: [(TEST_RUN_IFINDEX, Mac(IFACE_MAC))].into(),
         ..Default::default()
     });
-    let mut out = Svcs {
-        be: HashMap::new(),
-        svc: HashMap::new(),
-    };
+    let mut out = Named::default();
     for (name, mode, vip, port, proto, addr, bport) in list {
-        let b = fixture::backend(ip(addr), bport, be_mac(name));
-        let placed = fx.apply(&fixture::vip(ip(vip), port, proto, mode, vec![b]));
         let be = Be {
-            id: placed.ids[0],
+            id: 0,
             addr: ip(addr),
             port: bport,
             mac: be_mac(name),
         };
-        out.be.insert(name, be);
-        out.svc.insert(name, placed.svc);
+        fx.add_named(&mut out, name, mode, (ip(vip), port, proto), be);
     }
     out
 }
@@ -101,7 +74,7 @@ struct Forward {
     svc: u32,
 }
 
-fn run_forwards(t: &TestDp, svcs: &Svcs, list: &[Forward]) {
+fn run_forwards(t: &TestDp, svcs: &Named, list: &[Forward]) {
     let mut want_stats: HashMap<u32, (u64, u64)> = HashMap::new();
     for fw in list {
         let be = svcs[&fw.svc];

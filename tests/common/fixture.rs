@@ -9,8 +9,9 @@
 //! `common::flow_hash`: an oracle independent of the writer's renderer, so
 //! a renderer bug and a datapath bug cannot cancel out.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rivora::abi::*;
 use rivora::dataplane::{LoadOptions, Maps, Probe, Writer};
@@ -18,6 +19,7 @@ use rivora::model::{
     Affinity, Backend, BackendTarget, Mac, Mode, NodeSettings, Ports, Protocol, RateLimit, Vip,
 };
 
+use super::fixtures::Be;
 use super::{flow_hash, TestDp};
 
 /// A backend state as the tests name it; the writer derives it from a
@@ -47,10 +49,12 @@ pub struct Placed {
     pub ids: Vec<u32>,
 }
 
-/// A loaded datapath and a writer over its pinned maps.
+/// A loaded datapath and a writer over its pinned maps. The writer sits
+/// in a RefCell so that a test can hold `&fx.t` while it changes what the
+/// writer wrote.
 pub struct Fx {
     pub t: TestDp,
-    pub w: Writer<Maps>,
+    pub w: RefCell<Writer<Maps>>,
 }
 
 impl Default for Fx {
@@ -70,23 +74,28 @@ impl Fx {
 
     fn from_dp(t: TestDp) -> Self {
         let w = Writer::open_pinned(&t.pin_dir).expect("the writer over the test's pinned maps");
-        Self { t, w }
+        Self {
+            t,
+            w: RefCell::new(w),
+        }
     }
 
     /// Create or update one VIP and reclaim what the update retired (old
     /// slices, backends no VIP lists), as the reconciler does after a
     /// batch; returns where it lives.
-    pub fn apply(&mut self, vip: &Vip) -> Placed {
+    pub fn apply(&self, vip: &Vip) -> Placed {
         self.w
+            .borrow_mut()
             .upsert_vip(vip)
             .unwrap_or_else(|e| panic!("upsert {}: {e}", vip.key()));
-        self.w.reclaim().expect("reclaim");
+        self.w.borrow_mut().reclaim().expect("reclaim");
         self.placed(vip)
     }
 
     pub fn placed(&self, vip: &Vip) -> Placed {
         let a = self
             .w
+            .borrow()
             .allocations()
             .remove(&vip.key())
             .unwrap_or_else(|| panic!("{} not placed", vip.key()));
@@ -96,39 +105,78 @@ impl Fx {
         }
     }
 
-    pub fn remove(&mut self, vip: &Vip) {
+    pub fn remove(&self, vip: &Vip) {
         assert!(
-            self.w.remove_vip(&vip.key()).expect("remove_vip"),
+            self.w
+                .borrow_mut()
+                .remove_vip(&vip.key())
+                .expect("remove_vip"),
             "{} was not there",
             vip.key()
         );
-        self.w.reclaim().expect("reclaim");
+        self.w.borrow_mut().reclaim().expect("reclaim");
     }
 
-    pub fn node(&mut self, node: &NodeSettings) {
-        self.w.set_node(node).expect("set_node");
+    /// Change the node settings the writer holds with `f`, and write them.
+    pub fn edit_node(&self, f: impl FnOnce(&mut NodeSettings)) {
+        let mut node = self.w.borrow().node().clone();
+        f(&mut node);
+        self.node(&node);
+    }
+
+    /// The interface's MAC (DSR's and FIB-forwarding's source; also what
+    /// says the interface is one rivorad is attached to).
+    pub fn iface_mac(&self, ifindex: u32, mac: [u8; 6]) {
+        self.edit_node(|n| {
+            n.interface_macs.insert(ifindex, Mac(mac));
+        });
+    }
+
+    pub fn no_iface_mac(&self, ifindex: u32) {
+        self.edit_node(|n| {
+            n.interface_macs.remove(&ifindex);
+        });
+    }
+
+    /// L3 DSR's outer source addresses (None: not configured).
+    pub fn tunnel(&self, src4: Option<Ipv4Addr>, src6: Option<Ipv6Addr>) {
+        self.edit_node(|n| {
+            n.tunnel_src4 = src4;
+            n.tunnel_src6 = src6;
+        });
+    }
+
+    pub fn node(&self, node: &NodeSettings) {
+        self.w.borrow_mut().set_node(node).expect("set_node");
     }
 
     /// Put every backend id of `addr:port` into `state` through the
     /// writer's probe and drain inputs, and check that the map says so.
-    pub fn set_state(&mut self, addr: IpAddr, port: u16, state: State) {
+    pub fn set_state(&self, addr: IpAddr, port: u16, state: State) {
         let t = BackendTarget { addr, port };
         let probe = if state == State::Down {
             Probe::Down
         } else {
             Probe::Up
         };
-        let n = self.w.set_health(&t, probe).expect("set_health");
+        let n = self
+            .w
+            .borrow_mut()
+            .set_health(&t, probe)
+            .expect("set_health");
         assert!(n > 0, "{t} is no backend of any VIP");
         self.w
+            .borrow_mut()
             .set_drain(&t, state == State::Draining)
             .expect("set_drain");
-        for id in self
+        let ids: Vec<u32> = self
             .w
+            .borrow()
             .allocations()
             .values()
             .flat_map(|a| a.backend_ids.clone())
-        {
+            .collect();
+        for id in ids {
             let Some(b) = self.backend_entry(id) else {
                 continue;
             };
@@ -227,10 +275,14 @@ impl Fx {
     /// Every backend id the writer placed, with the (address, port) the
     /// backend maps hold for it.
     pub fn backend_ids(&self) -> BTreeMap<u32, (IpAddr, u16)> {
-        self.w
+        let ids: Vec<u32> = self
+            .w
+            .borrow()
             .allocations()
             .values()
             .flat_map(|a| a.backend_ids.clone())
+            .collect();
+        ids.into_iter()
             .filter_map(|id| self.backend_entry(id).map(|b| (id, b)))
             .collect()
     }
@@ -294,5 +346,59 @@ pub fn with_rate_limit(v: Vip, rate_per_sec: u32, burst: u32) -> Vip {
             burst,
         }),
         ..v
+    }
+}
+
+/// Single-backend VIPs a test knows by a name (a number), as the writer
+/// placed them: `named[&name]` is the backend (with the id the writer
+/// gave it), `named.id(name)` the service id.
+#[derive(Default)]
+pub struct Named {
+    be: BTreeMap<u32, Be>,
+    svc: BTreeMap<u32, u32>,
+}
+
+impl std::ops::Index<&u32> for Named {
+    type Output = Be;
+
+    fn index(&self, name: &u32) -> &Be {
+        self.be
+            .get(name)
+            .unwrap_or_else(|| panic!("no VIP named {name}"))
+    }
+}
+
+impl Named {
+    /// The service id of the VIP named `name`.
+    pub fn id(&self, name: u32) -> u32 {
+        *self
+            .svc
+            .get(&name)
+            .unwrap_or_else(|| panic!("no VIP named {name}"))
+    }
+}
+
+impl Fx {
+    /// Write VIP `addr:port/proto` in `mode` with the one backend `be`
+    /// (its `id` is ignored: the writer chooses), and record both under
+    /// `name`.
+    pub fn add_named(
+        &self,
+        named: &mut Named,
+        name: u32,
+        mode: Mode,
+        (addr, port, proto): (IpAddr, u16, u8),
+        be: Be,
+    ) {
+        let b = backend(be.addr, be.port, be.mac);
+        let placed = self.apply(&vip(addr, port, proto, mode, vec![b]));
+        named.be.insert(
+            name,
+            Be {
+                id: placed.ids[0],
+                ..be
+            },
+        );
+        named.svc.insert(name, placed.svc);
     }
 }
