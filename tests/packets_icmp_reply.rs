@@ -8,10 +8,11 @@ mod common;
 
 use std::net::IpAddr;
 
+use common::fixture::{self, Fx};
 use common::*;
 use etherparse::icmpv4::DestUnreachableHeader;
 use etherparse::{Icmpv4Type, Icmpv6Type, PacketBuilder};
-use rivora::abi::*;
+use rivora::model::Mode;
 
 const CMAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const NMAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
@@ -62,21 +63,12 @@ fn error(src: IpAddr, dst: IpAddr, quoted: &[u8]) -> Vec<u8> {
     v
 }
 
-/// A NAT flow client:cport -> vip:80 that xdp_ingress sent to backend:8080.
-fn nat_flow(t: &TestDp, proto: u8, client: IpAddr, vip: IpAddr, backend: IpAddr) {
-    match (vip, backend) {
-        (IpAddr::V4(v), IpAddr::V4(b)) => {
-            t.vip4(v, 80, proto, 1);
-            t.backend4(1, b, 8080, [2, 0, 0, 0, 0, 9]);
-            t.service(1, rv_mode::RV_MODE_NAT, rv_family::RV_FAMILY_V4, 0, &[1; 5]);
-        }
-        (IpAddr::V6(v), IpAddr::V6(b)) => {
-            t.vip6(v, 80, proto, 1);
-            t.backend6(1, b, 8080, [2, 0, 0, 0, 0, 9]);
-            t.service(1, rv_mode::RV_MODE_NAT, rv_family::RV_FAMILY_V6, 0, &[1; 5]);
-        }
-        _ => panic!("one family"),
-    }
+/// A NAT flow client:cport -> vip:80 that xdp_ingress sent to backend:8080,
+/// the VIP written by the writer.
+fn nat_flow(fx: &Fx, proto: u8, client: IpAddr, vip: IpAddr, backend: IpAddr) {
+    let b = fixture::backend(backend, 8080, [2, 0, 0, 0, 0, 9]);
+    fx.apply(&fixture::vip(vip, 80, proto, Mode::Nat, vec![b]));
+    let t = &fx.t;
     let req = quote(proto, client, 40000, vip, 80);
     let mut frame = Vec::new();
     frame.extend_from_slice(&NMAC);
@@ -134,8 +126,9 @@ fn icmp_errors_towards_nat_clients_are_translated() {
     ];
     for (name, proto, client, vip, backend, router) in cases {
         let (client, vip, backend, router) = (ip(client), ip(vip), ip(backend), ip(router));
-        let t = TestDp::new();
-        nat_flow(&t, proto, client, vip, backend);
+        let fx = Fx::new();
+        nat_flow(&fx, proto, client, vip, backend);
+        let t = &fx.t;
         let as_sent = quote(proto, client, 40000, backend, 8080);
         let as_client_knows = quote(proto, client, 40000, vip, 80);
 

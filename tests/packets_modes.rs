@@ -14,11 +14,13 @@ use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
+use common::fixture::{Fx, Named};
 use common::fixtures::*;
 use common::netns::Netns;
 use common::*;
 use etherparse::{IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header};
 use rivora::abi::*;
+use rivora::model::Mode;
 
 const CLIENT4: &str = "10.250.0.10";
 const CLIENT6: &str = "fd00:fa::10";
@@ -50,29 +52,24 @@ const NAT_SERVICES: &NatServices = &[
 /// NAT services as (svc, VIP, port, proto, backend address, backend port).
 type NatServices = [(u32, &'static str, u16, u8, &'static str, u16)];
 
-/// Install each service of `services` with its one backend.
-fn nat_services_setup(t: &TestDp, services: &NatServices) -> Vec<(u32, Be)> {
-    services
-        .iter()
-        .map(|&(svc, vip, port, proto, addr, bport)| {
-            let be = backend(svc, addr, bport);
-            add_service(
-                t,
-                svc,
-                rv_mode::RV_MODE_NAT,
-                Some((ip(vip), port, proto)),
-                be,
-            );
-            (svc, be)
-        })
-        .collect()
+/// Write each service of `services` with its one backend, through the
+/// writer.
+fn nat_services_setup(fx: &Fx, services: &NatServices) -> Named {
+    let mut named = Named::default();
+    for &(svc, vip, port, proto, addr, bport) in services {
+        fx.add_named(
+            &mut named,
+            svc,
+            Mode::Nat,
+            (ip(vip), port, proto),
+            backend(svc, addr, bport),
+        );
+    }
+    named
 }
 
-fn nat_setup(t: &TestDp) -> Vec<Be> {
-    nat_services_setup(t, NAT_SERVICES)
-        .into_iter()
-        .map(|(_, be)| be)
-        .collect()
+fn nat_setup(fx: &Fx) -> Named {
+    nat_services_setup(fx, NAT_SERVICES)
 }
 
 /// A request from the client to service `svc` of `services`.
@@ -102,8 +99,9 @@ fn request(svc: u32, sport: u16) -> Frame {
 /// where it does answer are `nat_*_fib_*` below.
 #[test]
 fn nat_forward_and_tc_nat_reply() {
-    let t = TestDp::new();
-    let bes = nat_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_setup(&fx);
     let ns = Netns::new(&unique("rvnatpass"));
     let _in = InNetns::enter(&ns);
     let mut flows = Vec::new();
@@ -122,7 +120,7 @@ fn nat_forward_and_tc_nat_reply() {
     let mut bytes = [0u64; 9];
     let mut packets = [0u64; 9];
     for (desc, svc, f) in &flows {
-        let be = bes[*svc as usize - 1];
+        let be = bes[svc];
         let want = nat_of(f, &be);
         for (n, f) in [f.clone(), f.clone().established(2).payload(b"data")]
             .iter()
@@ -132,7 +130,7 @@ fn nat_forward_and_tc_nat_reply() {
             let input = f.build();
             let want = if n == 0 { want.clone() } else { nat_of(f, &be) };
             let out = run_case(
-                &t,
+                t,
                 &Case {
                     desc: desc.clone(),
                     input: input.clone(),
@@ -153,8 +151,12 @@ fn nat_forward_and_tc_nat_reply() {
                 let at = f.l4_off() + 6;
                 assert_eq!(&out[at..at + 2], &[0, 0], "{desc}: UDP checksum stays 0");
             }
-            assert_nat_entry(&t, &desc, f, &be, *svc);
-            assert_eq!(affinity_of(&t, *svc, f), Some(be.id), "{desc}: affinity");
+            assert_nat_entry(t, &desc, f, &be, bes.id(*svc));
+            assert_eq!(
+                affinity_of(t, bes.id(*svc), f),
+                Some(be.id),
+                "{desc}: affinity"
+            );
         }
 
         // The backend answers; tc_nat restores the VIP as the source.
@@ -175,9 +177,9 @@ fn nat_forward_and_tc_nat_reply() {
             assert_eq!(&out[at..at + 2], &[0, 0], "{desc}: reply checksum stays 0");
         }
     }
-    assert_eq!(nat_entries(&t), flows.len(), "one NAT entry per flow");
+    assert_eq!(nat_entries(t), flows.len(), "one NAT entry per flow");
     for svc in 1..=8u32 {
-        let s = t.vip_stats(svc);
+        let s = t.vip_stats(bes.id(svc));
         assert_eq!(
             (s.packets, s.bytes),
             (packets[svc as usize], bytes[svc as usize]),
@@ -189,17 +191,18 @@ fn nat_forward_and_tc_nat_reply() {
 /// Replies tc_nat has no entry for leave as they came (TCX_NEXT).
 #[test]
 fn tc_nat_leaves_unknown_replies_untouched() {
-    let t = TestDp::new();
-    let bes = nat_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_setup(&fx);
     let f4 = request(1, 51000);
     let f6 = request(5, 51000);
     for (svc, f) in [(1, &f4), (5, &f6)] {
         let (v, _) = t.run_xdp(&f.build());
         assert_eq!(v, XDP_PASS);
-        assert_nat_entry(&t, "setup", f, &bes[svc as usize - 1], svc);
+        assert_nat_entry(t, "setup", f, &bes[&svc], bes.id(svc));
     }
-    let r4 = nat_of(&f4, &bes[0]).reply();
-    let r6 = nat_of(&f6, &bes[4]).reply();
+    let r4 = nat_of(&f4, &bes[&1]).reply();
+    let r6 = nat_of(&f6, &bes[&5]).reply();
     let other4: IpAddr = ip("10.250.0.11");
     let other6: IpAddr = ip("fd00:fa::11");
     let cases = [
@@ -210,11 +213,11 @@ fn tc_nat_leaves_unknown_replies_untouched() {
         ("IPv4: another client", r4.clone().to(other4, 51000)),
         (
             "IPv4: another backend port",
-            r4.clone().from(bes[0].addr, 8081),
+            r4.clone().from(bes[&1].addr, 8081),
         ),
         (
             "IPv4: the backend's VIP-port, not its own",
-            r4.clone().from(bes[0].addr, 80),
+            r4.clone().from(bes[&1].addr, 80),
         ),
         (
             "IPv6: another client port",
@@ -242,31 +245,32 @@ fn tc_nat_leaves_unknown_replies_untouched() {
     let (v, out) = t.run_tc(&pkt);
     assert_eq!(v, TCX_NEXT, "UDP with a TCP flow's tuple");
     assert_bytes("UDP with a TCP flow's tuple", &out, &pkt);
-    assert_eq!(nat_entries(&t), 2, "tc_nat creates no entries");
+    assert_eq!(nat_entries(t), 2, "tc_nat creates no entries");
 }
 
 /// DSR: the backend holds the VIP; only the MACs change (source from
 /// iface_mac_map, destination the backend's), out the way it came.
 #[test]
 fn dsr_rewrites_the_macs_only() {
-    let t = TestDp::new();
-    let dsr = rv_mode::RV_MODE_DSR;
+    let fx = Fx::new();
+    let t = &fx.t;
     let list = [
         (11, VIP4, 443, PROTO_TCP, "10.1.0.11"),
         (12, VIP4, 443, PROTO_UDP, "10.1.0.12"),
         (13, VIP6, 443, PROTO_TCP, "fd00:1::13"),
         (14, VIP6, 443, PROTO_UDP, "fd00:1::14"),
     ];
+    fx.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
+    let mut svcs = Named::default();
     for &(svc, vip, port, proto, addr) in &list {
-        add_service(
-            &t,
+        fx.add_named(
+            &mut svcs,
             svc,
-            dsr,
-            Some((ip(vip), port, proto)),
+            Mode::Dsr,
+            (ip(vip), port, proto),
             backend(svc, addr, 0),
         );
     }
-    t.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
     let frames = [
         (11, Frame::tcp4(CLIENT4, 52000, VIP4, 443)),
         (12, Frame::udp4(CLIENT4, 52000, VIP4, 443)),
@@ -286,7 +290,7 @@ fn dsr_rewrites_the_macs_only() {
         let want = f.clone().macs(IFACE_MAC, be_mac(*svc)).build();
         let input = f.build();
         let out = run_case(
-            &t,
+            t,
             &Case {
                 desc: desc.clone(),
                 input: input.clone(),
@@ -297,21 +301,22 @@ fn dsr_rewrites_the_macs_only() {
         );
         // Nothing but the 12 MAC bytes moved.
         assert_eq!(out[12..], input[12..], "{desc}: past the MACs");
-        assert_eq!(affinity_of(&t, *svc, f), Some(*svc), "{desc}: affinity");
+        assert_eq!(
+            affinity_of(t, svcs.id(*svc), f),
+            Some(svcs[svc].id),
+            "{desc}: affinity"
+        );
     }
-    assert_eq!(nat_entries(&t), 0, "DSR keeps no NAT state");
-    assert_eq!(t.vip_stats(11).packets, 2);
-    assert_eq!(t.vip_stats(14).packets, 2);
+    assert_eq!(nat_entries(t), 0, "DSR keeps no NAT state");
+    assert_eq!(t.vip_stats(svcs.id(11)).packets, 2);
+    assert_eq!(t.vip_stats(svcs.id(14)).packets, 2);
 
     // Without the interface's MAC there is no source to send from.
-    t.maps
-        .iface_mac_map
-        .remove(&TEST_RUN_IFINDEX)
-        .expect("iface_mac_map");
+    fx.no_iface_mac(TEST_RUN_IFINDEX);
     for (svc, f) in &frames[..4] {
         let f = f.clone().from(f.src_ip(), 52100);
         run_case(
-            &t,
+            t,
             &Case::dropped(
                 &format!("DSR svc {svc} without an iface MAC"),
                 f.build(),
@@ -408,17 +413,21 @@ const L3DSR_SERVICES: &[(u32, &str, u16, u8, &str)] = &[
     (28, VIP6, 82, PROTO_TCP, "fd00:3::28"),
 ];
 
-fn l3dsr_setup(t: &TestDp) {
+/// The L3 DSR services, through the writer (which wants the tunnel
+/// sources first: an L3 DSR VIP without one is refused).
+fn l3dsr_setup(fx: &Fx) -> Named {
+    fx.tunnel(Some(TUN4.parse().unwrap()), Some(TUN6.parse().unwrap()));
+    let mut named = Named::default();
     for &(svc, vip, port, proto, addr) in L3DSR_SERVICES {
-        add_service(
-            t,
+        fx.add_named(
+            &mut named,
             svc,
-            rv_mode::RV_MODE_L3DSR,
-            Some((ip(vip), port, proto)),
+            Mode::L3Dsr,
+            (ip(vip), port, proto),
             backend(svc, addr, 0),
         );
     }
-    t.tunnel(TUN4.parse().unwrap(), TUN6.parse().unwrap());
+    named
 }
 
 fn l3dsr_request(svc: u32, sport: u16) -> Frame {
@@ -484,8 +493,9 @@ fn encapsulated(f: &Frame, backend: IpAddr, macs: ([u8; 6], [u8; 6])) -> Vec<u8>
 /// (IPv6-in-IPv6), in a namespace of its own.
 #[test]
 fn l3dsr_encapsulates_and_follows_the_fib() {
-    let t = TestDp::new();
-    l3dsr_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let svcs = l3dsr_setup(&fx);
     let (ns, veth) = l3dsr_netns();
     let _in = InNetns::enter(&ns);
     let backend_of = |svc: u32| ip(L3DSR_SERVICES.iter().find(|s| s.0 == svc).unwrap().4);
@@ -500,7 +510,7 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
         let f = l3dsr_request(svc, sport);
         let want = encapsulated(&f, backend_of(svc), (f.src_mac, f.dst_mac));
         let out = run_case(
-            &t,
+            t,
             &Case {
                 desc: format!("L3 DSR svc {svc}, {why}"),
                 input: f.build(),
@@ -517,7 +527,7 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
     }
     // Once it is, the frame is redirected there; arriving on veth0
     // itself, it is sent back out with XDP_TX.
-    t.iface_mac(veth, VETH_MAC);
+    fx.iface_mac(veth, VETH_MAC);
     for svc in [21, 22, 25, 26] {
         for vlan in [Vlan::None, Vlan::Dot1q(5), Vlan::QinQ(6, 7)] {
             sport += 1;
@@ -525,8 +535,8 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
             let input = f.build();
             let want = encapsulated(&f, backend_of(svc), (VETH_MAC, GW_MAC));
             let desc = format!("L3 DSR svc {svc}, {vlan:?}, lookup answers");
-            let before = drop_counts(&t);
-            let (v, out) = try_run_xdp(&t, &input, None).expect("test_run");
+            let before = drop_counts(t);
+            let (v, out) = try_run_xdp(t, &input, None).expect("test_run");
             assert_eq!(v, XDP_REDIRECT, "{desc}: from lo, verdict");
             assert_bytes(&desc, &out, &want);
             assert_eq!(
@@ -539,11 +549,15 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
             );
 
             let mut md = xdp_md(input.len(), veth);
-            let (v, out) = try_run_xdp(&t, &input, Some(&mut md)).expect("test_run with ctx");
+            let (v, out) = try_run_xdp(t, &input, Some(&mut md)).expect("test_run with ctx");
             assert_eq!(v, XDP_TX, "{desc}: from veth0, verdict");
             assert_bytes(&format!("{desc}, from veth0"), &out, &want);
-            assert_eq!(drop_counts(&t), before, "{desc}: nothing dropped");
-            assert_eq!(affinity_of(&t, svc, &f), Some(svc), "{desc}: affinity");
+            assert_eq!(drop_counts(t), before, "{desc}: nothing dropped");
+            assert_eq!(
+                affinity_of(t, svcs.id(svc), &f),
+                Some(svcs[&svc].id),
+                "{desc}: affinity"
+            );
         }
     }
 
@@ -559,7 +573,7 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
         sport += 1;
         let f = l3dsr_request(svc, sport);
         run_case(
-            &t,
+            t,
             &Case::dropped(
                 &format!("L3 DSR svc {svc}, unreachable"),
                 f.build(),
@@ -567,9 +581,9 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
             ),
         );
     }
-    assert_eq!(nat_entries(&t), 0, "L3 DSR keeps no NAT state");
+    assert_eq!(nat_entries(t), 0, "L3 DSR keeps no NAT state");
     assert_eq!(
-        t.vip_stats(21).packets,
+        t.vip_stats(svcs.id(21)).packets,
         7,
         "one run while veth0 is not attached, then two per shape"
     );
@@ -579,31 +593,32 @@ fn l3dsr_encapsulates_and_follows_the_fib() {
 /// outer header: dropped and counted, for each family on its own.
 #[test]
 fn l3dsr_without_a_tunnel_source_is_dropped() {
-    let t = TestDp::new();
-    l3dsr_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    l3dsr_setup(&fx);
     let (ns, veth) = l3dsr_netns();
-    t.iface_mac(veth, VETH_MAC);
+    fx.iface_mac(veth, VETH_MAC);
     let _in = InNetns::enter(&ns);
     let no_src = rv_drop_reason::RV_DROP_NO_TUNNEL_SRC;
 
     // No IPv6 source: IPv6 drops, IPv4 still encapsulates.
-    t.tunnel(TUN4.parse().unwrap(), Ipv6Addr::UNSPECIFIED);
+    fx.tunnel(Some(TUN4.parse().unwrap()), None);
     let f6 = l3dsr_request(25, 54000);
-    run_case(&t, &Case::dropped("IPv6 without src6", f6.build(), no_src));
+    run_case(t, &Case::dropped("IPv6 without src6", f6.build(), no_src));
     let f4 = l3dsr_request(21, 54000);
     let (v, _) = t.run_xdp(&f4.build());
     assert_eq!(v, XDP_REDIRECT, "IPv4 with src4 still forwarded");
 
     // No IPv4 source: IPv4 drops, IPv6 encapsulates.
-    t.tunnel(Ipv4Addr::UNSPECIFIED, TUN6.parse().unwrap());
-    run_case(&t, &Case::dropped("IPv4 without src4", f4.build(), no_src));
+    fx.tunnel(None, Some(TUN6.parse().unwrap()));
+    run_case(t, &Case::dropped("IPv4 without src4", f4.build(), no_src));
     let (v, _) = t.run_xdp(&f6.build());
     assert_eq!(v, XDP_REDIRECT, "IPv6 with src6 still forwarded");
 
     // No entry at all (the array's zeroed slot).
-    t.tunnel(Ipv4Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED);
+    fx.tunnel(None, None);
     for (desc, f) in [("IPv4, no tunnel", &f4), ("IPv6, no tunnel", &f6)] {
-        run_case(&t, &Case::dropped(desc, f.build(), no_src));
+        run_case(t, &Case::dropped(desc, f.build(), no_src));
     }
 }
 
@@ -611,16 +626,17 @@ fn l3dsr_without_a_tunnel_source_is_dropped() {
 /// every CPU summed; traffic that is not a VIP's is not counted.
 #[test]
 fn per_vip_stats_count_packets_and_bytes() {
-    let t = TestDp::new();
-    let _bes = nat_setup(&t);
-    add_service(
-        &t,
+    let fx = Fx::new();
+    let t = &fx.t;
+    let mut bes = nat_setup(&fx);
+    fx.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
+    fx.add_named(
+        &mut bes,
         11,
-        rv_mode::RV_MODE_DSR,
-        Some((ip(VIP4), 443, PROTO_TCP)),
+        Mode::Dsr,
+        (ip(VIP4), 443, PROTO_TCP),
         backend(11, "10.1.0.11", 0),
     );
-    t.iface_mac(TEST_RUN_IFINDEX, IFACE_MAC);
     let sends: Vec<(u32, Frame)> = vec![
         (1, request(1, 55000)),
         (1, request(1, 55000).established(2).payload(&[7; 300])),
@@ -650,7 +666,7 @@ fn per_vip_stats_count_packets_and_bytes() {
         assert_eq!(v, XDP_PASS);
     }
     for svc in [1u32, 2, 3, 4, 5, 6, 7, 8, 11] {
-        let s = t.vip_stats(svc);
+        let s = t.vip_stats(bes.id(svc));
         let (p, b) = want.get(&svc).copied().unwrap_or_default();
         assert_eq!((s.packets, s.bytes), (p, b), "svc {svc}: packets, bytes");
         assert_eq!((s.rate_limited, s.no_backend), (0, 0), "svc {svc}: drops");
@@ -662,10 +678,11 @@ fn per_vip_stats_count_packets_and_bytes() {
 /// flow's packets must not all carry one id. With DF the id is 0.
 #[test]
 fn l3dsr_outer_id_varies_unless_atomic() {
-    let t = TestDp::new();
-    l3dsr_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    l3dsr_setup(&fx);
     let (ns, veth) = l3dsr_netns();
-    t.iface_mac(veth, VETH_MAC);
+    fx.iface_mac(veth, VETH_MAC);
     let _in = InNetns::enter(&ns);
     let outer_id = |df: bool| -> u16 {
         let mut h =
@@ -790,8 +807,8 @@ const NAT_FIB_SERVICES: &NatServices = &[
     (44, VIP6, 85, PROTO_UDP, "fd00:7::44", 5353),
 ];
 
-fn nat_fib_setup(t: &TestDp) -> Vec<(u32, Be)> {
-    nat_services_setup(t, NAT_FIB_SERVICES)
+fn nat_fib_setup(fx: &Fx) -> Named {
+    nat_services_setup(fx, NAT_FIB_SERVICES)
 }
 
 fn nat_fib_request(svc: u32, sport: u16) -> Frame {
@@ -839,13 +856,14 @@ fn expect_on(t: &TestDp, desc: &str, ifindex: u32, f: &Frame, verdict: u32, want
 /// flow is recorded for tc_nat as before and counted for its VIP.
 #[test]
 fn nat_fib_answers_xdp_tx() {
-    let t = TestDp::new();
-    let bes = nat_fib_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_fib_setup(&fx);
     let (ns, veth0, _, _) = nat_netns();
     let _in = InNetns::enter(&ns);
     let mut sport = 56000;
     for svc in [31, 32, 33, 34] {
-        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let be = bes[&svc];
         for vlan in [Vlan::None, Vlan::Dot1q(5), Vlan::QinQ(6, 7)] {
             sport += 1;
             let first = nat_fib_request(svc, sport).vlan(vlan);
@@ -853,17 +871,25 @@ fn nat_fib_answers_xdp_tx() {
             for (n, f) in [first, next].iter().enumerate() {
                 let desc = format!("NAT svc {svc}, {vlan:?}, packet {}", n + 1);
                 let want = nat_routed(f, &be, (VETH_MAC, GW_MAC));
-                expect_on(&t, &desc, veth0, f, XDP_TX, &want);
-                assert_nat_entry(&t, &desc, f, &be, svc);
-                assert_eq!(affinity_of(&t, svc, f), Some(be.id), "{desc}: affinity");
+                expect_on(t, &desc, veth0, f, XDP_TX, &want);
+                assert_nat_entry(t, &desc, f, &be, bes.id(svc));
+                assert_eq!(
+                    affinity_of(t, bes.id(svc), f),
+                    Some(be.id),
+                    "{desc}: affinity"
+                );
             }
         }
-        assert_eq!(t.vip_stats(svc).packets, 6, "svc {svc}: packets counted");
+        assert_eq!(
+            t.vip_stats(bes.id(svc)).packets,
+            6,
+            "svc {svc}: packets counted"
+        );
     }
 
     // The reply to one of them still comes back through tc_nat.
     let f = nat_fib_request(31, 56001);
-    let be = bes[0].1;
+    let be = bes[&31];
     let reply = nat_of(&f, &be).reply();
     let (v, out) = t.run_tc(&reply.build());
     assert_eq!(v, TCX_PASS, "reply verdict");
@@ -877,31 +903,32 @@ fn nat_fib_answers_xdp_tx() {
 /// as they came).
 #[test]
 fn nat_fib_redirects_only_to_attached_interfaces() {
-    let t = TestDp::new();
-    let bes = nat_fib_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_fib_setup(&fx);
     let (ns, veth0, veth2, _) = nat_netns();
     let _in = InNetns::enter(&ns);
     for svc in [35, 36] {
-        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let be = bes[&svc];
         let f = nat_fib_request(svc, 57000);
         let desc = format!("NAT svc {svc}, egress veth2 not attached");
-        expect_on(&t, &desc, veth0, &f, XDP_PASS, &nat_of(&f, &be));
-        assert_nat_entry(&t, &desc, &f, &be, svc);
+        expect_on(t, &desc, veth0, &f, XDP_PASS, &nat_of(&f, &be));
+        assert_nat_entry(t, &desc, &f, &be, bes.id(svc));
     }
 
-    t.iface_mac(veth2, VETH2_MAC);
+    fx.iface_mac(veth2, VETH2_MAC);
     for svc in [35, 36] {
-        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let be = bes[&svc];
         let f = nat_fib_request(svc, 57001);
         let desc = format!("NAT svc {svc}, egress veth2 attached");
         let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
-        expect_on(&t, &desc, veth0, &f, XDP_REDIRECT, &want);
-        assert_nat_entry(&t, &desc, &f, &be, svc);
+        expect_on(t, &desc, veth0, &f, XDP_REDIRECT, &want);
+        assert_nat_entry(t, &desc, &f, &be, bes.id(svc));
         // Arriving on veth2 itself, the same request goes back out of it.
         let f = nat_fib_request(svc, 57002);
         let desc = format!("NAT svc {svc}, from veth2");
         let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
-        expect_on(&t, &desc, veth2, &f, XDP_TX, &want);
+        expect_on(t, &desc, veth2, &f, XDP_TX, &want);
     }
 }
 
@@ -916,15 +943,16 @@ fn nat_fib_redirects_only_to_attached_interfaces() {
 /// routers act on.
 #[test]
 fn nat_fib_leaves_the_rest_to_the_kernel() {
-    let t = TestDp::new();
-    let bes = nat_fib_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_fib_setup(&fx);
     let (ns, veth0, _, veth4) = nat_netns();
     let _in = InNetns::enter(&ns);
-    let be_of = |svc: u32| bes.iter().find(|b| b.0 == svc).unwrap().1;
+    let be_of = |svc: u32| bes[&svc];
     let passed = |desc: &str, ifindex: u32, svc: u32, f: &Frame| {
         let be = be_of(svc);
-        expect_on(&t, desc, ifindex, f, XDP_PASS, &nat_of(f, &be));
-        assert_nat_entry(&t, desc, f, &be, svc);
+        expect_on(t, desc, ifindex, f, XDP_PASS, &nat_of(f, &be));
+        assert_nat_entry(t, desc, f, &be, bes.id(svc));
     };
 
     for svc in [37, 38] {
@@ -939,7 +967,7 @@ fn nat_fib_leaves_the_rest_to_the_kernel() {
         // And 2 is forwarded, leaving with 1.
         let f = nat_fib_request(svc, 58002).ttl(2);
         let want = nat_of(&f, &be_of(svc)).macs(VETH_MAC, GW_MAC).ttl(1);
-        expect_on(&t, &format!("svc {svc}, TTL 2"), veth0, &f, XDP_TX, &want);
+        expect_on(t, &format!("svc {svc}, TTL 2"), veth0, &f, XDP_TX, &want);
     }
 
     // The device's MTU (veth4), then a locked route MTU (out of veth0).
@@ -953,14 +981,14 @@ fn nat_fib_leaves_the_rest_to_the_kernel() {
         let small = nat_fib_request(svc, 58003);
         let want = nat_routed(&small, &be, macs);
         let desc = format!("svc {svc}, fits the MTU");
-        expect_on(&t, &desc, dev, &small, XDP_TX, &want);
+        expect_on(t, &desc, dev, &small, XDP_TX, &want);
         // An IP packet of exactly the MTU still fits.
         let hdrs = small.l4_off() - small.l3_off() + small.l4_len();
         let exact = nat_fib_request(svc, 58004).payload(&vec![0x5a; SMALL_MTU - hdrs]);
         assert_eq!(exact.build().len() - 14, SMALL_MTU);
         let want = nat_routed(&exact, &be, macs);
         let desc = format!("svc {svc}, IP packet of the MTU");
-        expect_on(&t, &desc, dev, &exact, XDP_TX, &want);
+        expect_on(t, &desc, dev, &exact, XDP_TX, &want);
         let big = nat_fib_request(svc, 58005).payload(&vec![0x5a; SMALL_MTU + 1 - hdrs]);
         passed(&format!("svc {svc}, one byte over the MTU"), dev, svc, &big);
     }
@@ -972,7 +1000,7 @@ fn nat_fib_leaves_the_rest_to_the_kernel() {
     // Destination options are for the backend alone: sent from XDP.
     let f = nat_fib_request(33, 58007).ipv6_exts(&[(IPPROTO_DSTOPTS, vec![1, 4, 0, 0, 0, 0])]);
     let want = nat_routed(&f, &be_of(33), (VETH_MAC, GW_MAC));
-    expect_on(&t, "svc 33, Destination options", veth0, &f, XDP_TX, &want);
+    expect_on(t, "svc 33, Destination options", veth0, &f, XDP_TX, &want);
 }
 
 /// A UDP datagram of 48 bytes from the client's `sport` to (dst, dport) in two
@@ -1064,17 +1092,18 @@ fn udp_fragments(
 /// will check it.
 #[test]
 fn nat_fib_answers_fragments() {
-    let t = TestDp::new();
-    let bes = nat_fib_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_fib_setup(&fx);
     let (ns, veth0, _, _) = nat_netns();
     let _in = InNetns::enter(&ns);
     for (svc, vip) in [(32, VIP4), (34, VIP6)] {
-        let be = bes.iter().find(|b| b.0 == svc).unwrap().1;
+        let be = bes[&svc];
         let input = udp_fragments(40000, ip(vip), 53, 64, (MAC_PEER, MAC_LB));
         let want = udp_fragments(40000, be.addr, be.port, 63, (VETH_MAC, GW_MAC));
         for (i, (pkt, want)) in input.iter().zip(&want).enumerate() {
             let desc = format!("svc {svc}, fragment {i}");
-            let (v, out) = run_on(&t, &desc, veth0, pkt);
+            let (v, out) = run_on(t, &desc, veth0, pkt);
             assert_eq!(v, XDP_TX, "{desc}: verdict");
             assert_bytes(&desc, &out, want);
             if vip == VIP4 {
@@ -1087,9 +1116,9 @@ fn nat_fib_answers_fragments() {
         } else {
             Frame::udp6(CLIENT6, 40000, VIP6, 53)
         };
-        assert_nat_entry(&t, &format!("svc {svc}, fragments"), &f, &be, svc);
+        assert_nat_entry(t, &format!("svc {svc}, fragments"), &f, &be, bes.id(svc));
         assert_eq!(
-            t.vip_stats(svc).packets,
+            t.vip_stats(bes.id(svc)).packets,
             2,
             "svc {svc}: both fragments counted"
         );
@@ -1103,15 +1132,16 @@ fn nat_fib_answers_fragments() {
 /// the hash does use ports here.
 #[test]
 fn nat_fib_fragments_take_one_path() {
-    let t = TestDp::new();
-    nat_fib_setup(&t);
+    let fx = Fx::new();
+    let t = &fx.t;
+    nat_fib_setup(&fx);
     let (ns, veth0, _, _) = nat_netns();
     let _in = InNetns::enter(&ns);
     for (svc, vip) in [(43, VIP4), (44, VIP6)] {
         let mut gateways = std::collections::BTreeSet::new();
         for sport in 41000..41016 {
             let f = nat_fib_request(svc, sport);
-            let (v, out) = run_on(&t, &format!("svc {svc}, port {sport}"), veth0, &f.build());
+            let (v, out) = run_on(t, &format!("svc {svc}, port {sport}"), veth0, &f.build());
             assert_eq!(v, XDP_TX, "svc {svc}, port {sport}: verdict");
             gateways.insert(out[..6].to_vec());
         }
@@ -1128,7 +1158,7 @@ fn nat_fib_fragments_take_one_path() {
                 .enumerate()
                 .map(|(i, pkt)| {
                     let desc = format!("svc {svc}, port {sport}, fragment {i}");
-                    let (v, out) = run_on(&t, &desc, veth0, pkt);
+                    let (v, out) = run_on(t, &desc, veth0, pkt);
                     assert_eq!(v, XDP_TX, "{desc}: verdict");
                     out[..6].to_vec()
                 })
