@@ -45,6 +45,11 @@ pub struct MetricsSnapshot {
     pub drops: BTreeMap<String, u64>,
     pub reloads_success: u64,
     pub reloads_failure: u64,
+    /// VIP keys claimed by more than one source object (the first keeps
+    /// it; the others are not applied).
+    pub vip_conflicts: u64,
+    /// VIPs wanted but not in the maps as wanted (retried).
+    pub vips_not_applied: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +256,22 @@ impl Collector for SnapshotCollector {
             s.drops.iter().map(|(reason, n)| (reason.as_str(), *n)),
         )?;
 
+        for (name, help, v) in [
+            (
+                "rivora_vip_conflicts",
+                "VIP keys claimed by two sources' objects: the first keeps the VIP, the others are not applied.",
+                s.vip_conflicts,
+            ),
+            (
+                "rivora_vips_not_applied",
+                "VIPs wanted but not in the datapath as wanted (retried; rivoractl status says why).",
+                s.vips_not_applied,
+            ),
+        ] {
+            let g = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(g)?;
+        }
+
         counters(
             &mut enc,
             "rivora_config_reloads",
@@ -412,7 +433,7 @@ mod tests {
         p
     }
 
-    const FAMILIES: [(&str, &str); 9] = [
+    const FAMILIES: [(&str, &str); 11] = [
         ("rivora_build_info", "gauge"),
         ("rivora_vip_packets_total", "counter"),
         ("rivora_vip_bytes_total", "counter"),
@@ -422,6 +443,8 @@ mod tests {
         ("rivora_drops_total", "counter"),
         ("rivora_config_reloads_total", "counter"),
         ("rivora_health_probe_duration_seconds", "histogram"),
+        ("rivora_vip_conflicts", "gauge"),
+        ("rivora_vips_not_applied", "gauge"),
     ];
 
     fn assert_families(p: &Parsed) {
@@ -461,6 +484,8 @@ mod tests {
             drops,
             reloads_success: 2,
             reloads_failure: 1,
+            vip_conflicts: 1,
+            vips_not_applied: 4,
         }
     }
 
@@ -514,6 +539,8 @@ mod tests {
         let reloads = |result| p.value("rivora_config_reloads_total", &[("result", result)]);
         assert_eq!(reloads("success"), 2.0);
         assert_eq!(reloads("failure"), 1.0);
+        assert_eq!(p.value("rivora_vip_conflicts", &[]), 1.0);
+        assert_eq!(p.value("rivora_vips_not_applied", &[]), 4.0);
 
         let h = "rivora_health_probe_duration_seconds";
         let bucket =
@@ -539,9 +566,9 @@ mod tests {
             1.0
         );
 
-        // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2, and
-        // per result the 14 bounds, +Inf, _sum and _count.
-        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 * 17);
+        // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2 + the
+        // two gauges, and per result the 14 bounds, +Inf, _sum and _count.
+        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 + 2 * 17);
         assert_eq!(
             m.encode(snapshot()).unwrap(),
             text,

@@ -347,6 +347,8 @@ impl ApiState for DaemonApi {
             // The start's apply is not a reload.
             reloads_success: file.updates_ok.saturating_sub(1),
             reloads_failure: file.updates_failed,
+            vip_conflicts: st.conflicts.len() as u64,
+            vips_not_applied: st.failed.len() as u64,
         };
         self.metrics.encode(snap).map_err(internal)
     }

@@ -6,6 +6,12 @@
 //! rivorad runs in a throwaway network namespace with one veth pair to
 //! attach to, its pins in a private directory; everything is removed on
 //! the way out, also on error.
+//!
+//! `api_status_p99_ms_during_full_apply`: with that rivorad, the file is
+//! rewritten so that every VIP's Maglev slice changes (one backend's
+//! weight flips between 1 and 2) and reloaded through the API, several
+//! times; meanwhile `GET /v1/status` is polled every 10 ms. The p99 of
+//! the polls made while a reload was under way (issue 10: at most 20 ms).
 
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -15,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use rivora::abi;
+use rivora::api::client::Client;
 
 use crate::Results;
 
@@ -61,8 +68,13 @@ fn sh(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// 4,096 NAT VIPs of 2 backends each (8,192 backends), probing off.
-fn full_scale_config(socket: &Path) -> String {
+/// Full re-applies measured, and the status poll period during them.
+const APPLY_ROUNDS: usize = 6;
+const POLL_EVERY: Duration = Duration::from_millis(10);
+
+/// 4,096 NAT VIPs of 2 backends each (8,192 backends), probing off. The
+/// first backend's weight is `weight`: changing it changes every slice.
+fn full_scale_config(socket: &Path, weight: u32) -> String {
     let mut y = format!(
         "interfaces:\n  - name: v0\n    xdpMode: native\napi:\n  socket: {}\nvips:\n",
         socket.display()
@@ -72,7 +84,7 @@ fn full_scale_config(socket: &Path) -> String {
         let _ = write!(
             y,
             "  - address: 10.0.{hi}.{lo}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
-             healthCheck: false\n    backends:\n      - {{ address: 10.1.{hi}.{lo}, port: 8080 }}\n      \
+             healthCheck: false\n    backends:\n      - {{ address: 10.1.{hi}.{lo}, port: 8080, weight: {weight} }}\n      \
              - {{ address: 10.2.{hi}.{lo}, port: 8080 }}\n"
         );
     }
@@ -120,8 +132,8 @@ pub fn run(results: &mut Results) -> Result<()> {
     sh(&["nsenter", &netns, "ip", "link", "set", "v0", "up"])?;
 
     let config = s.dir.join("rivora.yaml");
-    fs::write(&config, full_scale_config(&s.dir.join("rivorad.sock")))
-        .context("writing the config")?;
+    let socket = s.dir.join("rivorad.sock");
+    fs::write(&config, full_scale_config(&socket, 1)).context("writing the config")?;
     let log = s.dir.join("rivorad.log");
     let out = File::create(&log).context("creating the log")?;
     let err = out.try_clone().context("cloning the log fd")?;
@@ -175,6 +187,75 @@ pub fn run(results: &mut Results) -> Result<()> {
         "rivorad_rss_mib_full_scale: VmRSS of rivorad with {} VIPs x 2 backends, probes off, \
          after ready (target <= 64); start to ready took {start_ms:.0} ms",
         abi::MAX_VIPS
+    ));
+    status_during_applies(&config, &socket, results)
+}
+
+/// Poll the status while full-scale reloads run; the p99 of the polls
+/// that overlapped a reload.
+fn status_during_applies(config: &Path, socket: &Path, results: &mut Results) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let client = Client::unix(socket).with_timeout(Duration::from_secs(60));
+    let reloading = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (reloading, done) = (reloading.clone(), done.clone());
+        let client = Client::unix(socket).with_timeout(Duration::from_secs(60));
+        std::thread::spawn(move || -> Result<(Vec<f64>, usize)> {
+            let mut during = Vec::new();
+            let mut saw_applying = 0;
+            while !done.load(Ordering::Acquire) {
+                let overlapping = reloading.load(Ordering::Acquire);
+                let t = Instant::now();
+                let st = client.status().context("GET /v1/status")?;
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                if overlapping || reloading.load(Ordering::Acquire) {
+                    during.push(ms);
+                    saw_applying += usize::from(st.apply_in_progress);
+                }
+                std::thread::sleep(POLL_EVERY.saturating_sub(t.elapsed()));
+            }
+            Ok((during, saw_applying))
+        })
+    };
+    let mut apply_ms = Vec::new();
+    let result = (|| -> Result<()> {
+        for round in 0..APPLY_ROUNDS {
+            let weight = if round % 2 == 0 { 2 } else { 1 };
+            fs::write(config, full_scale_config(socket, weight)).context("rewriting the config")?;
+            reloading.store(true, Ordering::Release);
+            let t = Instant::now();
+            let r = client.reload();
+            apply_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            reloading.store(false, Ordering::Release);
+            let r = r.context("POST /v1/reload")?;
+            ensure!(r.ok, "reload failed: {:?}", r.error);
+            // Let the file watcher's own reload of the same file (no
+            // change for the maps) pass before the next round.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        Ok(())
+    })();
+    done.store(true, Ordering::Release);
+    let (mut during, saw_applying) = poller
+        .join()
+        .map_err(|_| anyhow::anyhow!("the status poller panicked"))??;
+    result?;
+    ensure!(!during.is_empty(), "no status poll overlapped a reload");
+    during.sort_by(|a, b| a.total_cmp(b));
+    let p99 = during[((during.len() as f64 * 0.99).ceil() as usize).clamp(1, during.len()) - 1];
+    apply_ms.sort_by(|a, b| a.total_cmp(b));
+    let apply_median = apply_ms[apply_ms.len() / 2];
+    results.set("api_status_p99_ms_during_full_apply", p99);
+    results.note(format!(
+        "api_status_p99_ms_during_full_apply: p99 of {} GET /v1/status polls (every {} ms) \
+         made during {APPLY_ROUNDS} full-scale reloads (every slice changes; median reload \
+         {apply_median:.0} ms); {saw_applying} of them answered while map writes were under \
+         way (target <= 20)",
+        during.len(),
+        POLL_EVERY.as_millis()
     ));
     Ok(())
 }
