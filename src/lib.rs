@@ -12,3 +12,4 @@ pub mod healthcheck;
 pub mod maglev;
 pub mod metrics;
 pub mod model;
+pub mod netlink;

@@ -279,17 +279,8 @@ fn path_cstr(path: &Path) -> Result<CString, DataplaneError> {
 
 /// The ifindex of a named interface in this network namespace.
 pub fn ifindex(name: &str) -> Result<u32, DataplaneError> {
-    let c = CString::new(name).map_err(|_| DataplaneError::Attach {
-        what: format!("interface name {name:?}"),
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
-    // SAFETY: NUL-terminated name.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(DataplaneError::Attach {
-            what: format!("interface {name}"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(idx)
+    nix::net::if_::if_nametoindex(name).map_err(|e| DataplaneError::Attach {
+        what: format!("interface {name}"),
+        source: e.into(),
+    })
 }

@@ -330,26 +330,19 @@ pub fn ensure_bpffs() -> Result<(), DataplaneError> {
     }
     fs::create_dir_all("/sys/fs/bpf")
         .map_err(|e| DataplaneError::load(format!("mkdir /sys/fs/bpf: {e}")))?;
-    let src = c"bpffs";
-    let target = c"/sys/fs/bpf";
-    let fstype = c"bpf";
-    // SAFETY: plain mount(2) with NUL-terminated strings.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(DataplaneError::load(format!(
+    nix::mount::mount(
+        Some("bpffs"),
+        "/sys/fs/bpf",
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| {
+        DataplaneError::load(format!(
             "mounting bpffs at /sys/fs/bpf: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
+            std::io::Error::from(e)
+        ))
+    })
 }
 
 impl Datapath {

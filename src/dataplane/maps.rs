@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
+use nix::errno::Errno;
 
 use crate::abi::*;
 use crate::dataplane::DataplaneError;
@@ -205,8 +206,8 @@ impl PinnedMap {
             };
             let done = match ret {
                 0 => false,
-                r if -r == libc::ENOENT => true,
-                r if -r == libc::EINTR => continue,
+                r if -r == Errno::ENOENT as i32 => true,
+                r if -r == Errno::EINTR as i32 => continue,
                 r => return Err(err(-r)),
             };
             out.extend(
