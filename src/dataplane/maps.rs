@@ -19,6 +19,10 @@ use crate::dataplane::DataplaneError;
 /// Implement only for the generated ABI structs and integers.
 pub unsafe trait Pod: Copy + Default {}
 
+// SAFETY: every type listed is an integer or a struct libbpf-cargo
+// generated from `include/rivora/abi.h` (the map keys and values libbpf
+// copies in and out as bytes): fixed-width integer fields only, explicit
+// padding, so any bit pattern is valid and no byte is uninitialised.
 macro_rules! pod {
     ($($t:ty),* $(,)?) => { $(unsafe impl Pod for $t {})* };
 }
