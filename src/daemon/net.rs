@@ -55,10 +55,12 @@ pub fn resolve_mac(addr: IpAddr, wait: Duration) -> Result<Mac, NetError> {
     let found = Netlink::open()
         .and_then(|mut nl| nl.resolve(addr, wait))
         .map_err(|source| NetError::Neighbour { addr, source })?;
-    found.and_then(|n| n.mac).ok_or(NetError::Unresolved {
-        addr,
-        waited_ms: start.elapsed().as_millis(),
-    })
+    found
+        .and_then(|n| n.mac)
+        .ok_or_else(|| NetError::Unresolved {
+            addr,
+            waited_ms: start.elapsed().as_millis(),
+        })
 }
 
 /// Write a sysctl under /proc/sys given as path parts (an interface name
