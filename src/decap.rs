@@ -19,15 +19,16 @@
 //! The decap maps belong to this object and are not pinned: they are the
 //! backend's state, not part of the node's `rivora-lb` ABI.
 
-use std::mem::{size_of, MaybeUninit};
+use std::mem::size_of;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject};
+use libbpf_rs::{MapCore, MapFlags};
 
 use crate::bpf::decap::types::rv_decap_stats;
 use crate::bpf::decap::{DecapSkel, DecapSkelBuilder};
+use crate::dataplane::loader::Owned;
 use crate::dataplane::{AttachedLink, DataplaneError, XdpMode};
 
 /// Decapsulation counters, summed over CPUs.
@@ -36,13 +37,8 @@ pub type DecapStats = rv_decap_stats;
 /// The loaded decap object. Dropping it does not detach links made from
 /// it: a link holds its program.
 pub struct Decap {
-    skel: Option<DecapSkel<'static>>,
-    storage: *mut MaybeUninit<OpenObject>,
+    skel: Owned<DecapSkel<'static>>,
 }
-
-// SAFETY: the skeleton is Send (libbpf-cargo says so); the storage pointer
-// is only dereferenced in Drop, after the skeleton is gone.
-unsafe impl Send for Decap {}
 
 /// The two programs as file descriptors of their own, so they can be
 /// attached from another thread: an ifindex means something only in the
@@ -81,33 +77,19 @@ fn vip_key(vip: IpAddr) -> (&'static str, Vec<u8>) {
 
 impl Decap {
     pub fn load() -> Result<Self, DataplaneError> {
-        let storage: &'static mut MaybeUninit<OpenObject> =
-            Box::leak(Box::new(MaybeUninit::uninit()));
-        let storage_ptr: *mut MaybeUninit<OpenObject> = storage;
-        let loaded = DecapSkelBuilder::default()
-            .open(storage)
-            .map_err(|e| DataplaneError::Load(format!("opening decap: {e}")))
-            .and_then(|open| {
-                open.load()
-                    .map_err(|e| DataplaneError::Load(format!("loading decap: {e}")))
-            });
-        match loaded {
-            Ok(skel) => Ok(Self {
-                skel: Some(skel),
-                storage: storage_ptr,
-            }),
-            Err(e) => {
-                // SAFETY: from Box::leak above; whatever borrowed it
-                // (the open or loaded skeleton) has been dropped.
-                unsafe { drop(Box::from_raw(storage_ptr)) };
-                Err(e)
-            }
-        }
+        let skel = Owned::load(|storage| {
+            DecapSkelBuilder::default()
+                .open(storage)
+                .map_err(|e| DataplaneError::Load(format!("opening decap: {e}")))?
+                .load()
+                .map_err(|e| DataplaneError::Load(format!("loading decap: {e}")))
+        })?;
+        Ok(Self { skel })
     }
 
     /// The loaded skeleton: its programs (for BPF_PROG_TEST_RUN) and maps.
     pub fn skel(&self) -> &DecapSkel<'static> {
-        self.skel.as_ref().expect("skeleton present until drop")
+        self.skel.get()
     }
 
     /// Duplicates of the program descriptors, to attach from any thread.
@@ -208,15 +190,6 @@ fn parse_stats(bytes: &[u8]) -> Option<DecapStats> {
         not_vip: next()?,
         malformed: next()?,
     })
-}
-
-impl Drop for Decap {
-    fn drop(&mut self) {
-        drop(self.skel.take());
-        // SAFETY: `storage` came from Box::leak in `load`, and the skeleton
-        // that borrowed it was dropped just above.
-        unsafe { drop(Box::from_raw(self.storage)) };
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
 pub mod metrics;
+pub mod netlink;
 pub mod reconciler;
 pub mod sources;
 

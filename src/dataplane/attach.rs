@@ -37,10 +37,13 @@ fn errno_err(what: String, rc: i32) -> DataplaneError {
 }
 
 fn link_create(prog_fd: i32, ifindex: u32, attach: u32, flags: u32) -> Result<OwnedFd, i32> {
-    // SAFETY: zeroed opts with sz set is the documented libbpf convention.
-    let mut opts: libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
-    opts.flags = flags;
+    // Zeroed opts with sz set is the libbpf convention; bindgen's Default
+    // zeroes.
+    let opts = libbpf_sys::bpf_link_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _,
+        flags,
+        ..Default::default()
+    };
     // SAFETY: valid fd and opts; the return is a new fd or -errno.
     let rc = unsafe { libbpf_sys::bpf_link_create(prog_fd, ifindex as i32, attach, &opts) };
     if rc < 0 {
@@ -174,9 +177,7 @@ impl AttachedLink {
     /// it and the interface it is attached to (0 once the interface is
     /// gone: the link then still exists but is defunct).
     pub fn info(&self) -> Result<LinkInfo, DataplaneError> {
-        // SAFETY: zeroed bpf_link_info is a valid out buffer of the size
-        // passed.
-        let mut info: libbpf_sys::bpf_link_info = unsafe { std::mem::zeroed() };
+        let mut info = libbpf_sys::bpf_link_info::default();
         let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
         // SAFETY: valid fd, buffer and length.
         let rc = unsafe {
@@ -244,9 +245,10 @@ pub struct LinkInfo {
 /// namespace), if any: a pinned link does not record its flags, the
 /// interface does.
 pub fn xdp_attached_mode(ifindex: u32) -> Result<Option<XdpMode>, DataplaneError> {
-    // SAFETY: zeroed opts with sz set is the documented libbpf convention.
-    let mut opts: libbpf_sys::bpf_xdp_query_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_xdp_query_opts>() as _;
+    let mut opts = libbpf_sys::bpf_xdp_query_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_xdp_query_opts>() as _,
+        ..Default::default()
+    };
     // SAFETY: valid opts; the return is 0 or -errno.
     let rc = unsafe { libbpf_sys::bpf_xdp_query(ifindex as i32, 0, &mut opts) };
     if rc < 0 {
@@ -270,17 +272,8 @@ fn path_cstr(path: &Path) -> Result<CString, DataplaneError> {
 
 /// The ifindex of a named interface in this network namespace.
 pub fn ifindex(name: &str) -> Result<u32, DataplaneError> {
-    let c = CString::new(name).map_err(|_| DataplaneError::Attach {
-        what: format!("interface name {name:?}"),
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
-    // SAFETY: NUL-terminated name.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(DataplaneError::Attach {
-            what: format!("interface {name}"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(idx)
+    nix::net::if_::if_nametoindex(name).map_err(|e| DataplaneError::Attach {
+        what: format!("interface {name}"),
+        source: e.into(),
+    })
 }

@@ -97,28 +97,60 @@ fn possible_cpus() -> Result<u32, DataplaneError> {
         .ok_or_else(|| DataplaneError::load("reading the number of possible CPUs"))
 }
 
-/// An owned skeleton: the generated skeleton borrows its object storage,
-/// so the storage lives on the heap beside it and is freed after it.
-struct Owned<S> {
+/// An owned skeleton: a libbpf-cargo skeleton borrows its object storage
+/// (libbpf's `bpf_object` lives there), so the storage lives on the heap
+/// beside it and is freed after it. The one place that frees it, for the
+/// node's objects and the backend's decap object alike.
+pub(crate) struct Owned<S> {
     skel: Option<S>,
     storage: *mut MaybeUninit<OpenObject>,
 }
 
 impl<S> Owned<S> {
-    fn storage() -> &'static mut MaybeUninit<OpenObject> {
-        // Leaked here, reclaimed in Drop after the skeleton is gone.
-        Box::leak(Box::new(MaybeUninit::uninit()))
+    /// Open and load a skeleton with `open_load`, which is given storage
+    /// that outlives the skeleton it returns and must not keep the
+    /// reference anywhere else.
+    pub(crate) fn load(
+        open_load: impl FnOnce(&'static mut MaybeUninit<OpenObject>) -> Result<S, DataplaneError>,
+    ) -> Result<Self, DataplaneError> {
+        // Leaked here, reclaimed in Drop after the skeleton is gone (or
+        // below if there is no skeleton).
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let storage_ptr: *mut MaybeUninit<OpenObject> = storage;
+        match open_load(storage) {
+            Ok(skel) => Ok(Self {
+                skel: Some(skel),
+                storage: storage_ptr,
+            }),
+            Err(e) => {
+                // SAFETY: from Box::leak above; the open or loaded skeleton
+                // that borrowed it was dropped inside `open_load`, and the
+                // error (owned data only) holds no reference to it.
+                unsafe { drop(Box::from_raw(storage_ptr)) };
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn get(&self) -> &S {
+        self.skel.as_ref().expect("skeleton present until drop")
     }
 }
 
 impl<S> Drop for Owned<S> {
     fn drop(&mut self) {
         drop(self.skel.take());
-        // SAFETY: `storage` came from Box::leak in `storage()`, and the
+        // SAFETY: `storage` came from Box::leak in `load`, and the
         // skeleton that borrowed it was dropped just above.
         unsafe { drop(Box::from_raw(self.storage)) };
     }
 }
+
+// SAFETY: the skeleton is Send (libbpf-cargo implements it for every
+// skeleton it generates); the storage pointer is only dereferenced in Drop,
+// after the skeleton is gone, by whichever thread owns this then.
+unsafe impl<S: Send> Send for Owned<S> {}
 
 /// The loaded programs. Maps are reached through [`crate::dataplane::Maps`],
 /// which opens the pins; this holds the programs (and keeps the objects,
@@ -128,10 +160,6 @@ pub struct Datapath {
     tc: Owned<TcNatSkel<'static>>,
     pin_dir: PathBuf,
 }
-
-// SAFETY: the skeletons hold raw libbpf pointers that are only used
-// through &self/&mut self; nothing is shared with another thread.
-unsafe impl Send for Datapath {}
 
 fn pin_maps<'a>(
     maps: impl Iterator<Item = libbpf_rs::OpenMapMut<'a>>,
@@ -184,8 +212,7 @@ fn pinned_def(pin: &Path) -> Result<Option<MapDef>, DataplaneError> {
     let Some(fd) = open_pin(pin)? else {
         return Ok(None);
     };
-    // SAFETY: zeroed bpf_map_info is a valid out buffer of the size passed.
-    let mut info: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
+    let mut info = libbpf_sys::bpf_map_info::default();
     let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
     // SAFETY: valid fd, buffer and length.
     let rc = unsafe { libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
@@ -330,26 +357,19 @@ pub fn ensure_bpffs() -> Result<(), DataplaneError> {
     }
     fs::create_dir_all("/sys/fs/bpf")
         .map_err(|e| DataplaneError::load(format!("mkdir /sys/fs/bpf: {e}")))?;
-    let src = c"bpffs";
-    let target = c"/sys/fs/bpf";
-    let fstype = c"bpf";
-    // SAFETY: plain mount(2) with NUL-terminated strings.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(DataplaneError::load(format!(
+    nix::mount::mount(
+        Some("bpffs"),
+        "/sys/fs/bpf",
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| {
+        DataplaneError::load(format!(
             "mounting bpffs at /sys/fs/bpf: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
+            std::io::Error::from(e)
+        ))
+    })
 }
 
 impl Datapath {
@@ -403,33 +423,23 @@ impl Datapath {
             }
         }
 
-        let storage = Owned::<()>::storage();
-        let storage_ptr: *mut MaybeUninit<OpenObject> = storage;
-        let mut open = XdpIngressSkelBuilder::default()
-            .open(storage)
-            .map_err(|e| DataplaneError::load(format!("opening xdp_ingress: {e}")))?;
-        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
-        let xdp = open
-            .load()
-            .map_err(|e| DataplaneError::load(format!("loading xdp_ingress: {e}")))?;
-        let xdp = Owned {
-            skel: Some(xdp),
-            storage: storage_ptr,
-        };
+        let xdp = Owned::load(|storage| {
+            let mut open = XdpIngressSkelBuilder::default()
+                .open(storage)
+                .map_err(|e| DataplaneError::load(format!("opening xdp_ingress: {e}")))?;
+            pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+            open.load()
+                .map_err(|e| DataplaneError::load(format!("loading xdp_ingress: {e}")))
+        })?;
 
-        let storage = Owned::<()>::storage();
-        let storage_ptr: *mut MaybeUninit<OpenObject> = storage;
-        let mut open = TcNatSkelBuilder::default()
-            .open(storage)
-            .map_err(|e| DataplaneError::load(format!("opening tc_nat: {e}")))?;
-        pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
-        let tc = open
-            .load()
-            .map_err(|e| DataplaneError::load(format!("loading tc_nat: {e}")))?;
-        let tc = Owned {
-            skel: Some(tc),
-            storage: storage_ptr,
-        };
+        let tc = Owned::load(|storage| {
+            let mut open = TcNatSkelBuilder::default()
+                .open(storage)
+                .map_err(|e| DataplaneError::load(format!("opening tc_nat: {e}")))?;
+            pin_maps(open.open_object_mut().maps_mut(), opts, pinned_version)?;
+            open.load()
+                .map_err(|e| DataplaneError::load(format!("loading tc_nat: {e}")))
+        })?;
 
         let dp = Self {
             xdp,
@@ -473,11 +483,11 @@ impl Datapath {
     }
 
     pub fn xdp(&self) -> &XdpIngressSkel<'static> {
-        self.xdp.skel.as_ref().expect("skeleton present until drop")
+        self.xdp.get()
     }
 
     pub fn tc(&self) -> &TcNatSkel<'static> {
-        self.tc.skel.as_ref().expect("skeleton present until drop")
+        self.tc.get()
     }
 
     pub fn pin_dir(&self) -> &Path {

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
+use nix::errno::Errno;
 
 use crate::abi::*;
 use crate::dataplane::DataplaneError;
@@ -18,6 +19,10 @@ use crate::dataplane::DataplaneError;
 /// Implement only for the generated ABI structs and integers.
 pub unsafe trait Pod: Copy + Default {}
 
+// SAFETY: every type listed is an integer or a struct libbpf-cargo
+// generated from `include/rivora/abi.h` (the map keys and values libbpf
+// copies in and out as bytes): fixed-width integer fields only, explicit
+// padding, so any bit pattern is valid and no byte is uninitialised.
 macro_rules! pod {
     ($($t:ty),* $(,)?) => { $(unsafe impl Pod for $t {})* };
 }
@@ -205,8 +210,8 @@ impl PinnedMap {
             };
             let done = match ret {
                 0 => false,
-                r if -r == libc::ENOENT => true,
-                r if -r == libc::EINTR => continue,
+                r if -r == Errno::ENOENT as i32 => true,
+                r if -r == Errno::EINTR as i32 => continue,
                 r => return Err(err(-r)),
             };
             out.extend(

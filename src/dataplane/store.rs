@@ -45,16 +45,11 @@ pub trait MapStore {
 
 /// MEMBARRIER_CMD_GLOBAL: the kernel runs synchronize_rcu(), and BPF
 /// programs run inside RCU read-side sections, so on return no program
-/// run still holds a pointer read before the call.
-const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
-
+/// run still holds a pointer read before the call. Through rustix: nix has
+/// no membarrier wrapper.
 fn synchronize_rcu() -> Result<(), DataplaneError> {
-    // SAFETY: membarrier(2) takes no pointers.
-    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
-    if r != 0 {
-        return Err(DataplaneError::GracePeriod(std::io::Error::last_os_error()));
-    }
-    Ok(())
+    rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)
+        .map_err(|e| DataplaneError::GracePeriod(e.into()))
 }
 
 fn rl_config(rl: Option<RateLimit>) -> rv_rl_config {
@@ -486,7 +481,7 @@ impl MemStore {
                 Err(DataplaneError::Map {
                     map,
                     op: "update (injected failure)",
-                    source: libbpf_rs::Error::from_raw_os_error(libc::EIO),
+                    source: libbpf_rs::Error::from_raw_os_error(nix::errno::Errno::EIO as i32),
                 })
             }
             Some(n) => {
@@ -502,7 +497,7 @@ impl MemStore {
             return Err(DataplaneError::Map {
                 map,
                 op: "update",
-                source: libbpf_rs::Error::from_raw_os_error(libc::E2BIG),
+                source: libbpf_rs::Error::from_raw_os_error(nix::errno::Errno::E2BIG as i32),
             });
         }
         Ok(())
@@ -618,7 +613,7 @@ impl MapStore for MemStore {
             return Err(DataplaneError::Map {
                 map,
                 op: "update",
-                source: libbpf_rs::Error::from_raw_os_error(libc::ENOSPC),
+                source: libbpf_rs::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32),
             });
         }
         self.image.matches.insert(*m, svc);

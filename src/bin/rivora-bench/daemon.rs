@@ -39,8 +39,7 @@ struct Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            crate::signal_child(&c, nix::sys::signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(10);
             while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));

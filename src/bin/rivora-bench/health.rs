@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use nix::sys::resource::{getrlimit, getrusage, setrlimit, Resource, UsageWho};
+use nix::sys::time::TimeVal;
+use nix::unistd::{sysconf, SysconfVar};
 use rivora::healthcheck::{HealthCheckSpec, HealthChecker, Observation, ProbeKind, ProbeTarget};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -165,18 +168,11 @@ fn bench(child: &mut Child, results: &mut Results) -> Result<()> {
 
 /// This process's user + system CPU time.
 fn self_cpu() -> Result<Duration> {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a whole rusage into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    if rc != 0 {
-        bail!("getrusage: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: rc == 0, so the kernel filled it.
-    let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    let ru = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
+    let tv = |t: TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
     };
-    Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
+    Ok(tv(ru.user_time()) + tv(ru.system_time()))
 }
 
 /// Another process's user + system CPU time, from /proc/PID/stat.
@@ -195,9 +191,10 @@ fn process_cpu(pid: u32) -> Result<Duration> {
             .and_then(|v| v.parse().ok())
             .with_context(|| format!("parsing field {} of {path}", i + 3))
     };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    ensure!(hz > 0, "sysconf(_SC_CLK_TCK) failed");
+    let hz = sysconf(SysconfVar::CLK_TCK)
+        .context("sysconf(_SC_CLK_TCK)")?
+        .filter(|&hz| hz > 0)
+        .context("sysconf(_SC_CLK_TCK) gave no tick rate")?;
     let total = ticks(11)? + ticks(12)?;
     Ok(Duration::from_secs_f64(total as f64 / hz as f64))
 }
@@ -205,24 +202,12 @@ fn process_cpu(pid: u32) -> Result<Duration> {
 /// 1,000 listeners and their probes' sockets need more descriptors than a
 /// default soft limit of 1,024.
 fn raise_nofile_limit() -> Result<()> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct given.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            bail!("getrlimit: {}", std::io::Error::last_os_error());
-        }
-        lim.rlim_cur = lim.rlim_max;
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-            bail!("setrlimit: {}", std::io::Error::last_os_error());
-        }
-    }
+    let (_, max) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
+    setrlimit(Resource::RLIMIT_NOFILE, max, max).context("setrlimit")?;
     ensure!(
-        lim.rlim_cur >= 3 * BACKENDS as u64,
+        max >= 3 * BACKENDS as u64,
         "RLIMIT_NOFILE hard limit {} is below {}",
-        lim.rlim_max,
+        max,
         3 * BACKENDS
     );
     Ok(())

@@ -45,6 +45,14 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Send `sig` to a child of ours. Best effort, as kill(2) was before: a
+/// child that has already exited is reaped by the caller's wait.
+pub fn signal_child(child: &std::process::Child, sig: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+    }
+}
+
 fn main() -> Result<()> {
     // The health bench re-executes this binary as its backend servers, so
     // that the servers' CPU is not charged to the checker.

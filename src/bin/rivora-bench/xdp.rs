@@ -327,11 +327,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     // Everything runs on a thread inside the namespace.
     let measured = std::thread::spawn(move || -> Result<Vec<(String, f64)>> {
         let f = File::open(&path).context("opening the bench netns")?;
-        // SAFETY: setns on this thread only.
-        ensure!(
-            unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } == 0,
-            "setns failed"
-        );
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
         measure()
     })
     .join()
