@@ -116,7 +116,8 @@ done
 # trafgen sizes its AF_PACKET send buffer through net.core.wmem_*, which is
 # read-only in a namespace; with the receiver on another core the ring then
 # fails to flush ("Resource temporarily unavailable"). Force a large send
-# buffer on its packet sockets instead (../shared/lab-notes.md).
+# buffer on its packet sockets instead (SO_SNDBUFFORCE, 64 MB, through an
+# LD_PRELOAD shim: with it trafgen 0.6.8 stopped aborting here).
 build_sndbuf_shim() {
 	cat >"$WORK/sndbuf.c" <<'C'
 #define _GNU_SOURCE
@@ -437,7 +438,8 @@ down_haproxy() {
 #           for the kernel paths only (XDP sends what it receives): with
 #           GRO on, direct TCP read 7.2 Gbit/s over four streams against
 #           4.4 without, while the XDP paths did not move.
-#   pinned  the node's receive path on a core of its own (lab-notes): NAPI
+#   pinned  the node's receive path on a core of its own, apart from the
+#           generator's, so the node's work sets the packet rate: NAPI
 #           on the veth (GRO, or XDP when attached) in a thread pinned to
 #           RX_CPU; the generator runs on GEN_CPU.
 node_mode() {

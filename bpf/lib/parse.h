@@ -132,8 +132,11 @@ static __always_inline int rv_parse_ipv4(void *data, void *data_end,
 		return -RV_DROP_MALFORMED_IPV4;
 	ihl_len = iph->ihl * 4;
 	tot_len = bpf_ntohs(iph->tot_len);
-	/* The same checks the kernel makes in ip_rcv_core(): it would drop
-	 * these too, so dropping them here changes nothing but the count. */
+	/* Version, header length and total length, as ip_rcv_core() checks
+	 * them: the kernel would drop these too, so dropping them here
+	 * changes nothing but the count. Its header checksum check is not
+	 * made: such a packet is forwarded (NAT's incremental update keeps
+	 * the error) and the next kernel to receive it drops it. */
 	if (iph->version != 4 || ihl_len < sizeof(*iph) || tot_len < ihl_len)
 		return -RV_DROP_MALFORMED_IPV4;
 	if (data + pkt->l3_off + ihl_len > data_end)
