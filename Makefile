@@ -100,6 +100,7 @@ install: build
 	[ -e $(DESTDIR)/etc/rivora/rivora.yaml ] || install -m 0600 examples/nat.yaml $(DESTDIR)/etc/rivora/rivora.yaml
 	install -d $(DESTDIR)$(PREFIX)/share/doc/rivora
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/rivora/README.md
+	install -m 0644 docs/architecture.md $(DESTDIR)$(PREFIX)/share/doc/rivora/architecture.md
 	@echo "installed; edit /etc/rivora/rivora.yaml, then: systemctl daemon-reload && systemctl enable --now rivorad"
 
 uninstall:

@@ -2,7 +2,7 @@
 //! in `rivora::daemon`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
@@ -68,6 +68,19 @@ struct Args {
 /// without `-config`.
 const DEFAULT_CONFIG: &str = "/etc/rivora/rivora.yaml";
 
+/// The file to run: `-config`, else `default` if it exists, else one
+/// sentence saying what to do (the first thing a new user may see).
+fn config_or_default(given: Option<PathBuf>, default: &Path) -> Result<PathBuf, String> {
+    match given {
+        Some(c) => Ok(c),
+        None if default.exists() => Ok(default.to_path_buf()),
+        None => Err(format!(
+            "no configuration: {} does not exist; write one (examples/ has one per mode) or pass -config FILE",
+            default.display()
+        )),
+    }
+}
+
 /// `-flow-table-size`: a count within the bounds. Checked while parsing
 /// the flags, so a bad value stops rivorad before anything is touched.
 fn parse_flow_table_size(s: &str) -> Result<u32, String> {
@@ -120,18 +133,11 @@ fn main() -> Result<()> {
         info!(pin_dir = %args.pin_dir.display(), "removed everything rivora pinned");
         return Ok(());
     }
-    let config = match args.config {
-        Some(c) => c,
-        None => {
-            let default = PathBuf::from(DEFAULT_CONFIG);
-            if !default.exists() {
-                // Said in one sentence, as the first thing a new user sees.
-                eprintln!(
-                    "rivorad: no configuration: {DEFAULT_CONFIG} does not exist; write one (examples/ has one per mode), pass -config FILE, or run -kubernetes"
-                );
-                std::process::exit(2);
-            }
-            default
+    let config = match config_or_default(args.config, Path::new(DEFAULT_CONFIG)) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("rivorad: {msg}");
+            std::process::exit(2);
         }
     };
     if args.check {
@@ -236,6 +242,29 @@ mod tests {
             .chain(extra)
             .map(|s| s.to_string());
         Args::try_parse_from(normalise(argv))
+    }
+
+    #[test]
+    fn without_config_the_default_file_or_one_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("rivora.yaml");
+        let msg = config_or_default(None, &missing).unwrap_err();
+        assert!(
+            msg.contains(&missing.display().to_string())
+                && msg.contains("examples/")
+                && msg.contains("-config FILE")
+                && !msg.contains('\n'),
+            "{msg}"
+        );
+        std::fs::write(&missing, "").unwrap();
+        assert_eq!(config_or_default(None, &missing).unwrap(), missing);
+        let given = PathBuf::from("/elsewhere.yaml");
+        assert_eq!(
+            config_or_default(Some(given.clone()), &missing).unwrap(),
+            given
+        );
+        // No flag is required any more.
+        assert!(Args::try_parse_from(["rivorad"]).is_ok());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Active health checks: TCP connect and HTTP GET probes of backends, with
 //! rise/fall hysteresis, reported as health changes.
 //!
-//! - [`spec`]: the configuration ([`HealthCheckSpec`], per-backend
-//!   [`HealthCheckOverride`], [`resolve`]) and its validation.
+//! - [`spec`] (`rivora_model::health`, re-exported): the configuration
+//!   ([`HealthCheckSpec`], per-backend [`HealthCheckOverride`],
+//!   [`resolve`]) and its validation.
 //! - [`state`]: the rise/fall state machine ([`RiseFall`]), pure.
 //! - [`probe`]: one probe ([`Prober`]).
 //! - [`checker`]: [`HealthChecker`], one tokio task per target on a
