@@ -714,9 +714,17 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         }
         // A backend the maps hold as down that no probe watches any more
         // would stay down for ever: without a probe a backend is healthy.
+        // Only a backend some source has named counts: one known only
+        // from the adopted maps may belong to a VIP whose source has not
+        // spoken yet, and its probe will come with it.
         let probed: BTreeSet<BackendTarget> = statuses.iter().map(|s| s.key.1).collect();
+        let named: BTreeSet<BackendTarget> = self
+            .written
+            .values()
+            .flat_map(|w| w.vip.backends.iter().map(|b| b.target()))
+            .collect();
         for t in self.writer.down_targets() {
-            if !probed.contains(&t) && !self.probe_down.contains_key(&t) {
+            if named.contains(&t) && !probed.contains(&t) && !self.probe_down.contains_key(&t) {
                 info!(backend = %t, "no probe watches this backend any more: healthy");
                 if let Err(e) = self.writer.set_health(&t, Probe::Up) {
                     error!(backend = %t, error = %e, "marking healthy");

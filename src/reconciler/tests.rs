@@ -1,11 +1,12 @@
 //! The reconciler over an in-memory map store: sources, ownership,
 //! pruning and what each change writes. No root needed.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 
 use super::*;
 use crate::dataplane::MemStore;
+use crate::healthcheck::HealthCheckSpec;
 use crate::model::{Backend, Ports, Protocol};
 
 /// MACs made from the address; `.99` never resolves. Counts lookups.
@@ -43,17 +44,21 @@ impl NodeFacts for FixedFacts {
 struct Harness {
     rec: Reconciler<MemStore, FixedFacts>,
     facts: FixedFacts,
+    events: tokio::sync::mpsc::UnboundedReceiver<HealthEvent<ProbeKey>>,
     reader: status::StatusReader,
     _rt: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
 }
 
 fn harness_over(store: MemStore) -> Harness {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // A worker of its own, so the checker's probes run while the test
+    // thread waits.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let (checker, _events) = HealthChecker::new(rt.handle().clone());
+    let (checker, events) = HealthChecker::new(rt.handle().clone());
     let dir = tempfile::tempdir().unwrap();
     let (publisher, reader) = status::channel();
     let writer = Writer::open(store).unwrap();
@@ -73,6 +78,7 @@ fn harness_over(store: MemStore) -> Harness {
     Harness {
         rec,
         facts,
+        events,
         reader,
         _rt: rt,
         _dir: dir,
@@ -138,6 +144,177 @@ impl Harness {
     fn status(&self) -> std::sync::Arc<DataplaneStatus> {
         self.reader.current()
     }
+
+    fn health(&self, t: &BackendTarget) -> Option<Health> {
+        self.rec.writer().health(t)
+    }
+
+    /// Hand the checker's next verdict to the reconciler, as rivorad's
+    /// forwarding task does.
+    fn next_verdict(&mut self, within: Duration) -> HealthEvent<ProbeKey> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.events.try_recv() {
+                Ok(ev) => {
+                    self.rec.submit(Command::Health(ev.clone()));
+                    return ev;
+                }
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => panic!("no health verdict within {within:?}: {e}"),
+            }
+        }
+    }
+
+    fn verdict(&mut self, key: ProbeKey, up: bool) {
+        self.rec.submit(Command::Health(HealthEvent {
+            key,
+            addr: SocketAddr::new(key.1.addr, key.1.port),
+            state: if up {
+                HealthState::Healthy
+            } else {
+                HealthState::Down
+            },
+            detail: Ok(crate::healthcheck::ProbeOk { status: None }),
+        }));
+    }
+}
+
+/// A VIP on the loopback whose one backend is `backend`, probed by
+/// `spec` (or not).
+fn local_vip(port: u16, backend: SocketAddr, spec: Option<HealthCheckSpec>) -> DesiredVip {
+    let mut v = vip("10.0.0.1", port, &[]);
+    v.vip.backends = vec![Backend::new(backend.ip(), backend.port())];
+    v.health = vec![spec];
+    v
+}
+
+fn quick_probe() -> HealthCheckSpec {
+    HealthCheckSpec {
+        interval: Duration::from_millis(100),
+        timeout: Duration::from_millis(50),
+        rise: 2,
+        fall: 2,
+        ..Default::default()
+    }
+}
+
+/// Maps left by a run in which `backend` (of one VIP on `port`) was down.
+fn maps_with_backend_down(port: u16, backend: SocketAddr) -> MemStore {
+    let mut before = harness();
+    assert!(before
+        .set(file(), vec![local_vip(port, backend, None)])
+        .ok());
+    let t = BackendTarget {
+        addr: backend.ip(),
+        port: backend.port(),
+    };
+    before.rec.writer.set_health(&t, Probe::Down).unwrap();
+    before.rec.writer().store().clone()
+}
+
+#[test]
+fn an_adopted_down_backend_comes_back_after_rise_successes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = listener.local_addr().unwrap();
+    let t = BackendTarget {
+        addr: backend.ip(),
+        port: backend.port(),
+    };
+    let mut h = harness_over(maps_with_backend_down(80, backend));
+    assert_eq!(
+        h.health(&t),
+        Some(Health::Down),
+        "applied before any source spoke: an adopted-down backend stays down"
+    );
+    assert!(h
+        .set(file(), vec![local_vip(80, backend, Some(quick_probe()))])
+        .ok());
+    assert_eq!(
+        h.health(&t),
+        Some(Health::Down),
+        "a restart does not resurrect a backend the maps held as down"
+    );
+    let key = (h.status().vips[0].key, t);
+    assert_eq!(
+        h.status().vips[0].backends[0].probe,
+        ProbeStatus::Is(HealthState::Down)
+    );
+    let ev = h.next_verdict(Duration::from_secs(10));
+    assert_eq!((ev.key, ev.state), (key, HealthState::Healthy));
+    assert_eq!(h.health(&t), Some(Health::Healthy));
+    let probes = h
+        .rec
+        .checker
+        .status()
+        .iter()
+        .find(|s| s.key == key)
+        .map(|s| s.probes)
+        .unwrap();
+    assert!(
+        probes >= 2,
+        "healthy only after rise (2) successes: {probes} probes"
+    );
+    drop(listener);
+}
+
+#[test]
+fn a_backend_whose_probe_is_removed_becomes_healthy() {
+    let backend: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let t = BackendTarget {
+        addr: backend.ip(),
+        port: backend.port(),
+    };
+    let mut h = harness_over(maps_with_backend_down(80, backend));
+    // The file no longer probes it: nothing would ever bring it back.
+    assert!(h.set(file(), vec![local_vip(80, backend, None)]).ok());
+    assert_eq!(h.health(&t), Some(Health::Healthy));
+    assert_eq!(h.status().vips[0].backends[0].probe, ProbeStatus::Disabled);
+}
+
+#[test]
+fn a_backend_of_two_vips_is_down_while_either_probe_fails() {
+    // Always up: the real probes agree with the initial state and send
+    // nothing, so the verdicts below are the only ones.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = listener.local_addr().unwrap();
+    let t = BackendTarget {
+        addr: backend.ip(),
+        port: backend.port(),
+    };
+    let mut h = harness();
+    let slow = HealthCheckSpec {
+        interval: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let a = local_vip(80, backend, Some(slow.clone()));
+    let mut b = local_vip(443, backend, Some(HealthCheckSpec { rise: 1, ..slow }));
+    b.vip.addr = "10.0.0.2".parse().unwrap();
+    let (ka, kb) = ((a.vip.key(), t), (b.vip.key(), t));
+    assert!(h.set(file(), vec![a, b]).ok());
+    assert_eq!(h.health(&t), Some(Health::Healthy));
+    h.verdict(ka, false);
+    assert_eq!(h.health(&t), Some(Health::Down));
+    h.verdict(kb, false);
+    h.verdict(ka, true);
+    assert_eq!(h.health(&t), Some(Health::Down), "B's probe still fails");
+    h.verdict(kb, true);
+    assert_eq!(h.health(&t), Some(Health::Healthy));
+    // A failed probe wins over a drain: drained and down reads as down,
+    // and the drain survives the probe's recovery.
+    let (tx, mut rx) = oneshot::channel();
+    h.rec.submit(Command::Drain {
+        target: backend,
+        vip: None,
+        drain: true,
+        reply: tx,
+    });
+    assert!(rx.try_recv().unwrap().is_ok());
+    assert_eq!(h.health(&t), Some(Health::Draining));
+    h.verdict(ka, false);
+    assert_eq!(h.health(&t), Some(Health::Down));
+    h.verdict(ka, true);
+    assert_eq!(h.health(&t), Some(Health::Draining));
+    drop(listener);
 }
 
 #[test]
