@@ -422,11 +422,19 @@ impl Svc {
             ],
         );
         let placed = fx.apply(&spec);
-        let to = |i: usize, addr, port, mac| To {
-            addr,
-            port,
-            mac,
-            id: placed.ids[i],
+        let to = |i: usize, addr, port, mac| {
+            let id = placed.ids[i];
+            assert_eq!(
+                fx.backend_entry(id),
+                Some((addr, port)),
+                "{vip}: backend id {id} in the backend maps"
+            );
+            To {
+                addr,
+                port,
+                mac,
+                id,
+            }
         };
         Svc {
             vip,
