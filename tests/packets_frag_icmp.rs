@@ -8,11 +8,18 @@
 //! there the FIB lookup that L3 DSR makes cannot answer (forwarding is off
 //! on its loopback, the test run's ingress interface), so an encapsulated
 //! packet is handed to the kernel (XDP_PASS) whatever the host's routes.
+//!
+//! The maps are filled through the real writer from `Vip` values
+//! (tests/common/fixture.rs). Where a new flow goes is the oracle's answer
+//! (the slice read back from the maps and `flow_hash`); "the table changed
+//! under a flow" is a weight change written through the writer, which
+//! keeps the old backend's id and health so its established flows go on.
 
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use common::fixture::{self, Fx};
 use common::netns::Netns;
 use common::*;
 use etherparse::icmpv4::{DestUnreachableHeader, TimeExceededCode};
@@ -23,10 +30,12 @@ use etherparse::{
     UdpHeader,
 };
 use rivora::abi::*;
+use rivora::model::{Mode, Vip};
 
 /// The router in front of the node: source MAC of every frame sent in.
 const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
-/// The node's own interface (iface_mac_map for the test run's ifindex).
+/// The node's own interface (the writer's interface MAC for the test
+/// run's ifindex).
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xaa];
 const B1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xb1, 0x01];
 const B2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xb2, 0x02];
@@ -36,9 +45,9 @@ const TUN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xff, 0, 0, 0, 0, 0, 1);
 const PROTO_ICMP: u8 = 1;
 const PROTO_ICMPV6: u8 = 58;
 
-const NAT: rv_mode = rv_mode::RV_MODE_NAT;
-const DSR: rv_mode = rv_mode::RV_MODE_DSR;
-const L3DSR: rv_mode = rv_mode::RV_MODE_L3DSR;
+const NAT: Mode = Mode::Nat;
+const DSR: Mode = Mode::Dsr;
+const L3DSR: Mode = Mode::L3Dsr;
 
 // ---------------------------------------------------------------------
 // Addresses
@@ -50,13 +59,6 @@ enum Fam {
 }
 
 impl Fam {
-    fn abi(self) -> rv_family {
-        match self {
-            Fam::V4 => rv_family::RV_FAMILY_V4,
-            Fam::V6 => rv_family::RV_FAMILY_V6,
-        }
-    }
-
     /// Host `n` of a /24 (v4) or /64-ish (v6) test prefix.
     fn addr(self, net: u8, host: u8) -> IpAddr {
         match self {
@@ -83,8 +85,8 @@ impl Fam {
     }
 
     /// The VIP of the service in forwarding mode `mode`.
-    fn vip(self, mode: rv_mode) -> IpAddr {
-        self.addr(0, 100 + mode.0 as u8)
+    fn vip(self, mode: Mode) -> IpAddr {
+        self.addr(0, 100 + mode_no(mode))
     }
 
     /// An address on the VIP's network that is not a VIP.
@@ -98,6 +100,15 @@ impl Fam {
 
     fn b2(self) -> IpAddr {
         self.addr(1, 2)
+    }
+}
+
+/// A small number per mode, to tell the modes' addresses and ports apart.
+fn mode_no(mode: Mode) -> u8 {
+    match mode {
+        Mode::Nat => 1,
+        Mode::Dsr => 2,
+        Mode::L3Dsr => 3,
     }
 }
 
@@ -366,46 +377,89 @@ fn encap(frame: &[u8], backend: IpAddr, hash: u32, actual: &[u8]) -> Vec<u8> {
 // ---------------------------------------------------------------------
 // Map set-up and state
 
-struct Svc {
+/// One backend of a `Svc` as the packets must show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct To {
+    addr: IpAddr,
+    port: u16,
+    mac: [u8; 6],
     id: u32,
-    mode: rv_mode,
-    fam: Fam,
-    start: u32,
+}
+
+/// A VIP with two backends, b1 (`fam.b1()`) and b2 (`fam.b2()`), written
+/// through the writer with weights (1, 0): new flows reach b1 until the
+/// weights change.
+struct Svc {
     vip: IpAddr,
     port: u16,
     proto: u8,
-    /// (backend id, port) of the two backends; b1's address is fam.b1().
-    b1: (u32, u16),
-    b2: (u32, u16),
+    spec: Vip,
+    b1: To,
+    b2: To,
+    id: u32,
 }
 
 impl Svc {
-    fn install(&self, t: &TestDp) {
-        match self.vip {
-            IpAddr::V4(a) => t.vip4(a, self.port, self.proto, self.id),
-            IpAddr::V6(a) => t.vip6(a, self.port, self.proto, self.id),
-        }
-        for ((id, port), addr, mac) in [
-            (self.b1, self.fam.b1(), B1_MAC),
-            (self.b2, self.fam.b2(), B2_MAC),
-        ] {
-            match addr {
-                IpAddr::V4(a) => t.backend4(id, a, port, mac),
-                IpAddr::V6(a) => t.backend6(id, a, port, mac),
+    /// Write (or write again, unchanged) the VIP of `mode` on
+    /// `port`/`proto` with backends on ports `bports` (NAT's; the other
+    /// modes cannot rewrite ports, so there the backends listen on the
+    /// VIP's).
+    fn write(fx: &Fx, fam: Fam, mode: Mode, port: u16, proto: u8, bports: (u16, u16)) -> Self {
+        let vip = fam.vip(mode);
+        let bports = if mode == Mode::Nat {
+            bports
+        } else {
+            (port, port)
+        };
+        let spec = fixture::vip(
+            vip,
+            port,
+            proto,
+            mode,
+            vec![
+                fixture::backend(fam.b1(), bports.0, B1_MAC),
+                fixture::weighted(fixture::backend(fam.b2(), bports.1, B2_MAC), 0),
+            ],
+        );
+        let placed = fx.apply(&spec);
+        let to = |i: usize, addr, port, mac| {
+            let id = placed.ids[i];
+            assert_eq!(
+                fx.backend_entry(id),
+                Some((addr, port)),
+                "{vip}: backend id {id} in the backend maps"
+            );
+            To {
+                addr,
+                port,
+                mac,
+                id,
             }
+        };
+        Svc {
+            vip,
+            port,
+            proto,
+            b1: to(0, fam.b1(), bports.0, B1_MAC),
+            b2: to(1, fam.b2(), bports.1, B2_MAC),
+            spec,
+            id: placed.svc,
         }
-        self.point_at(t, self.b1.0);
     }
 
-    /// Fill the whole slice with one backend.
-    fn point_at(&self, t: &TestDp, backend_id: u32) {
-        t.service(
-            self.id,
-            self.mode,
-            self.fam.abi(),
-            self.start,
-            &[backend_id; 7],
-        );
+    /// New flows by weight: (b1's, b2's).
+    fn weights(&mut self, fx: &Fx, w1: u32, w2: u32) {
+        fx.reweight(&mut self.spec, &[w1, w2]);
+    }
+
+    /// Where a new flow from `client:cport` must go, by the oracle (the
+    /// slice read back from the maps and the flow hash).
+    fn new_flow(&self, fx: &Fx, client: IpAddr, cport: u16) -> To {
+        match fx.pick_flow(self.id, client, cport, self.port, self.proto) {
+            Some(id) if id == self.b1.id => self.b1,
+            Some(id) if id == self.b2.id => self.b2,
+            other => panic!("{}: the oracle picks {other:?}", self.vip),
+        }
     }
 
     fn stats(&self, t: &TestDp) -> rv_vip_stats {
@@ -619,34 +673,24 @@ fn frag_no_first(t: &TestDp) -> u64 {
 }
 
 /// Run `f` on a thread inside a fresh network namespace (see the module
-/// comment), with the datapath loaded there.
-fn in_fresh_netns(f: impl FnOnce(&TestDp) + Send + 'static) {
+/// comment), with the datapath loaded there and the node settings (the
+/// interface MAC, the tunnel sources) written.
+fn in_fresh_netns(f: impl FnOnce(&Fx) + Send + 'static) {
     let ns = Netns::new(&unique("rvfi"));
     ns.run(move || {
-        let t = TestDp::new();
-        t.iface_mac(TEST_RUN_IFINDEX, NODE_MAC);
-        t.tunnel(TUN4, TUN6);
-        f(&t);
+        let fx = Fx::new();
+        fx.iface_mac(TEST_RUN_IFINDEX, NODE_MAC);
+        fx.tunnel(Some(TUN4), Some(TUN6));
+        f(&fx);
     });
 }
 
 // ---------------------------------------------------------------------
 // Fragments
 
-fn frag_svc(fam: Fam, mode: rv_mode) -> Svc {
-    let m = mode.0;
-    let f = if fam == Fam::V4 { 0 } else { 10 };
-    Svc {
-        id: f + m,
-        mode,
-        fam,
-        start: (f + m) * 16,
-        vip: fam.vip(mode),
-        port: 53,
-        proto: PROTO_UDP,
-        b1: (100 + f + 2 * m, 5353),
-        b2: (101 + f + 2 * m, 6363),
-    }
+/// The UDP/53 VIP of `mode` the fragment tests send to.
+fn frag_svc(fx: &Fx, fam: Fam, mode: Mode) -> Svc {
+    Svc::write(fx, fam, mode, 53, PROTO_UDP, (5353, 6363))
 }
 
 /// A datagram of 56 bytes (8 UDP + 48 payload) in three fragments.
@@ -661,15 +705,17 @@ fn payload(seed: u8, n: usize) -> Vec<u8> {
 /// NAT: the first fragment picks the backend and is translated whole
 /// (address, port, UDP checksum over the datagram); later fragments get
 /// the address only; the reply comes back through tc_nat likewise.
-fn fragments_nat(t: &TestDp, fam: Fam) {
-    let s = frag_svc(fam, NAT);
-    s.install(t);
-    let (client, b1) = (fam.client(), fam.b1());
+fn fragments_nat(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
+    let s = frag_svc(fx, fam, NAT);
+    let client = fam.client();
+    let b = s.new_flow(fx, client, 40000);
+    assert_eq!(b, s.b1, "{fam:?} set-up: new flows reach b1");
     let body = payload(1, 48);
     let dgram = udp(client, 40000, s.vip, 53, &body);
-    let dgram_nat = udp(client, 40000, b1, s.b1.1, &body);
+    let dgram_nat = udp(client, 40000, b.addr, b.port, &body);
     let input = fragment_frames(client, s.vip, PROTO_UDP, 0x1234, &dgram, &FRAG_SIZES);
-    let want = fragment_frames(client, b1, PROTO_UDP, 0x1234, &dgram_nat, &FRAG_SIZES);
+    let want = fragment_frames(client, b.addr, PROTO_UDP, 0x1234, &dgram_nat, &FRAG_SIZES);
     let mut bytes = 0;
 
     // In order: first, middle, last.
@@ -680,7 +726,7 @@ fn fragments_nat(t: &TestDp, fam: Fam) {
         bytes += pkt.len() as u64;
         assert_eq!(
             frag_entry(t, client, s.vip, 0x1234, PROTO_UDP),
-            Some((s.id, s.b1.0)),
+            Some((s.id, b.id)),
             "{fam:?} frag_map after fragment {i}"
         );
     }
@@ -694,14 +740,14 @@ fn fragments_nat(t: &TestDp, fam: Fam) {
         assert!(want.ends_with(piece.2), "{fam:?} fragment {i} payload");
     }
     assert_eq!(
-        nat_entry(t, b1, s.b1.1, client, 40000, PROTO_UDP),
+        nat_entry(t, b.addr, b.port, client, 40000, PROTO_UDP),
         Some((s.vip, 53, s.id)),
         "{fam:?} nat_reverse_map"
     );
 
     // Out of order: the last fragment of another datagram first.
     let input = fragment_frames(client, s.vip, PROTO_UDP, 0x2345, &dgram, &FRAG_SIZES);
-    let want = fragment_frames(client, b1, PROTO_UDP, 0x2345, &dgram_nat, &FRAG_SIZES);
+    let want = fragment_frames(client, b.addr, PROTO_UDP, 0x2345, &dgram_nat, &FRAG_SIZES);
     let before = frag_no_first(t);
     let (v, out) = t.run_xdp(&input[2]);
     assert_eq!(v, XDP_PASS, "{fam:?} out-of-order fragment");
@@ -725,21 +771,21 @@ fn fragments_nat(t: &TestDp, fam: Fam) {
 
     // The reply, through tc_nat: the backend's datagram in fragments.
     let body = payload(9, 48);
-    let reply = udp(b1, s.b1.1, client, 40000, &body);
+    let reply = udp(b.addr, b.port, client, 40000, &body);
     let reply_vip = udp(s.vip, 53, client, 40000, &body);
-    let input = fragment_frames(b1, client, PROTO_UDP, 0x3456, &reply, &FRAG_SIZES);
+    let input = fragment_frames(b.addr, client, PROTO_UDP, 0x3456, &reply, &FRAG_SIZES);
     let want = fragment_frames(s.vip, client, PROTO_UDP, 0x3456, &reply_vip, &FRAG_SIZES);
     // A later reply fragment before its first is left alone.
     let (v, out) = t.run_tc(&input[1]);
     assert_eq!(v, TCX_NEXT, "{fam:?} reply fragment before its first");
     assert_eq!(out, input[1], "{fam:?} reply fragment before its first");
-    assert_eq!(frag_rev_entry(t, b1, client, 0x3456, PROTO_UDP), None);
+    assert_eq!(frag_rev_entry(t, b.addr, client, 0x3456, PROTO_UDP), None);
     for i in [0, 1, 2] {
         let (v, out) = t.run_tc(&input[i]);
         assert_eq!(v, TCX_PASS, "{fam:?} reply fragment {i}");
         assert_eq!(out, want[i], "{fam:?} reply fragment {i}");
         assert_eq!(
-            frag_rev_entry(t, b1, client, 0x3456, PROTO_UDP),
+            frag_rev_entry(t, b.addr, client, 0x3456, PROTO_UDP),
             Some((s.vip, s.id)),
             "{fam:?} frag_rev_map after reply fragment {i}"
         );
@@ -748,10 +794,12 @@ fn fragments_nat(t: &TestDp, fam: Fam) {
 
 /// DSR: every fragment leaves with the backend's MAC, bytes otherwise
 /// untouched.
-fn fragments_dsr(t: &TestDp, fam: Fam) {
-    let s = frag_svc(fam, DSR);
-    s.install(t);
+fn fragments_dsr(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
+    let s = frag_svc(fx, fam, DSR);
     let client = fam.client();
+    let b = s.new_flow(fx, client, 40001);
+    assert_eq!(b, s.b1, "{fam:?} set-up: new flows reach b1");
     let dgram = udp(client, 40001, s.vip, 53, &payload(3, 48));
     let input = fragment_frames(client, s.vip, PROTO_UDP, 0x4567, &dgram, &FRAG_SIZES);
 
@@ -764,11 +812,11 @@ fn fragments_dsr(t: &TestDp, fam: Fam) {
     for (i, pkt) in input.iter().enumerate() {
         let (v, out) = t.run_xdp(pkt);
         assert_eq!(v, XDP_TX, "{fam:?} DSR fragment {i}");
-        assert_eq!(out, dsr(pkt, B1_MAC), "{fam:?} DSR fragment {i}");
+        assert_eq!(out, dsr(pkt, b.mac), "{fam:?} DSR fragment {i}");
     }
     assert_eq!(
         frag_entry(t, client, s.vip, 0x4567, PROTO_UDP),
-        Some((s.id, s.b1.0))
+        Some((s.id, b.id))
     );
     let bytes: usize = input.iter().map(Vec::len).sum();
     let st = s.stats(t);
@@ -782,10 +830,12 @@ fn fragments_dsr(t: &TestDp, fam: Fam) {
 /// L3 DSR: every fragment is encapsulated to the first fragment's
 /// backend. The first carries ports and is hashed on the 5-tuple; a later
 /// fragment has only addresses and is hashed on the client address.
-fn fragments_l3dsr(t: &TestDp, fam: Fam) {
-    let s = frag_svc(fam, L3DSR);
-    s.install(t);
-    let (client, b1) = (fam.client(), fam.b1());
+fn fragments_l3dsr(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
+    let s = frag_svc(fx, fam, L3DSR);
+    let client = fam.client();
+    let b = s.new_flow(fx, client, 40002);
+    assert_eq!(b, s.b1, "{fam:?} set-up: new flows reach b1");
     let dgram = udp(client, 40002, s.vip, 53, &payload(5, 48));
     let input = fragment_frames(client, s.vip, PROTO_UDP, 0x5678, &dgram, &FRAG_SIZES);
 
@@ -803,56 +853,65 @@ fn fragments_l3dsr(t: &TestDp, fam: Fam) {
         let hash = if i == 0 { first_hash } else { later_hash };
         assert_eq!(
             out,
-            encap(pkt, b1, hash, &out),
+            encap(pkt, b.addr, hash, &out),
             "{fam:?} L3 DSR fragment {i}"
         );
     }
     assert_eq!(
         frag_entry(t, client, s.vip, 0x5678, PROTO_UDP),
-        Some((s.id, s.b1.0))
+        Some((s.id, b.id))
     );
 }
 
 /// A later fragment of a datagram whose first fragment went to a backend
-/// follows that backend even when the table has changed since.
-fn fragments_follow_first_after_table_change(t: &TestDp, fam: Fam) {
-    let s = frag_svc(fam, NAT);
+/// follows that backend even when the table has changed since: b1's
+/// weight goes to 0, which takes it out of the slice but not out of
+/// service.
+fn fragments_follow_first_after_table_change(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
+    let mut s = frag_svc(fx, fam, NAT);
     let client = fam.client();
+    let b = s.new_flow(fx, client, 40003);
+    assert_eq!(b, s.b1, "{fam:?} set-up: new flows reach b1");
     let dgram = udp(client, 40003, s.vip, 53, &payload(7, 48));
-    let dgram_nat = udp(client, 40003, fam.b1(), s.b1.1, &payload(7, 48));
+    let dgram_nat = udp(client, 40003, b.addr, b.port, &payload(7, 48));
     let input = fragment_frames(client, s.vip, PROTO_UDP, 0x6789, &dgram, &FRAG_SIZES);
-    let want = fragment_frames(client, fam.b1(), PROTO_UDP, 0x6789, &dgram_nat, &FRAG_SIZES);
-    s.point_at(t, s.b1.0);
+    let want = fragment_frames(client, b.addr, PROTO_UDP, 0x6789, &dgram_nat, &FRAG_SIZES);
     let (v, out) = t.run_xdp(&input[0]);
     assert_eq!((v, &out), (XDP_PASS, &want[0]));
-    s.point_at(t, s.b2.0);
+    s.weights(fx, 0, 1);
+    assert_eq!(
+        s.new_flow(fx, client, 40003),
+        s.b2,
+        "{fam:?} set-up: the same flow, new, would now reach b2"
+    );
     for i in [1, 2] {
         let (v, out) = t.run_xdp(&input[i]);
         assert_eq!(v, XDP_PASS);
         assert_eq!(out, want[i], "{fam:?} fragment {i} after the table changed");
     }
-    s.point_at(t, s.b1.0);
+    s.weights(fx, 1, 0);
 }
 
 #[test]
 fn ipv4_fragments_first_later_out_of_order_both_directions() {
-    in_fresh_netns(|t| {
-        fragments_nat(t, Fam::V4);
-        fragments_dsr(t, Fam::V4);
-        fragments_l3dsr(t, Fam::V4);
-        fragments_follow_first_after_table_change(t, Fam::V4);
-        fragments_not_ours(t, Fam::V4);
+    in_fresh_netns(|fx| {
+        fragments_nat(fx, Fam::V4);
+        fragments_dsr(fx, Fam::V4);
+        fragments_l3dsr(fx, Fam::V4);
+        fragments_follow_first_after_table_change(fx, Fam::V4);
+        fragments_not_ours(fx, Fam::V4);
     });
 }
 
 #[test]
 fn ipv6_fragments_first_later_out_of_order_both_directions() {
-    in_fresh_netns(|t| {
-        fragments_nat(t, Fam::V6);
-        fragments_dsr(t, Fam::V6);
-        fragments_l3dsr(t, Fam::V6);
-        fragments_follow_first_after_table_change(t, Fam::V6);
-        fragments_not_ours(t, Fam::V6);
+    in_fresh_netns(|fx| {
+        fragments_nat(fx, Fam::V6);
+        fragments_dsr(fx, Fam::V6);
+        fragments_l3dsr(fx, Fam::V6);
+        fragments_follow_first_after_table_change(fx, Fam::V6);
+        fragments_not_ours(fx, Fam::V6);
     });
 }
 
@@ -1139,74 +1198,75 @@ fn check_icmp_checksums(frame: &[u8], whole_quote: bool) {
     }
 }
 
-fn icmp_svc(fam: Fam, mode: rv_mode, proto: u8) -> Svc {
-    let m = mode.0;
-    let p = u32::from(proto == PROTO_TCP);
-    let id = 1 + 2 * m + p;
-    Svc {
-        id,
-        mode,
-        fam,
-        start: id * 16,
-        vip: fam.vip(mode),
-        port: if proto == PROTO_TCP { 80 } else { 53 },
-        proto,
-        b1: (100 + 2 * id, if proto == PROTO_TCP { 8080 } else { 5353 }),
-        b2: (101 + 2 * id, 9999),
-    }
+/// The VIP of `mode` for `proto` the ICMP tests quote: TCP on 80 (b1 on
+/// 8080), UDP on 53 (b1 on 5353); b2 on 9999.
+fn icmp_svc(fx: &Fx, fam: Fam, mode: Mode, proto: u8) -> Svc {
+    let (port, b1_port) = if proto == PROTO_TCP {
+        (80, 8080)
+    } else {
+        (53, 5353)
+    };
+    Svc::write(fx, fam, mode, port, proto, (b1_port, 9999))
 }
 
 /// Steered errors: for each mode and case, the flow's own packet first,
-/// then the table pointed elsewhere, then the error. The error must reach
-/// the backend the flow reached (found in the affinity map), translated
-/// as the mode requires, and change no state.
-fn icmp_steered(t: &TestDp, fam: Fam, cases: &[IcmpCase]) {
+/// then the table changed (b1's weight to 0, b2's to 1: a new pick lands
+/// on b2, b1's established flows go on), then the error. The error must
+/// reach the backend the flow reached (found in the affinity map),
+/// translated as the mode requires, and change no state.
+fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
+    let t = &fx.t;
     let client = fam.client();
-    let b1 = fam.b1();
     for (ci, c) in cases.iter().enumerate() {
         for mode in [NAT, DSR, L3DSR] {
-            let s = icmp_svc(fam, mode, c.proto);
-            s.install(t);
+            let mut s = icmp_svc(fx, fam, mode, c.proto);
             let what = format!("{fam:?} {mode:?} {}", c.name);
-            let cport = 41000 + 10 * ci as u16 + mode.0 as u16;
+            let cport = 41000 + 10 * ci as u16 + u16::from(mode_no(mode));
             let hash = flow_hash(client, cport, s.port, c.proto, false);
+            let b = s.new_flow(fx, client, cport);
+            assert_eq!(b, s.b1, "{what}: set-up: new flows reach b1");
 
             // The flow's own first packet reaches b1.
             let data = request(c.proto, client, cport, s.vip, s.port);
             let (v, out) = t.run_xdp(&data);
             let want = match mode {
-                NAT => (XDP_PASS, request(c.proto, client, cport, b1, s.b1.1)),
-                DSR => (XDP_TX, dsr(&data, B1_MAC)),
-                _ => (XDP_PASS, encap(&data, b1, hash, &out)),
+                Mode::Nat => (XDP_PASS, request(c.proto, client, cport, b.addr, b.port)),
+                Mode::Dsr => (XDP_TX, dsr(&data, b.mac)),
+                Mode::L3Dsr => (XDP_PASS, encap(&data, b.addr, hash, &out)),
             };
             assert_eq!((v, out), want, "{what}: the flow's own packet");
             let aff = affinity(t, s.id, client, cport, s.port, c.proto).expect("affinity recorded");
-            assert_eq!(aff.backend_id, s.b1.0);
+            assert_eq!(aff.backend_id, b.id);
 
             // A new pick would now land on b2.
-            s.point_at(t, s.b2.0);
+            s.weights(fx, 0, 1);
+            assert_eq!(
+                s.new_flow(fx, client, cport),
+                s.b2,
+                "{what}: set-up: the same flow, new, would reach b2"
+            );
             let quote = cut(c, &reply_ip(c, s.vip, s.port, client, cport));
             let err = frame(&icmp_ip(c.kind, fam.router(), s.vip, &quote));
             let stats = s.stats(t);
             let drops = all_drops(t);
             let (v, out) = t.run_xdp(&err);
             let want = match mode {
-                NAT => {
-                    let quote_b = cut(c, &reply_ip(c, b1, s.b1.1, client, cport));
+                Mode::Nat => {
+                    let quote_b = cut(c, &reply_ip(c, b.addr, b.port, client, cport));
                     (
                         XDP_PASS,
-                        frame(&icmp_ip(c.kind, fam.router(), b1, &quote_b)),
+                        frame(&icmp_ip(c.kind, fam.router(), b.addr, &quote_b)),
                     )
                 }
-                DSR => (XDP_TX, dsr(&err, B1_MAC)),
-                _ => (XDP_PASS, encap(&err, b1, hash, &out)),
+                Mode::Dsr => (XDP_TX, dsr(&err, b.mac)),
+                Mode::L3Dsr => (XDP_PASS, encap(&err, b.addr, hash, &out)),
             };
             assert_eq!((v, &out), (want.0, &want.1), "{what}: the error");
             if mode == NAT {
                 check_icmp_checksums(&out, matches!(c.quote, Quote::Whole));
             }
             let aff2 = affinity(t, s.id, client, cport, s.port, c.proto).unwrap();
-            assert_eq!(aff2.backend_id, s.b1.0, "{what}: affinity unchanged");
+            assert_eq!(aff2.backend_id, b.id, "{what}: affinity unchanged");
             assert_eq!(all_drops(t), drops, "{what}: no drop counted");
             let st = s.stats(t);
             assert_eq!(
@@ -1214,7 +1274,7 @@ fn icmp_steered(t: &TestDp, fam: Fam, cases: &[IcmpCase]) {
                 (stats.packets + 1, stats.bytes + err.len() as u64),
                 "{what}: counted for the VIP"
             );
-            s.point_at(t, s.b1.0);
+            s.weights(fx, 1, 0);
         }
     }
 }
@@ -1222,19 +1282,21 @@ fn icmp_steered(t: &TestDp, fam: Fam, cases: &[IcmpCase]) {
 /// With no state for the flow, an error goes where the table says (the
 /// flow's own next packet would go there too), and records nothing:
 /// no affinity entry, no NAT entry.
-fn icmp_without_state(t: &TestDp, fam: Fam) {
+fn icmp_without_state(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
     let client = fam.client();
     for proto in [PROTO_UDP, PROTO_TCP] {
-        let s = icmp_svc(fam, NAT, proto);
-        s.install(t);
+        let mut s = icmp_svc(fx, fam, NAT, proto);
         let c = case("no state", proto, Kind::TooBig, Quote::Whole);
         let cport = 42000;
-        s.point_at(t, s.b2.0);
+        s.weights(fx, 0, 1);
+        let b = s.new_flow(fx, client, cport);
+        assert_eq!(b, s.b2, "{fam:?} proto {proto}: set-up: new flows reach b2");
         let quote = cut(&c, &reply_ip(&c, s.vip, s.port, client, cport));
         let err = frame(&icmp_ip(c.kind, fam.router(), s.vip, &quote));
         let (v, out) = t.run_xdp(&err);
-        let quote_b = cut(&c, &reply_ip(&c, fam.b2(), s.b2.1, client, cport));
-        let want = frame(&icmp_ip(c.kind, fam.router(), fam.b2(), &quote_b));
+        let quote_b = cut(&c, &reply_ip(&c, b.addr, b.port, client, cport));
+        let want = frame(&icmp_ip(c.kind, fam.router(), b.addr, &quote_b));
         assert_eq!(
             (v, &out),
             (XDP_PASS, &want),
@@ -1245,49 +1307,49 @@ fn icmp_without_state(t: &TestDp, fam: Fam) {
             affinity(t, s.id, client, cport, s.port, proto).is_none(),
             "{fam:?} proto {proto}: an ICMP error created affinity state"
         );
-        assert_eq!(nat_entry(t, fam.b2(), s.b2.1, client, cport, proto), None);
-        s.point_at(t, s.b1.0);
+        assert_eq!(nat_entry(t, b.addr, b.port, client, cport, proto), None);
+        s.weights(fx, 1, 0);
     }
 }
 
 /// After the flow's affinity entry is gone (LRU eviction), the error and
-/// the flow's packets still agree: both hash the same client-side flow.
-fn icmp_agrees_with_hash(t: &TestDp, fam: Fam) {
+/// the flow's packets still agree: both hash the same client-side flow,
+/// and both reach the backend the oracle picks.
+fn icmp_agrees_with_hash(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
     let client = fam.client();
     for proto in [PROTO_UDP, PROTO_TCP] {
-        let s = icmp_svc(fam, NAT, proto);
-        s.install(t);
-        // A slice that alternates b1 and b2.
-        let slots: Vec<u32> = (0..16)
-            .map(|i| if i % 2 == 0 { s.b1.0 } else { s.b2.0 })
-            .collect();
-        t.service(s.id, NAT, fam.abi(), s.start, &slots);
+        let mut s = icmp_svc(fx, fam, NAT, proto);
+        // Equal weights: a slice that holds both.
+        s.weights(fx, 1, 1);
         let c = case("hash", proto, Kind::TooBig, Quote::Whole);
         let mut seen = [false; 2];
         for cport in 43000..43016u16 {
+            let b = s.new_flow(fx, client, cport);
+            seen[usize::from(b == s.b2)] = true;
             let data = request(proto, client, cport, s.vip, s.port);
-            let (_, out) = t.run_xdp(&data);
-            let (b, bport, which) = if out == request(proto, client, cport, fam.b1(), s.b1.1) {
-                (fam.b1(), s.b1.1, 0)
-            } else {
-                assert_eq!(out, request(proto, client, cport, fam.b2(), s.b2.1));
-                (fam.b2(), s.b2.1, 1)
-            };
-            seen[which] = true;
+            let (v, out) = t.run_xdp(&data);
+            assert_eq!(
+                (v, out),
+                (XDP_PASS, request(proto, client, cport, b.addr, b.port)),
+                "{fam:?} proto {proto} port {cport}: the flow's own packet"
+            );
+            // The datapath's own state: eviction, which no writer call
+            // does, is a removal by hand.
             forget_affinity(t, s.id, client, cport, s.port, proto);
             let quote = cut(&c, &reply_ip(&c, s.vip, s.port, client, cport));
             let err = frame(&icmp_ip(c.kind, fam.router(), s.vip, &quote));
             let (v, out) = t.run_xdp(&err);
-            let quote_b = cut(&c, &reply_ip(&c, b, bport, client, cport));
-            let want = frame(&icmp_ip(c.kind, fam.router(), b, &quote_b));
+            let quote_b = cut(&c, &reply_ip(&c, b.addr, b.port, client, cport));
+            let want = frame(&icmp_ip(c.kind, fam.router(), b.addr, &quote_b));
             assert_eq!(
                 (v, out),
                 (XDP_PASS, want),
-                "{fam:?} proto {proto} port {cport}"
+                "{fam:?} proto {proto} port {cport}: the error"
             );
         }
         assert_eq!(seen, [true, true], "both backends used");
-        s.point_at(t, s.b1.0);
+        s.weights(fx, 1, 0);
     }
 }
 
@@ -1309,17 +1371,24 @@ fn payload_for_ffff(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, n: usize) 
 /// translation whose result sums to zero must send 0xffff (never 0, which
 /// means "no checksum"), and a quote that carries 0xffff translates like
 /// any other.
-fn icmp_udp_checksum_edge(t: &TestDp, fam: Fam) {
+fn icmp_udp_checksum_edge(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
     let client = fam.client();
-    let s = icmp_svc(fam, NAT, PROTO_UDP);
-    s.install(t);
+    let s = icmp_svc(fx, fam, NAT, PROTO_UDP);
     let c = case("edge", PROTO_UDP, Kind::TooBig, Quote::Whole);
-    let b1 = fam.b1();
+    let b = s.b1;
+    for cport in [45000, 45001] {
+        assert_eq!(
+            s.new_flow(fx, client, cport),
+            b,
+            "{fam:?} set-up: new flows reach b1"
+        );
+    }
     for (name, cport, body) in [
         (
             "translated checksum is 0xffff",
             45000,
-            payload_for_ffff(b1, s.b1.1, client, 45000, 24),
+            payload_for_ffff(b.addr, b.port, client, 45000, 24),
         ),
         (
             "quoted checksum is 0xffff",
@@ -1330,8 +1399,8 @@ fn icmp_udp_checksum_edge(t: &TestDp, fam: Fam) {
         let quote = reply_ip_body(&c, s.vip, s.port, client, cport, &body);
         let err = frame(&icmp_ip(c.kind, fam.router(), s.vip, &quote));
         let (v, out) = t.run_xdp(&err);
-        let quote_b = reply_ip_body(&c, b1, s.b1.1, client, cport, &body);
-        let want = frame(&icmp_ip(c.kind, fam.router(), b1, &quote_b));
+        let quote_b = reply_ip_body(&c, b.addr, b.port, client, cport, &body);
+        let want = frame(&icmp_ip(c.kind, fam.router(), b.addr, &quote_b));
         assert_eq!((v, &out), (XDP_PASS, &want), "{fam:?} {name}");
         check_icmp_checksums(&out, true);
     }
@@ -1340,7 +1409,8 @@ fn icmp_udp_checksum_edge(t: &TestDp, fam: Fam) {
 /// Fragments of a datagram to no VIP are the node's own business: the
 /// first passes untouched and records nothing; the later ones pass
 /// untouched too, counted as having no first.
-fn fragments_not_ours(t: &TestDp, fam: Fam) {
+fn fragments_not_ours(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
     let (client, other) = (fam.client(), fam.other());
     let dgram = udp(client, 40009, other, 53, &payload(21, 48));
     let input = fragment_frames(client, other, PROTO_UDP, 0x789a, &dgram, &FRAG_SIZES);
@@ -1355,10 +1425,10 @@ fn fragments_not_ours(t: &TestDp, fam: Fam) {
 
 /// Errors that are not rivora's to steer are passed untouched and change
 /// nothing.
-fn icmp_not_steered(t: &TestDp, fam: Fam) {
+fn icmp_not_steered(fx: &Fx, fam: Fam) {
+    let t = &fx.t;
     let client = fam.client();
-    let s = icmp_svc(fam, NAT, PROTO_UDP);
-    s.install(t);
+    let s = icmp_svc(fx, fam, NAT, PROTO_UDP);
     let (vip, other, router) = (s.vip, fam.other(), fam.router());
     let udp_c = case("", PROTO_UDP, Kind::TooBig, Quote::Whole);
     let tcp_c = case("", PROTO_TCP, Kind::TooBig, Quote::Whole);
@@ -1472,22 +1542,22 @@ fn icmp_not_steered(t: &TestDp, fam: Fam) {
 
 #[test]
 fn icmpv4_errors_steered_in_each_mode() {
-    in_fresh_netns(|t| {
-        icmp_steered(t, Fam::V4, ICMP4_CASES);
-        icmp_without_state(t, Fam::V4);
-        icmp_agrees_with_hash(t, Fam::V4);
-        icmp_udp_checksum_edge(t, Fam::V4);
-        icmp_not_steered(t, Fam::V4);
+    in_fresh_netns(|fx| {
+        icmp_steered(fx, Fam::V4, ICMP4_CASES);
+        icmp_without_state(fx, Fam::V4);
+        icmp_agrees_with_hash(fx, Fam::V4);
+        icmp_udp_checksum_edge(fx, Fam::V4);
+        icmp_not_steered(fx, Fam::V4);
     });
 }
 
 #[test]
 fn icmpv6_errors_steered_in_each_mode() {
-    in_fresh_netns(|t| {
-        icmp_steered(t, Fam::V6, ICMP6_CASES);
-        icmp_without_state(t, Fam::V6);
-        icmp_agrees_with_hash(t, Fam::V6);
-        icmp_udp_checksum_edge(t, Fam::V6);
-        icmp_not_steered(t, Fam::V6);
+    in_fresh_netns(|fx| {
+        icmp_steered(fx, Fam::V6, ICMP6_CASES);
+        icmp_without_state(fx, Fam::V6);
+        icmp_agrees_with_hash(fx, Fam::V6);
+        icmp_udp_checksum_edge(fx, Fam::V6);
+        icmp_not_steered(fx, Fam::V6);
     });
 }

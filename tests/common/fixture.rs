@@ -117,6 +117,26 @@ impl Fx {
         self.w.borrow_mut().reclaim().expect("reclaim");
     }
 
+    /// Rewrite `vip` with new backend weights (parallel to its
+    /// backends), everything else kept. A weight of 0 takes a backend out
+    /// of the slice but keeps its id and health, so established flows
+    /// (affinity, fragments) still reach it; the ids must not move.
+    pub fn reweight(&self, vip: &mut Vip, weights: &[u32]) -> Placed {
+        assert_eq!(weights.len(), vip.backends.len(), "one weight a backend");
+        let before = self.placed(vip);
+        for (b, w) in vip.backends.iter_mut().zip(weights) {
+            b.weight = *w;
+        }
+        let after = self.apply(vip);
+        assert_eq!(
+            after,
+            before,
+            "{}: a weight change keeps the service and backend ids",
+            vip.key()
+        );
+        after
+    }
+
     /// Change the node settings the writer holds with `f`, and write them.
     pub fn edit_node(&self, f: impl FnOnce(&mut NodeSettings)) {
         let mut node = self.w.borrow().node().clone();
