@@ -50,8 +50,9 @@ pub(super) fn ip<'de, D: Deserializer<'de>>(d: D) -> Result<IpAddr, D::Error> {
     d.deserialize_str(Parsed::new("an IP address"))
 }
 
-/// `key:` with no value (null) is the same as leaving the key out.
-struct Opt<V>(V);
+/// `key:` with no value (null) is the same as leaving the key out. The
+/// flag says whether the value is read as any scalar (numbers) or as text.
+struct Opt<V>(V, bool);
 
 impl<'de, V: Visitor<'de>> Visitor<'de> for Opt<V> {
     type Value = Option<V::Value>;
@@ -69,28 +70,36 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Opt<V> {
     }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self.0).map(Some)
+        if self.1 {
+            d.deserialize_any(self.0).map(Some)
+        } else {
+            d.deserialize_str(self.0).map(Some)
+        }
     }
 }
 
 pub(super) fn opt_ipv4<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {
-    d.deserialize_option(Opt(Parsed::new("an IPv4 address")))
+    d.deserialize_option(Opt(Parsed::new("an IPv4 address"), false))
 }
 
 pub(super) fn opt_ipv6<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv6Addr>, D::Error> {
-    d.deserialize_option(Opt(Parsed::new("an IPv6 address")))
+    d.deserialize_option(Opt(Parsed::new("an IPv6 address"), false))
 }
 
 pub(super) fn opt_mac<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Mac>, D::Error> {
-    d.deserialize_option(Opt(Parsed::new("a MAC address like 02:00:5e:10:00:01")))
+    d.deserialize_option(Opt(
+        Parsed::new("a MAC address like 02:00:5e:10:00:01"),
+        false,
+    ))
 }
 
 pub(super) fn opt_socket_addr<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<SocketAddr>, D::Error> {
-    d.deserialize_option(Opt(Parsed::new(
-        "an address and port like 127.0.0.1:9440 or [::1]:9440",
-    )))
+    d.deserialize_option(Opt(
+        Parsed::new("an address and port like 127.0.0.1:9440 or [::1]:9440"),
+        false,
+    ))
 }
 
 /// The kernel's rule (`dev_valid_name`): 1 to 15 bytes, not `.` or `..`,
@@ -199,8 +208,10 @@ pub(super) fn burst<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 /// A backend's port; 0 means the port the client connected to, as
 /// leaving it out does.
 pub(super) fn opt_backend_port<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
-    let v = d.deserialize_any(Bounded { min: 0, max: 65535 })?;
-    u16::try_from(v).map(Some).map_err(de::Error::custom)
+    match d.deserialize_option(Opt(Bounded { min: 0, max: 65535 }, true))? {
+        Some(v) => u16::try_from(v).map(Some).map_err(de::Error::custom),
+        None => Ok(None),
+    }
 }
 
 const PORT_SPEC: &str = "a port (1-65535) or a range like \"8000-8100\"";

@@ -367,18 +367,13 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 fn read_bounded(path: &Path) -> Result<String, String> {
     let regular = |m: &fs::Metadata| -> Result<(), String> {
         let t = m.file_type();
-        let what = if t.is_file() {
-            return Ok(());
-        } else if t.is_dir() {
-            "a directory"
-        } else if t.is_fifo() {
-            "a FIFO"
-        } else if t.is_socket() {
-            "a socket"
-        } else if t.is_block_device() || t.is_char_device() {
-            "a device"
-        } else {
-            "not a regular file"
+        let what = match () {
+            () if t.is_file() => return Ok(()),
+            () if t.is_dir() => "a directory",
+            () if t.is_fifo() => "a FIFO",
+            () if t.is_socket() => "a socket",
+            () if t.is_block_device() || t.is_char_device() => "a device",
+            () => "something else",
         };
         Err(format!("cannot read: it is {what}, not a regular file"))
     };

@@ -732,9 +732,11 @@ fn depth_scan_ignores_text() {
 fn load_refuses_fifos_directories_and_huge_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = dir.path().join("rivora.yaml");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: a NUL-terminated path that outlives the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("running mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
     // In a thread: a regression would block in open() until a writer came.
     let (tx, rx) = std::sync::mpsc::channel();
     let p = fifo.clone();
@@ -800,4 +802,20 @@ fn null_optional_values_are_absent() {
     .expect("valid");
     assert_eq!(c.file.metrics.listen, None);
     assert_eq!(c.file.node.tunnel_source.ipv4, None);
+    let c = parse_str(&edit("        port: 8080\n", "        port:\n")).expect("valid");
+    assert_eq!(c.desired.vips[0].backends[0].port, 0, "the VIP's port");
+}
+
+/// What is not a configuration at all still gets a line or a sentence.
+#[test]
+fn not_a_configuration() {
+    for (text, want) in [
+        ("", "at least one interface"),
+        ("- a\n- b\n", "invalid type: sequence, expected struct File"),
+        ("interfaces: [\n", "did not find expected"),
+        ("interfaces: []\n---\nvips: []\n", "more than one document"),
+    ] {
+        let e = parse_str(text).expect_err(text);
+        assert!(e.message.contains(want), "{text:?}: {e}");
+    }
 }
