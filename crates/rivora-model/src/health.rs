@@ -58,11 +58,11 @@ pub struct HealthCheckSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// Time between the starts of two probes of one backend. Default 2s.
-    #[serde(with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
     /// Deadline for one probe, connect included; must be below `interval`.
     /// Default 1s.
-    #[serde(with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// Consecutive successes for a down backend to become healthy. Default 2.
     pub rise: u32,
@@ -211,9 +211,9 @@ pub struct HealthCheckOverride {
     pub kind: Option<ProbeKind>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    #[serde(with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
-    #[serde(with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rise: Option<u32>,
@@ -349,11 +349,12 @@ pub struct StatusRangeError {
     pub input: String,
 }
 
-/// A duration that is not a number followed by `ms`, `s` or `m`.
+/// A duration that humantime does not read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{input:?} is not a duration like \"500ms\", \"2s\" or \"1m\"")]
+#[error("{input:?} is not a duration like \"500ms\", \"2s\", \"1m30s\" or \"3h\": {reason}")]
 pub struct DurationError {
     pub input: String,
+    pub reason: String,
 }
 
 impl FromStr for StatusRange {
@@ -396,82 +397,46 @@ impl Serialize for StatusRange {
     }
 }
 
+/// By hand rather than an untagged enum, so that a bad entry is refused
+/// inside the visitor, where the YAML parser knows its line.
 impl<'de> Deserialize<'de> for StatusRange {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Code(u16),
-            Text(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = StatusRange;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a status code, a range \"200-299\" or a class \"2xx\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<StatusRange, E> {
+                u16::try_from(v)
+                    .map(|c| StatusRange::new(c, c))
+                    .map_err(|_| E::custom(format!("{v} is not an HTTP status code (100-599)")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<StatusRange, E> {
+                Err(E::custom(format!(
+                    "{v} is not an HTTP status code (100-599)"
+                )))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<StatusRange, E> {
+                v.parse().map_err(E::custom)
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Code(c) => Ok(Self::new(c, c)),
-            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(V)
     }
 }
 
-/// Durations in config: `"500ms"`, `"2s"`, `"1m"`.
+/// Durations in config, the same syntax for every field of the file
+/// (humantime's: `"500ms"`, `"2s"`, `"1m30s"`, `"3h"`).
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let bad = || DurationError {
+    humantime::parse_duration(s.trim()).map_err(|e| DurationError {
         input: s.to_string(),
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let ms_per = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(ms_per)
-        .map(Duration::from_millis)
-        .ok_or_else(bad)
+        reason: e.to_string(),
+    })
 }
 
-/// The inverse of [`parse_duration`] (millisecond precision).
+/// The inverse of [`parse_duration`], as the spec serialises (`"1s 500ms"`).
 pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    }
-}
-
-mod duration {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format_duration(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s).map_err(serde::de::Error::custom)
-    }
-}
-
-mod opt_duration {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_str(&format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        match Option::<String>::deserialize(d)? {
-            Some(s) => parse_duration(&s)
-                .map(Some)
-                .map_err(serde::de::Error::custom),
-            None => Ok(None),
-        }
-    }
+    humantime::format_duration(d).to_string()
 }
 
 #[cfg(test)]
@@ -714,7 +679,8 @@ mod tests {
     fn bad_shapes_are_rejected_at_parse() {
         for bad in [
             r#"{"interval":"2"}"#,
-            r#"{"interval":"2h"}"#,
+            r#"{"interval":"2 parsecs"}"#,
+            r#"{"interval":2}"#,
             r#"{"interval":"-1s"}"#,
             r#"{"type":"udp"}"#,
             r#"{"expectedStatus":["2x"]}"#,
@@ -734,10 +700,16 @@ mod tests {
         assert_eq!(parse_duration("1500ms"), Ok(ms(1500)));
         assert_eq!(parse_duration("3s"), Ok(ms(3000)));
         assert_eq!(parse_duration("2m"), Ok(ms(120_000)));
+        assert_eq!(parse_duration("1m30s"), Ok(ms(90_000)));
+        assert_eq!(parse_duration("3h"), Ok(ms(3 * 3_600_000)));
         assert!(parse_duration("s").is_err());
-        assert!(parse_duration("99999999999999999m").is_err());
-        assert_eq!(format_duration(ms(1500)), "1500ms");
+        assert!(parse_duration("2").is_err());
+        assert!(parse_duration("99999999999999999999999m").is_err());
+        assert_eq!(format_duration(ms(1500)), "1s 500ms");
         assert_eq!(format_duration(ms(3000)), "3s");
+        for d in [ms(1500), ms(3000), ms(90_000), ms(3 * 3_600_000)] {
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d), "round trip");
+        }
     }
 
     #[test]

@@ -4,13 +4,22 @@
 //! are pure: `load` either returns a complete [`Config`] or an error that
 //! names the file, the line and the field, and nothing of a bad file ever
 //! reaches the dataplane (the caller keeps its running state).
+//!
+//! One YAML parser, serde_yaml_ng: values are checked while deserialising
+//! (see `fields`), so a bad one fails at its own line and path; checks that
+//! need the whole file run after, and find their field's line in the text
+//! again (see `yaml`). Every duration in the file is humantime's syntax.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
@@ -19,6 +28,11 @@ use crate::model::{
     Affinity, Backend, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports, Protocol,
     RateLimit, Vip, VipKey,
 };
+
+mod fields;
+mod yaml;
+
+pub use yaml::{MAX_BYTES, MAX_DEPTH};
 
 /// Default API socket.
 pub const DEFAULT_SOCKET: &str = "/run/rivora/rivorad.sock";
@@ -42,9 +56,10 @@ pub struct File {
     pub vips: Vec<VipConf>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct InterfaceConf {
+    #[serde(deserialize_with = "fields::interface_name")]
     pub name: String,
     /// native (fail if the driver cannot), generic, or auto (native,
     /// falling back to generic with a warning). Default auto.
@@ -70,27 +85,29 @@ pub struct NodeConf {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TunnelConf {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_ipv4")]
     pub ipv4: Option<Ipv4Addr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_ipv6")]
     pub ipv6: Option<Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RateLimitConf {
+    #[serde(deserialize_with = "fields::rate_per_sec")]
     pub rate_per_sec: u32,
+    #[serde(deserialize_with = "fields::burst")]
     pub burst: u32,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ApiConf {
     /// Unix socket (mode 0600). Default /run/rivora/rivorad.sock.
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
     /// Optional TCP listener; requires `tokenFile`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_socket_addr")]
     pub listen: Option<SocketAddr>,
     #[serde(default)]
     pub token_file: Option<PathBuf>,
@@ -110,21 +127,47 @@ impl Default for ApiConf {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MetricsConf {
     /// Prometheus endpoint (`GET /metrics`); none by default.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_socket_addr")]
     pub listen: Option<SocketAddr>,
 }
 
 /// `healthCheck: false` turns probing off for a VIP or backend; a mapping
 /// overrides fields of the level above.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum HealthCheckField {
     Enabled(bool),
     Override(HealthCheckOverride),
+}
+
+/// By hand rather than `untagged`: an untagged enum buffers the value and
+/// can only say "did not match any variant", without the line or the
+/// field inside the mapping that was wrong.
+impl<'de> Deserialize<'de> for HealthCheckField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HealthCheckField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "true, false, or a mapping of health-check settings \
+                     (type, port, interval, timeout, rise, fall, path, host, expectedStatus)",
+                )
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<HealthCheckField, E> {
+                Ok(HealthCheckField::Enabled(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<HealthCheckField, A::Error> {
+                HealthCheckOverride::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(HealthCheckField::Override)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -133,6 +176,7 @@ pub struct VipConf {
     /// A label for humans (rivoractl, metrics); defaults to the VIP key.
     #[serde(default)]
     pub name: Option<String>,
+    #[serde(deserialize_with = "fields::ip")]
     pub address: IpAddr,
     /// A port (`80`) or an inclusive range (`"8000-8100"`).
     pub port: PortSpec,
@@ -148,16 +192,16 @@ pub struct VipConf {
     pub backends: Vec<BackendConf>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", tag = "type")]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
 pub enum AffinityConf {
     #[serde(rename = "none")]
     None,
     /// Every flow of a client address to one backend until `timeout` of
-    /// silence (default 3h, as Kubernetes' sessionAffinity).
+    /// silence (default 3h, as Kubernetes' sessionAffinity). Whole seconds.
     #[serde(rename = "clientIP")]
     ClientIp {
-        #[serde(default = "default_affinity_timeout", with = "humantime_serde_compat")]
+        #[serde(with = "humantime_serde")]
         timeout: Duration,
     },
 }
@@ -166,19 +210,44 @@ fn default_affinity_timeout() -> Duration {
     Duration::from_secs(3 * 3600)
 }
 
-/// Durations written like "30s", "3h", "1h30m".
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_duration(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+/// By hand rather than internally tagged: serde buffers a tagged enum's
+/// content, which loses the line and the path of a bad `timeout`.
+impl<'de> Deserialize<'de> for AffinityConf {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AffinityConf;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("{type: none} or {type: clientIP, timeout: 3h}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AffinityConf, A::Error> {
+                const FIELDS: &[&str] = &["type", "timeout"];
+                let mut kind = None;
+                let mut timeout = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "type" if kind.is_some() => return Err(de::Error::duplicate_field("type")),
+                        "type" => kind = Some(map.next_value::<fields::AffinityType>()?),
+                        "timeout" if timeout.is_some() => {
+                            return Err(de::Error::duplicate_field("timeout"))
+                        }
+                        "timeout" => timeout = Some(map.next_value::<fields::AffinityTimeout>()?.0),
+                        other => return Err(de::Error::unknown_field(other, FIELDS)),
+                    }
+                }
+                match (kind, timeout) {
+                    (None, _) => Err(de::Error::missing_field("type")),
+                    (Some(fields::AffinityType::None), Some(_)) => Err(de::Error::custom(
+                        "timeout only applies to `type: clientIP`",
+                    )),
+                    (Some(fields::AffinityType::None), None) => Ok(AffinityConf::None),
+                    (Some(fields::AffinityType::ClientIp), t) => Ok(AffinityConf::ClientIp {
+                        timeout: t.unwrap_or_else(default_affinity_timeout),
+                    }),
+                }
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -195,32 +264,8 @@ impl Serialize for PortSpec {
 }
 
 impl<'de> Deserialize<'de> for PortSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Num(u64),
-            Text(String),
-        }
-        let bad = |s: &str| {
-            serde::de::Error::custom(format!(
-                "{s:?} is not a port (1-65535) or a range like \"8000-8100\""
-            ))
-        };
-        let port =
-            |s: &str| -> Result<u16, D::Error> { s.trim().parse::<u16>().map_err(|_| bad(s)) };
-        match Raw::deserialize(d)? {
-            Raw::Num(n) => u16::try_from(n)
-                .map(|p| PortSpec(Ports::One(p)))
-                .map_err(|_| bad(&n.to_string())),
-            Raw::Text(t) => match t.split_once('-') {
-                Some((a, b)) => Ok(PortSpec(Ports::Range {
-                    first: port(a)?,
-                    last: port(b)?,
-                })),
-                None => Ok(PortSpec(Ports::One(port(&t)?))),
-            },
-        }
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        fields::ports(d).map(PortSpec)
     }
 }
 
@@ -231,14 +276,15 @@ fn default_weight() -> u32 {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BackendConf {
+    #[serde(deserialize_with = "fields::ip")]
     pub address: IpAddr,
     /// Default: the port the client connected to.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_backend_port")]
     pub port: Option<u16>,
-    #[serde(default = "default_weight")]
+    #[serde(default = "default_weight", deserialize_with = "fields::weight")]
     pub weight: u32,
     /// DSR only: omitted, it is resolved from the neighbour table.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::opt_mac")]
     pub mac: Option<Mac>,
     #[serde(default)]
     pub health_check: Option<HealthCheckField>,
@@ -256,6 +302,27 @@ pub struct Config {
     pub health: BTreeMap<(VipKey, SocketAddr), Option<HealthCheckSpec>>,
     /// Display names, by VIP key.
     pub names: BTreeMap<VipKey, String>,
+}
+
+/// The node's runtime settings, apart from the VIPs: what the daemon
+/// attaches to and listens on (and cannot change by a reload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRuntime {
+    pub interfaces: Vec<InterfaceConf>,
+    pub api: ApiConf,
+    pub metrics: MetricsConf,
+}
+
+impl Config {
+    /// The interfaces, API and metrics settings; the VIPs and the node's
+    /// datapath settings are in `desired`.
+    pub fn node_settings(&self) -> NodeRuntime {
+        NodeRuntime {
+            interfaces: self.file.interfaces.clone(),
+            api: self.file.api.clone(),
+            metrics: self.file.metrics.clone(),
+        }
+    }
 }
 
 /// A configuration error: where, and what.
@@ -283,14 +350,55 @@ impl fmt::Display for ConfigError {
 }
 
 /// Read and validate a configuration file.
+///
+/// Only a regular file of at most [`MAX_BYTES`] is read: a FIFO in the
+/// file's place would block the reader until something writes to it, and
+/// a huge file would hold the caller for as long as it takes to parse.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let text = read_bounded(path).map_err(|message| ConfigError {
         file: path.to_path_buf(),
         line: None,
         field: None,
-        message: format!("cannot read: {e}"),
+        message,
     })?;
     parse(path, &text)
+}
+
+fn read_bounded(path: &Path) -> Result<String, String> {
+    let regular = |m: &fs::Metadata| -> Result<(), String> {
+        let t = m.file_type();
+        let what = match () {
+            () if t.is_file() => return Ok(()),
+            () if t.is_dir() => "a directory",
+            () if t.is_fifo() => "a FIFO",
+            () if t.is_socket() => "a socket",
+            () if t.is_block_device() || t.is_char_device() => "a device",
+            () => "something else",
+        };
+        Err(format!("cannot read: it is {what}, not a regular file"))
+    };
+    let too_big = |n: u64| format!("the file is {n} bytes, over the limit of {MAX_BYTES} (1 MiB)");
+    let meta = fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    regular(&meta)?;
+    if meta.len() > MAX_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Non-blocking, in case the path became a FIFO since the check above.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    regular(&file.metadata().map_err(|e| format!("cannot read: {e}"))?)?;
+    let mut bytes = Vec::new();
+    // One byte past the limit tells a file that grew since it was checked.
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))
 }
 
 /// Validate text as if it were the file at `path`.
@@ -301,28 +409,45 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         field,
         message,
     };
-    let file: File = match serde_yaml_ng::from_str(text) {
-        Ok(f) => f,
-        Err(e) => {
-            let line = e.location().map(|l| l.line());
-            // serde_yaml puts the field path first: "vips[0].port: ...".
-            let msg = e.to_string();
-            let msg = match msg.find(" at line ") {
-                Some(i) => msg[..i].to_string(),
-                None => msg,
-            };
-            let (field, message) = match msg.split_once(": ") {
-                Some((f, m)) if !f.contains(' ') => (Some(f.to_string()), m.to_string()),
-                _ => (None, msg),
-            };
-            return Err(err(line, field, message));
-        }
+    // Before the parser sees it: its time grows faster than linearly with
+    // nesting.
+    if text.len() as u64 > MAX_BYTES {
+        return Err(err(
+            None,
+            None,
+            format!(
+                "the file is {} bytes, over the limit of {MAX_BYTES} (1 MiB)",
+                text.len()
+            ),
+        ));
+    }
+    if let Some(line) = yaml::too_deep(text, MAX_DEPTH) {
+        return Err(err(
+            Some(line),
+            None,
+            format!("nested deeper than {MAX_DEPTH} levels; refused before parsing"),
+        ));
+    }
+    let file: File = yaml::from_str(text).map_err(|e| err(e.line, e.field, e.message))?;
+    let fail = |field: &str, message: String| {
+        err(
+            yaml::line_of(text, field).map(|f| f.line),
+            Some(field.to_string()),
+            message,
+        )
     };
-    let lines = LineIndex::build(text);
-    let at = |field: &str| err(lines.line_of(field), Some(field.to_string()), String::new());
-    let fail = |field: &str, message: String| ConfigError {
-        message,
-        ..at(field)
+    // A spec error starts with the check's own field ("timeout: ..."):
+    // name that field when the file sets it there, else the whole check
+    // (the value came from the level above).
+    let spec_fail = |base: &str, e: healthcheck::SpecError| {
+        let msg = e.to_string();
+        if let Some((sub, rest)) = msg.split_once(": ") {
+            let field = format!("{base}.{sub}");
+            if let Some(found) = yaml::line_of(text, &field).filter(|f| f.exact) {
+                return err(Some(found.line), Some(field), rest.to_string());
+            }
+        }
+        fail(base, msg)
     };
 
     if file.interfaces.is_empty() {
@@ -332,16 +457,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         ));
     }
     for (i, ifc) in file.interfaces.iter().enumerate() {
-        if ifc.name.is_empty() || ifc.name.len() > 15 || ifc.name.contains(['/', ' ']) {
+        if let Some(first) = file.interfaces[..i].iter().position(|o| o.name == ifc.name) {
             return Err(fail(
                 &format!("interfaces[{i}].name"),
-                format!("{:?} is not an interface name", ifc.name),
-            ));
-        }
-        if file.interfaces[..i].iter().any(|o| o.name == ifc.name) {
-            return Err(fail(
-                &format!("interfaces[{i}].name"),
-                format!("interface {} is listed twice", ifc.name),
+                format!(
+                    "interface {:?} is listed twice (first as interfaces[{first}])",
+                    ifc.name
+                ),
             ));
         }
     }
@@ -353,7 +475,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     }
     file.health_check
         .validate()
-        .map_err(|e| fail("healthCheck", e.to_string()))?;
+        .map_err(|e| spec_fail("healthCheck", e))?;
 
     let node = NodeSettings {
         syn_rate_limit: file.node.syn_rate_limit.map(rate_limit),
@@ -397,7 +519,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             None | Some(HealthCheckField::Enabled(true)) => Some(file.health_check.clone()),
             Some(HealthCheckField::Override(o)) => Some(
                 healthcheck::resolve(&file.health_check, Some(o))
-                    .map_err(|e| fail(&format!("vips[{i}].healthCheck"), e.to_string()))?,
+                    .map_err(|e| spec_fail(&format!("vips[{i}].healthCheck"), e))?,
             ),
         };
         for (j, b) in v.backends.iter().enumerate() {
@@ -410,19 +532,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 (_, Some(HealthCheckField::Enabled(false))) => None,
                 (None, Some(HealthCheckField::Override(o))) => Some(
                     healthcheck::resolve(&file.health_check, Some(o)).map_err(|e| {
-                        fail(
-                            &format!("vips[{i}].backends[{j}].healthCheck"),
-                            e.to_string(),
-                        )
+                        spec_fail(&format!("vips[{i}].backends[{j}].healthCheck"), e)
                     })?,
                 ),
                 (None, _) => None,
                 (Some(s), Some(HealthCheckField::Override(o))) => {
                     Some(healthcheck::resolve(s, Some(o)).map_err(|e| {
-                        fail(
-                            &format!("vips[{i}].backends[{j}].healthCheck"),
-                            e.to_string(),
-                        )
+                        spec_fail(&format!("vips[{i}].backends[{j}].healthCheck"), e)
                     })?)
                 }
                 (Some(s), _) => Some(s.clone()),
@@ -491,27 +607,26 @@ fn model_error(
         }
         ModelError::DuplicateVip(k) => {
             // The second occurrence is the one to point at.
-            let i = file
+            let mut at = file
                 .vips
                 .iter()
                 .enumerate()
                 .filter(|(_, v)| {
                     v.address == k.addr && v.port.0 == k.ports && v.protocol == k.proto
                 })
-                .map(|(i, _)| i)
-                .nth(1);
-            fail(
-                &i.map(|i| format!("vips[{i}]"))
-                    .unwrap_or_else(|| "vips".into()),
-                e.to_string(),
-            )
+                .map(|(i, _)| i);
+            match (at.next(), at.next()) {
+                (Some(first), Some(i)) => fail(
+                    &format!("vips[{i}]"),
+                    format!("{e} (first as vips[{first}])"),
+                ),
+                _ => fail("vips", e.to_string()),
+            }
         }
-        ModelError::OverlappingRanges { vip, .. } => fail(
-            &index_of(vip)
-                .map(|i| format!("vips[{i}].port"))
-                .unwrap_or_else(|| "vips".into()),
-            e.to_string(),
-        ),
+        ModelError::OverlappingRanges { vip, other } => match (index_of(vip), index_of(other)) {
+            (Some(i), Some(j)) => fail(&format!("vips[{i}].port"), format!("{e} (vips[{j}])")),
+            _ => fail("vips", e.to_string()),
+        },
         ModelError::Node { field, problem } => {
             fail(&format!("node.{}", node_field(field)), problem.to_string())
         }
@@ -551,109 +666,6 @@ fn node_field(model: &str) -> String {
             .replacen("syn_rate_limit", "synRateLimit", 1)
             .replace("rate_per_sec", "ratePerSec"),
         f => f.to_string(),
-    }
-}
-
-/// Where each field path (`vips[1].backends[0].weight`) starts in the text:
-/// built from the YAML event stream, since serde's data model has no spans.
-struct LineIndex(BTreeMap<String, usize>);
-
-impl LineIndex {
-    fn build(text: &str) -> Self {
-        use yaml_rust2::parser::{Event, Parser};
-
-        enum Frame {
-            Map {
-                key: Option<String>,
-                expecting_key: bool,
-            },
-            Seq {
-                index: usize,
-            },
-        }
-        let mut out = BTreeMap::new();
-        let mut stack: Vec<Frame> = Vec::new();
-        let path = |stack: &[Frame]| -> String {
-            let mut s = String::new();
-            for f in stack {
-                match f {
-                    Frame::Map { key: Some(k), .. } => {
-                        if !s.is_empty() {
-                            s.push('.');
-                        }
-                        s.push_str(k);
-                    }
-                    Frame::Map { key: None, .. } => {}
-                    Frame::Seq { index } => s.push_str(&format!("[{index}]")),
-                }
-            }
-            s
-        };
-        let mut parser = Parser::new_from_str(text);
-        // A value (scalar or collection) was consumed in the current frame.
-        fn value_done(stack: &mut [Frame]) {
-            match stack.last_mut() {
-                Some(Frame::Map { expecting_key, key }) => {
-                    *expecting_key = true;
-                    *key = None;
-                }
-                Some(Frame::Seq { index }) => *index += 1,
-                None => {}
-            }
-        }
-        while let Ok((ev, mark)) = parser.next_token() {
-            let line = mark.line();
-            match ev {
-                Event::StreamEnd => break,
-                Event::Scalar(v, ..) => {
-                    if let Some(Frame::Map {
-                        expecting_key: true,
-                        ..
-                    }) = stack.last()
-                    {
-                        if let Some(Frame::Map { key, expecting_key }) = stack.last_mut() {
-                            *key = Some(v);
-                            *expecting_key = false;
-                        }
-                        out.entry(path(&stack)).or_insert(line);
-                    } else {
-                        out.entry(path(&stack)).or_insert(line);
-                        value_done(&mut stack);
-                    }
-                }
-                Event::MappingStart(..) | Event::SequenceStart(..) => {
-                    if let Some(Frame::Seq { .. }) = stack.last() {
-                        out.entry(path(&stack)).or_insert(line);
-                    }
-                    stack.push(if matches!(ev, Event::MappingStart(..)) {
-                        Frame::Map {
-                            key: None,
-                            expecting_key: true,
-                        }
-                    } else {
-                        Frame::Seq { index: 0 }
-                    });
-                }
-                Event::MappingEnd | Event::SequenceEnd => {
-                    stack.pop();
-                    value_done(&mut stack);
-                }
-                _ => {}
-            }
-        }
-        Self(out)
-    }
-
-    /// The line of `field`, or of its nearest ancestor the file has.
-    fn line_of(&self, field: &str) -> Option<usize> {
-        let mut f = field.to_string();
-        loop {
-            if let Some(l) = self.0.get(&f) {
-                return Some(*l);
-            }
-            let cut = f.rfind(['.', '['])?;
-            f.truncate(cut);
-        }
     }
 }
 

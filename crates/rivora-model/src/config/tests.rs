@@ -88,7 +88,7 @@ fn each_invalid_field_is_named_with_its_line() {
             "  - address: 10.0.0.100\n",
             3,
             "vips[0].address",
-            "invalid IP address",
+            "\"10.0.0.300\" is not an IP address",
         ),
         (
             "bad mac",
@@ -196,8 +196,12 @@ fn bad_health_check_is_named() {
         1,
     );
     let e = parse_str(&text).expect_err("timeout above interval");
-    assert_eq!(e.field.as_deref(), Some("vips[0].healthCheck"));
+    assert_eq!(e.field.as_deref(), Some("vips[0].healthCheck.timeout"));
     assert_eq!(e.line, Some(8));
+    assert!(
+        e.message.starts_with("2s must be less than interval (1s)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -229,4 +233,589 @@ fn port_ranges_and_affinity() {
         }
     );
     assert_eq!(v.affinity, Affinity::ClientIp { timeout_s: 3600 });
+}
+
+/// `GOOD` with `from` replaced by `to` (once; the edit must apply).
+fn edit(from: &str, to: &str) -> String {
+    let text = GOOD.replacen(from, to, 1);
+    assert_ne!(text, GOOD, "{from:?} is not in GOOD");
+    text
+}
+
+/// Every message names the field as written (camelCase, with indices),
+/// its own line, and the value as written.
+#[test]
+fn messages_name_field_line_and_value() {
+    const VIP: &str = "    mode: nat\n";
+    const B1: &str = "      - address: 10.1.0.2\n";
+    let cases: Vec<(&str, String, usize, &str, &str)> = vec![
+        // (what, file, line, field, message contains)
+        (
+            "VIP address",
+            edit("address: 10.0.0.100", "address: 10.0.0.300"),
+            4,
+            "vips[0].address",
+            "\"10.0.0.300\" is not an IP address",
+        ),
+        (
+            "backend address",
+            edit(B1, "      - address: 10.1.0.two\n"),
+            11,
+            "vips[0].backends[1].address",
+            "\"10.1.0.two\" is not an IP address",
+        ),
+        (
+            "port of the wrong type",
+            edit("    port: 80\n", "    port: {first: 80}\n"),
+            5,
+            "vips[0].port",
+            "invalid type: map, expected a port (1-65535) or a range like \"8000-8100\"",
+        ),
+        (
+            "port as a word",
+            edit("    port: 80\n", "    port: http\n"),
+            5,
+            "vips[0].port",
+            "\"http\" is not a port (1-65535) or a range",
+        ),
+        (
+            "port too large",
+            edit("    port: 80\n", "    port: 70000\n"),
+            5,
+            "vips[0].port",
+            "70000 is not a port (1-65535)",
+        ),
+        (
+            "range end too large",
+            edit("    port: 80\n", "    port: 8000-70000\n"),
+            5,
+            "vips[0].port",
+            "70000 is not a port",
+        ),
+        (
+            "healthCheck of the wrong type",
+            edit(VIP, "    mode: nat\n    healthCheck: 5\n"),
+            8,
+            "vips[0].healthCheck",
+            "invalid type: integer `5`, expected true, false, or a mapping of health-check settings",
+        ),
+        (
+            "healthCheck as a list",
+            edit(VIP, "    mode: nat\n    healthCheck: [tcp]\n"),
+            8,
+            "vips[0].healthCheck",
+            "invalid type: sequence, expected true, false, or a mapping",
+        ),
+        (
+            "a bad field inside a healthCheck override",
+            edit(B1, "      - address: 10.1.0.2\n        healthCheck:\n          rise: many\n"),
+            13,
+            "vips[0].backends[1].healthCheck.rise",
+            "invalid type: string \"many\", expected u32",
+        ),
+        (
+            "duplicate key",
+            edit("    port: 80\n", "    port: 80\n    port: 81\n"),
+            6,
+            "vips[0].port",
+            "duplicate key \"port\"",
+        ),
+        (
+            "duplicate top-level key",
+            format!("{GOOD}interfaces:\n  - name: eth1\n"),
+            12,
+            "interfaces",
+            "duplicate key \"interfaces\"",
+        ),
+        (
+            "duplicate key in a flow mapping",
+            edit(B1, "      - {address: 10.1.0.2, weight: 1, weight: 2}\n"),
+            11,
+            "vips[0].backends[1].weight",
+            "duplicate key \"weight\"",
+        ),
+        (
+            "duplicate key in a healthCheck override",
+            edit(VIP, "    mode: nat\n    healthCheck:\n      rise: 1\n      rise: 2\n"),
+            10,
+            "vips[0].healthCheck.rise",
+            "duplicate key \"rise\"",
+        ),
+        (
+            "sub-second affinity timeout",
+            edit(VIP, "    mode: nat\n    affinity: {type: clientIP, timeout: 500ms}\n"),
+            8,
+            "vips[0].affinity.timeout",
+            "\"500ms\": the affinity timeout takes whole seconds",
+        ),
+        (
+            "affinity timeout too long",
+            edit(VIP, "    mode: nat\n    affinity:\n      type: clientIP\n      timeout: 2d\n"),
+            9,
+            "vips[0].affinity.timeout",
+            "\"2days\" is out of range: the affinity timeout is 1s to 1day (86400s)",
+        ),
+        (
+            "affinity timeout on type none",
+            edit(VIP, "    mode: nat\n    affinity: {type: none, timeout: 1h}\n"),
+            8,
+            "vips[0].affinity",
+            "timeout only applies to `type: clientIP`",
+        ),
+        (
+            "weight as a word",
+            edit(B1, "      - address: 10.1.0.2\n        weight: heavy\n"),
+            12,
+            "vips[0].backends[1].weight",
+            "\"heavy\" is not a number (want a whole number from 0 to 1000000)",
+        ),
+        (
+            "weight too large",
+            edit(B1, "      - address: 10.1.0.2\n        weight: 2000000\n"),
+            12,
+            "vips[0].backends[1].weight",
+            "2000000 is out of range 0..=1000000",
+        ),
+        (
+            "negative weight",
+            edit(B1, "      - {address: 10.1.0.2, weight: -1}\n"),
+            11,
+            "vips[0].backends[1].weight",
+            "-1 is out of range 0..=1000000",
+        ),
+        (
+            "fractional weight",
+            edit(B1, "      - {address: 10.1.0.2, weight: 1.5}\n"),
+            11,
+            "vips[0].backends[1].weight",
+            "1.5 is not a whole number",
+        ),
+        (
+            "backend port too large",
+            edit("        port: 8080\n", "        port: 80800\n"),
+            10,
+            "vips[0].backends[0].port",
+            "80800 is out of range 0..=65535",
+        ),
+        (
+            "zero rate",
+            format!("node:\n  synRateLimit: {{ratePerSec: 0, burst: 10}}\n{GOOD}"),
+            2,
+            "node.synRateLimit.ratePerSec",
+            "0 is out of range 1..=10000000",
+        ),
+        (
+            "burst as a word",
+            edit(VIP, "    mode: nat\n    synRateLimit:\n      ratePerSec: 10\n      burst: lots\n"),
+            10,
+            "vips[0].synRateLimit.burst",
+            "\"lots\" is not a number",
+        ),
+        (
+            "interface name with a slash",
+            edit("  - name: eth0\n", "  - name: eth0/1\n"),
+            2,
+            "interfaces[0].name",
+            "\"eth0/1\" is not an interface name",
+        ),
+        (
+            "interface name too long",
+            edit("  - name: eth0\n", "  - name: averyveryverylongname\n"),
+            2,
+            "interfaces[0].name",
+            "\"averyveryverylongname\" is not an interface name",
+        ),
+        (
+            "interface listed twice",
+            edit("  - name: eth0\n", "  - name: eth0\n  - name: eth0\n"),
+            3,
+            "interfaces[1].name",
+            "interface \"eth0\" is listed twice (first as interfaces[0])",
+        ),
+        (
+            "MAC",
+            edit(B1, "      - address: 10.1.0.2\n        mac: zz:00\n"),
+            12,
+            "vips[0].backends[1].mac",
+            "\"zz:00\" is not a MAC address like 02:00:5e:10:00:01",
+        ),
+        (
+            "tunnel source of the wrong family",
+            format!("node:\n  tunnelSource:\n    ipv4: \"fd00::1\"\n{GOOD}"),
+            3,
+            "node.tunnelSource.ipv4",
+            "\"fd00::1\" is not an IPv4 address",
+        ),
+        (
+            "metrics listener without a port",
+            format!("metrics: {{listen: localhost}}\n{GOOD}"),
+            1,
+            "metrics.listen",
+            "\"localhost\" is not an address and port",
+        ),
+        (
+            "health-check interval",
+            format!("healthCheck:\n  interval: 2x\n{GOOD}"),
+            2,
+            "healthCheck.interval",
+            "invalid value: string \"2x\", expected a duration like \"500ms\"",
+        ),
+        (
+            "health-check timeout not below the interval, both in the override",
+            edit(VIP, "    mode: nat\n    healthCheck:\n      interval: 1s\n      timeout: 3s\n"),
+            10,
+            "vips[0].healthCheck.timeout",
+            "3s must be less than interval (1s)",
+        ),
+        (
+            "health-check timeout inherited from the defaults",
+            format!("healthCheck: {{interval: 10s, timeout: 5s}}\n{}", edit(VIP, "    mode: nat\n    healthCheck: {interval: 3s}\n")),
+            9,
+            "vips[0].healthCheck",
+            "timeout: 5s must be less than interval (3s)",
+        ),
+        (
+            "a bad status code entry",
+            edit(
+                VIP,
+                "    mode: nat\n    healthCheck: {type: http, expectedStatus: [200, \"2x\"]}\n",
+            ),
+            8,
+            "vips[0].healthCheck.expectedStatus[1]",
+            "\"2x\" is not a status code, a range \"200-299\" or a class \"2xx\"",
+        ),
+        (
+            "health-check port 0 (checked after deserialising)",
+            edit(VIP, "    mode: nat\n    healthCheck:\n      port: 0\n"),
+            9,
+            "vips[0].healthCheck.port",
+            "must be 1-65535, not 0",
+        ),
+        (
+            "unknown key",
+            edit(VIP, "    moed: nat\n"),
+            7,
+            "vips[0].moed",
+            "unknown field `moed`, expected one of",
+        ),
+        (
+            "missing key",
+            edit("    protocol: tcp\n", ""),
+            4,
+            "vips[0]",
+            "missing field `protocol`",
+        ),
+        (
+            "backend of the other family (checked after deserialising)",
+            edit(B1, "      - address: fd00::2\n"),
+            11,
+            "vips[0].backends[1].address",
+            "address family",
+        ),
+        (
+            "VIP listed twice",
+            format!("{GOOD}  - address: 10.0.0.100\n    port: 80\n    protocol: tcp\n    mode: nat\n"),
+            12,
+            "vips[1]",
+            "is listed twice (first as vips[0])",
+        ),
+        (
+            "overlapping port ranges",
+            format!(
+                "{}  - address: 10.0.0.100\n    port: 8050-8200\n    protocol: tcp\n    mode: nat\n",
+                edit("    port: 80\n", "    port: 8000-8100\n").replacen("        port: 8080\n", "", 1)
+            ),
+            12,
+            "vips[1].port",
+            "VIP tcp/10.0.0.100:8050-8200: port range overlaps VIP tcp/10.0.0.100:8000-8100 (vips[0])",
+        ),
+        (
+            "TCP API without a token",
+            format!("api:\n  socket: /run/x.sock\n  listen: 127.0.0.1:9000\n{GOOD}"),
+            3,
+            "api.listen",
+            "needs api.tokenFile",
+        ),
+    ];
+    for (what, text, line, field, msg) in &cases {
+        let e = parse_str(text).expect_err(what);
+        let shown = e.to_string();
+        assert_eq!(e.field.as_deref(), Some(*field), "{what}: {shown}");
+        assert_eq!(e.line, Some(*line), "{what}: {shown}");
+        assert!(e.message.contains(msg), "{what}: {shown:?} lacks {msg:?}");
+        assert!(
+            shown.starts_with(&format!("rivora.yaml:{line}: {field}: ")),
+            "{what}: {shown}"
+        );
+        // The path is said once, in front, not again in the message.
+        assert!(!e.message.contains(&format!("{field}:")), "{what}: {shown}");
+        assert!(!e.message.contains(" at line "), "{what}: {shown}");
+    }
+}
+
+/// Every duration in the file reads the same syntax, and refuses the same
+/// bad values with the field named.
+#[test]
+fn durations_have_one_syntax_everywhere() {
+    // (field, file with {} for the duration, a second value that keeps
+    // the file valid around it)
+    let fields: &[(&str, String)] = &[
+        (
+            "healthCheck.interval",
+            format!("healthCheck: {{interval: {{}}, timeout: 1s}}\n{GOOD}"),
+        ),
+        (
+            "healthCheck.timeout",
+            format!("healthCheck: {{interval: 24h, timeout: {{}}}}\n{GOOD}"),
+        ),
+        (
+            "vips[0].healthCheck.interval",
+            edit(
+                "    mode: nat\n",
+                "    mode: nat\n    healthCheck: {interval: {}, timeout: 1s}\n",
+            ),
+        ),
+        (
+            "vips[0].backends[0].healthCheck.timeout",
+            edit(
+                "        port: 8080\n",
+                "        port: 8080\n        healthCheck: {interval: 24h, timeout: {}}\n",
+            ),
+        ),
+        (
+            "vips[0].affinity.timeout",
+            edit(
+                "    mode: nat\n",
+                "    mode: nat\n    affinity: {type: clientIP, timeout: {}}\n",
+            ),
+        ),
+    ];
+    let good = [
+        ("90s", 90),
+        ("2m", 120),
+        ("1m30s", 90),
+        ("1h 30m", 5400),
+        ("3h", 10_800),
+        ("2hours", 7200),
+    ];
+    for (field, template) in fields {
+        for (text, secs) in good {
+            let file = template.replacen("{}", &format!("\"{text}\""), 1);
+            let c = parse_str(&file).unwrap_or_else(|e| panic!("{field} = {text}: {e}"));
+            let want = Duration::from_secs(secs);
+            let got = if field.contains("affinity") {
+                match c.desired.vips[0].affinity {
+                    Affinity::ClientIp { timeout_s } => Duration::from_secs(timeout_s.into()),
+                    Affinity::None => panic!("{field}: no affinity"),
+                }
+            } else {
+                let spec = c.health.values().next().cloned().flatten().expect("probed");
+                let spec = if field.contains("backends") {
+                    c.health
+                        .iter()
+                        .find(|((_, t), _)| t.port() == 8080)
+                        .and_then(|(_, s)| s.clone())
+                        .expect("backend 0 probed")
+                } else {
+                    spec
+                };
+                if field.ends_with("interval") {
+                    spec.interval
+                } else {
+                    spec.timeout
+                }
+            };
+            assert_eq!(got, want, "{field} = {text}");
+        }
+        for bad in ["2x", "5", "-1s", "soon"] {
+            let file = template.replacen("{}", &format!("\"{bad}\""), 1);
+            let e = parse_str(&file).expect_err(bad);
+            assert_eq!(e.field.as_deref(), Some(*field), "{bad}: {e}");
+            assert!(e.message.contains(&format!("{bad:?}")), "{bad}: {e}");
+            assert!(e.message.contains("expected a duration"), "{bad}: {e}");
+            assert!(e.line.is_some(), "{e}");
+        }
+    }
+    // Sub-second values: fine for a probe, refused where the datapath
+    // counts whole seconds.
+    let probe = format!("healthCheck: {{interval: 1500ms, timeout: 250ms}}\n{GOOD}");
+    let c = parse_str(&probe).expect("sub-second probe durations");
+    let spec = c.health.values().next().cloned().flatten().expect("probed");
+    assert_eq!(
+        (spec.interval, spec.timeout),
+        (Duration::from_millis(1500), Duration::from_millis(250))
+    );
+    let e = parse_str(&fields[4].1.replacen("{}", "1500ms", 1)).expect_err("1.5 s affinity");
+    assert!(e.message.contains("whole seconds"), "{e}");
+}
+
+/// Pathological inputs are refused before the parser sees them, quickly.
+#[test]
+fn huge_and_deep_inputs_are_refused_before_parsing() {
+    let started = std::time::Instant::now();
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("100,000 [", "[".repeat(100_000), "nested deeper than 64"),
+        (
+            "100,000 {",
+            format!("a: {}", "{b: ".repeat(100_000)),
+            "nested deeper than 64",
+        ),
+        (
+            "120 KB of block nesting",
+            (0..490)
+                .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+                .collect::<String>(),
+            "nested deeper than 64",
+        ),
+        (
+            "compact sequences",
+            format!("vips:\n{}x\n", "- ".repeat(100)),
+            "nested deeper than 64",
+        ),
+        (
+            "over 1 MiB",
+            format!("{GOOD}{}", "# padding\n".repeat(110_000)),
+            "over the limit of 1048576",
+        ),
+    ];
+    for (what, text, want) in &cases {
+        let e = parse_str(text).expect_err(what);
+        assert!(e.message.contains(want), "{what}: {e}");
+    }
+    // Each is refused by a scan, not after a parse (which took 38 s for the
+    // first): a generous bound for a slow, shared machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    // Just under the limit parses (and fails on what it is, not on depth).
+    let ok_depth = format!("x: {}{}", "[".repeat(60), "]".repeat(60));
+    let e = parse_str(&ok_depth).expect_err("not a config");
+    assert!(!e.message.contains("nested"), "{e}");
+}
+
+/// Brackets in quoted strings, comments and block scalars are text, not
+/// nesting.
+#[test]
+fn depth_scan_ignores_text() {
+    let deep = "[".repeat(100);
+    let file = edit(
+        "    mode: nat\n",
+        &format!(
+            "    mode: nat   # {deep}\n    name: \"{deep}\"\n    healthCheck:\n      type: http\n      path: '/{deep}'\n"
+        ),
+    );
+    let c = parse_str(&file).expect("brackets in text");
+    assert_eq!(
+        c.names.values().next().map(String::as_str),
+        Some(deep.as_str())
+    );
+    assert_eq!(
+        yaml::too_deep(&format!("a: |\n  {deep}\n  {{{{\nb: 1\n"), MAX_DEPTH),
+        None
+    );
+    assert_eq!(yaml::too_deep(GOOD, 5), None, "GOOD is 5 deep at most");
+    assert_eq!(yaml::too_deep(GOOD, 2), Some(2));
+    for f in ["nat.yaml", "dsr.yaml", "l3dsr.yaml"] {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(f);
+        let text = std::fs::read_to_string(&p).expect("example");
+        assert_eq!(yaml::too_deep(&text, 8), None, "{f}");
+    }
+}
+
+/// `load` refuses what is not a regular file without opening it for a
+/// blocking read, and files over the limit without reading them whole.
+#[test]
+fn load_refuses_fifos_directories_and_huge_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("rivora.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("running mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    // In a thread: a regression would block in open() until a writer came.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(load(&p).map(|_| ()));
+    });
+    let e = match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(r) => r.expect_err("a FIFO"),
+        Err(_) => {
+            // Unblock the reader so the test process can end.
+            let _ = std::fs::write(&fifo, "");
+            panic!("load blocked on a FIFO");
+        }
+    };
+    assert!(
+        e.message.contains("it is a FIFO, not a regular file"),
+        "{e}"
+    );
+    assert_eq!(e.file, fifo);
+
+    let e = load(dir.path()).expect_err("a directory");
+    assert!(e.message.contains("it is a directory"), "{e}");
+
+    let big = dir.path().join("big.yaml");
+    let f = std::fs::File::create(&big).expect("create");
+    f.set_len(50 << 20).expect("a sparse 50 MiB file");
+    let e = load(&big).expect_err("50 MiB");
+    assert_eq!(
+        e.message,
+        "the file is 52428800 bytes, over the limit of 1048576 (1 MiB)"
+    );
+
+    let ok = dir.path().join("ok.yaml");
+    std::fs::write(&ok, GOOD).expect("write");
+    load(&ok).expect("a regular file loads");
+}
+
+#[test]
+fn node_settings_are_apart_from_the_vips() {
+    let c = parse_str(&format!("metrics: {{listen: \"[::1]:9440\"}}\n{GOOD}")).expect("valid");
+    let n = c.node_settings();
+    assert_eq!(n.interfaces.len(), 1);
+    assert_eq!(
+        n.metrics.listen,
+        Some("[::1]:9440".parse().expect("literal"))
+    );
+    assert_eq!(n.api.socket, Path::new(DEFAULT_SOCKET));
+    let other = parse_str(&edit("    port: 80\n", "    port: 81\n")).expect("valid");
+    assert_ne!(other.node_settings(), n, "metrics differ");
+    assert_eq!(
+        other.node_settings().interfaces,
+        n.interfaces,
+        "a VIP change leaves the node settings"
+    );
+}
+
+/// Empty values are the same as leaving the key out.
+#[test]
+fn null_optional_values_are_absent() {
+    let c = parse_str(&format!(
+        "metrics:\n  listen:\nnode:\n  tunnelSource: {{ipv4: ~}}\n{GOOD}"
+    ))
+    .expect("valid");
+    assert_eq!(c.file.metrics.listen, None);
+    assert_eq!(c.file.node.tunnel_source.ipv4, None);
+    let c = parse_str(&edit("        port: 8080\n", "        port:\n")).expect("valid");
+    assert_eq!(c.desired.vips[0].backends[0].port, 0, "the VIP's port");
+}
+
+/// What is not a configuration at all still gets a line or a sentence.
+#[test]
+fn not_a_configuration() {
+    for (text, want) in [
+        ("", "at least one interface"),
+        ("- a\n- b\n", "invalid type: sequence, expected struct File"),
+        ("interfaces: [\n", "did not find expected"),
+        ("interfaces: []\n---\nvips: []\n", "more than one document"),
+    ] {
+        let e = parse_str(text).expect_err(text);
+        assert!(e.message.contains(want), "{text:?}: {e}");
+    }
 }
