@@ -33,7 +33,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Write};
@@ -51,6 +51,9 @@ use common::rivorad::{attached, Home, Rivorad};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
 use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Proto, Servers};
 use common::unique;
+use rivora::dataplane::render::{Health, MapImage, MatchKey};
+use rivora::dataplane::{MapStore, Maps};
+use rivora::model::{BackendTarget, VipKey};
 use serde_json::Value;
 
 /// Connections (TCP) or exchanges (UDP) per spread measurement.
@@ -1188,4 +1191,293 @@ fn restart_persists_and_adopts() {
         "the removed IPv6 VIP still answers: {gone:?}"
     );
     drop(servers);
+}
+
+// ---------------------------------------------------------------------
+// 9. Drains persist in the state directory: the file is written before
+//    the maps, taken from the maps when there is none, and survives
+//    `rivorad -cleanup` then a start
+// ---------------------------------------------------------------------
+
+/// The drain file under `home`'s state directory as names (VIP, or None
+/// for every VIP; backend); None if there is no file.
+fn drain_file(home: &Home) -> Option<BTreeSet<(Option<String>, String)>> {
+    let path = home.state_dir().join("drains.json");
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    };
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(v["format"], 1, "{text}");
+    let entries = v["drains"].as_array().unwrap_or_else(|| panic!("{text}"));
+    Some(
+        entries
+            .iter()
+            .map(|e| {
+                let vip: Option<VipKey> =
+                    serde_json::from_value(e["vip"].clone()).unwrap_or_else(|x| panic!("{e}: {x}"));
+                let b: BackendTarget = serde_json::from_value(e["backend"].clone())
+                    .unwrap_or_else(|x| panic!("{e}: {x}"));
+                (vip.map(|k| k.to_string()), b.to_string())
+            })
+            .collect(),
+    )
+}
+
+/// (VIP, backend) pairs the API reports drained.
+fn drained_in_api(rd: &Rivorad) -> BTreeSet<(String, String)> {
+    let vips: Vec<rivora::api::VipInfo> =
+        serde_json::from_value(rd.ctl_json(&["vip", "list"])).expect("vip list");
+    vips.iter()
+        .flat_map(|v| {
+            v.backends
+                .iter()
+                .filter(|b| b.drained)
+                .map(|b| (v.vip.clone(), b.target.to_string()))
+        })
+        .collect()
+}
+
+fn map_image(pins: &Path) -> MapImage {
+    Maps::open(pins)
+        .and_then(|m| m.read())
+        .expect("reading the pinned maps")
+}
+
+/// Health of every backend id the maps hold for `t`.
+fn health_in_maps(img: &MapImage, t: SocketAddr) -> Vec<Health> {
+    img.backends
+        .iter()
+        .filter(|(_, b)| b.addr == t.ip() && b.port == t.port())
+        .map(|(id, _)| img.health.get(id).copied().unwrap_or(Health::Down))
+        .collect()
+}
+
+/// Slots of the TCP VIP `vip`'s Maglev slice that hold `t`.
+fn slots_of(img: &MapImage, vip: SocketAddr, t: SocketAddr) -> usize {
+    let key = MatchKey::Exact {
+        addr: vip.ip(),
+        port: vip.port(),
+        proto: libc::IPPROTO_TCP as u8,
+    };
+    let svc = img.matches.get(&key).expect("the VIP in the maps");
+    let entry = img.services.get(svc).expect("the VIP's service entry");
+    img.slice_of(entry)
+        .iter()
+        .filter(|id| {
+            img.backends
+                .get(id)
+                .is_some_and(|b| b.addr == t.ip() && b.port == t.port())
+        })
+        .count()
+}
+
+/// `dir` read-only until drop, through a read-only bind mount over
+/// itself: root writes through mode bits, not through a read-only mount.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn new(dir: &Path) -> Self {
+        let mount = |args: &[&str]| {
+            let st = std::process::Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .status()
+                .expect("running mount");
+            assert!(st.success(), "mount {args:?} {}", dir.display());
+        };
+        mount(&["--bind"]);
+        // From here on the guard unmounts, whatever fails next.
+        let guard = Self(dir.to_path_buf());
+        mount(&["-o", "remount,bind,ro"]);
+        guard
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn drains_persist_in_the_state_dir() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-drain-");
+    let home = Home::new();
+    let pins = home.pin_dir().to_path_buf();
+    let (vip1, vip2): (SocketAddr, SocketAddr) = (
+        "10.9.0.1:80".parse().expect("literal"),
+        "10.9.0.2:80".parse().expect("literal"),
+    );
+    let t: Vec<SocketAddr> = (1..=3)
+        .map(|i| format!("10.9.1.{i}:8080").parse().expect("literal"))
+        .collect();
+    // No probes: nothing answers at these addresses, and a failed probe
+    // would hide a drain (down wins).
+    let mut yaml = format!(
+        "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n",
+        home.socket().display()
+    );
+    for (name, vip) in [("one", vip1), ("two", vip2)] {
+        yaml += &format!(
+            "  - name: {name}\n    address: {}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
+             healthCheck: false\n    backends:\n",
+            vip.ip()
+        );
+        for b in &t {
+            yaml += &format!("      - {{ address: {}, port: 8080 }}\n", b.ip());
+        }
+    }
+    let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
+    let (n1, n2) = (vip_name("tcp", vip1), vip_name("tcp", vip2));
+    let s = |x: &SocketAddr| x.to_string();
+    let pair = |v: &str, b: &SocketAddr| (v.to_string(), s(b));
+
+    // A drain for every VIP (b1) and one for one VIP (b2), in the file.
+    rd.ctl_ok(&["drain", &s(&t[0])]);
+    rd.ctl_ok(&["drain", &s(&t[1]), "--vip", &n1]);
+    assert_eq!(
+        drain_file(&rd.home),
+        Some([(None, s(&t[0])), (Some(n1.clone()), s(&t[1]))].into()),
+        "the drain file after two drains"
+    );
+    assert!(rd.stop().success());
+
+    // 1. No file, maps holding a draining backend (an upgrade from a
+    //    binary that kept none): the maps' "draining" is taken as a drain
+    //    for every VIP, and written to the file. A drain for one VIP is a
+    //    weight of 0 the maps cannot tell from a configured one: not
+    //    taken.
+    fs::remove_file(rd.home.state_dir().join("drains.json")).expect("removing the drain file");
+    assert_eq!(
+        health_in_maps(&map_image(&pins), t[0]),
+        [Health::Draining],
+        "the maps still hold b1 draining"
+    );
+    rd.restart(&[]);
+    assert!(
+        rd.log_text()
+            .contains("no drain file: took operator drains from backend_health_map"),
+        "{}",
+        rd.log_text()
+    );
+    assert_eq!(
+        drain_file(&rd.home),
+        Some([(None, s(&t[0]))].into()),
+        "the drain taken from the maps, written to the file"
+    );
+    assert_eq!(
+        drained_in_api(&rd),
+        [pair(&n1, &t[0]), pair(&n2, &t[0])].into(),
+        "b1 drained for every VIP, b2's drain for one VIP not taken"
+    );
+    let img = map_image(&pins);
+    assert_eq!(health_in_maps(&img, t[0]), [Health::Draining]);
+    assert!(slots_of(&img, vip1, t[1]) > 0, "b2 has its slots again");
+
+    // 2. The file is written before the maps: with the state directory
+    //    read-only, drains and undrains are refused and change nothing.
+    rd.ctl_ok(&["drain", &s(&t[2]), "--vip", &n2]);
+    let want_file = drain_file(&rd.home);
+    let want_api = drained_in_api(&rd);
+    let img = map_image(&pins);
+    assert_eq!(slots_of(&img, vip2, t[2]), 0, "b3 drained for {n2}");
+    {
+        let _ro = ReadOnly::new(&rd.home.state_dir());
+        for (args, what) in [
+            (vec!["drain", &s(&t[1])], "a drain for every VIP"),
+            (
+                vec!["drain", &s(&t[1]), "--vip", &n2],
+                "a drain for one VIP",
+            ),
+            (vec!["undrain", &s(&t[0])], "an undrain for every VIP"),
+            (
+                vec!["undrain", &s(&t[2]), "--vip", &n2],
+                "an undrain for one VIP",
+            ),
+        ] {
+            let out = rd.ctl(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{what} refused: {err}");
+            assert!(
+                err.contains("saving the drain") && err.contains("drains.json"),
+                "{what}: the refusal names the drain file: {err}"
+            );
+            assert_eq!(map_image(&pins), img, "{what}: the maps unchanged");
+            assert_eq!(
+                drained_in_api(&rd),
+                want_api,
+                "{what}: the drains unchanged"
+            );
+            assert_eq!(
+                drain_file(&rd.home),
+                want_file,
+                "{what}: the file unchanged"
+            );
+        }
+    }
+    // Writable again: the same undrain goes through.
+    rd.ctl_ok(&["undrain", &s(&t[2]), "--vip", &n2]);
+    assert!(slots_of(&map_image(&pins), vip2, t[2]) > 0, "b3 undrained");
+    rd.ctl_ok(&["drain", &s(&t[2]), "--vip", &n2]);
+    assert!(rd.stop().success());
+
+    // 3. `rivorad -cleanup` removes the maps, not the drains: the next
+    //    start writes them into the new maps.
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", ns.path()))
+        .arg(common::rivorad::rivorad_bin())
+        .args(["-cleanup", "-pin-dir"])
+        .arg(&pins)
+        .output()
+        .expect("running rivorad -cleanup");
+    assert!(
+        out.status.success(),
+        "rivorad -cleanup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!pins.exists(), "pins left after -cleanup");
+    assert_eq!(drain_file(&rd.home), want_file, "the file after -cleanup");
+    rd.restart(&[]);
+    assert_eq!(
+        drained_in_api(&rd),
+        want_api,
+        "drains after -cleanup and a start"
+    );
+    let img = map_image(&pins);
+    assert_eq!(
+        health_in_maps(&img, t[0]),
+        [Health::Draining],
+        "b1 in new maps"
+    );
+    assert_eq!(
+        slots_of(&img, vip2, t[2]),
+        0,
+        "b3 drained for {n2} in new maps"
+    );
+    assert!(slots_of(&img, vip1, t[2]) > 0, "b3 serves {n1}");
+    assert!(rd.stop().success());
+
+    // 4. The file is the operator's last word: a drain the maps hold but
+    //    the file no longer names (an undrain whose map write was lost)
+    //    is undone at the next start.
+    fs::write(
+        rd.home.state_dir().join("drains.json"),
+        "{ \"format\": 1, \"drains\": [] }\n",
+    )
+    .expect("writing an empty drain file");
+    rd.restart(&[]);
+    assert!(drained_in_api(&rd).is_empty(), "no drains after the start");
+    let img = map_image(&pins);
+    assert_eq!(
+        health_in_maps(&img, t[0]),
+        [Health::Healthy],
+        "b1 undrained"
+    );
+    assert!(slots_of(&img, vip2, t[2]) > 0, "b3 serves {n2} again");
+    assert!(rd.stop().success());
+    rd.home.assert_no_leftovers(&ns);
 }
