@@ -1,30 +1,42 @@
 //! Restarts and upgrades under traffic, with the real rivorad binary run
-//! inside the node namespace of a lab (see `common::topology`: NAT and
-//! DSR VIPs side by side, IPv4 only).
+//! inside the node namespace of a lab (see `common::topology`: NAT, DSR
+//! and L3 DSR VIPs side by side, IPv4 and IPv6).
 //!
-//! `restart_under_traffic_keeps_every_flow`: 64 long-lived TCP
-//! connections (32 through a NAT VIP, 32 through a DSR VIP), each sending
-//! a numbered message every 50 ms and reading its echo, and a numbered UDP
-//! stream of 2,000 datagrams/s (8 flows, 4 per VIP), while rivorad (with
-//! -persist-datapath) is SIGKILLed, started again, stopped with SIGTERM,
-//! upgraded to a build whose XDP program differs (`-DRV_BUILD_VARIANT`),
-//! SIGKILLed again, and started with a changed file (a VIP removed, one
-//! added). Asserted: no TCP connection sees a reset, a timeout or a wrong
-//! echo; every connection and every UDP flow stays on one backend; every
-//! UDP datagram sent reached a backend (by sequence number, per flow);
-//! the service and backend ids of every VIP that stayed are unchanged;
-//! the removed VIP was pruned, the added one got a service id no adopted
-//! VIP held; the program behind the pinned XDP link changed at every
-//! start (and its tag with the variant); a backend down before the
-//! restarts was never seen healthy in the maps (sampled every 2 ms), and
-//! operator drains (one for every VIP, one for a single VIP) survived.
-//! Then `rivorad -cleanup` detaches and removes every pin.
+//! The traffic ([`Client`]), per lane (each mode over each family: one TCP
+//! and one UDP VIP on port 80): 8 long-lived TCP connections, each sending
+//! a numbered message every 50 ms and reading its echo, and 4 numbered UDP
+//! flows at 400 datagrams/s. At the end of a window ([`Client::finish`]):
+//! no TCP connection saw a reset, a timeout or a wrong echo; every
+//! connection and every UDP flow stayed on one backend; every UDP datagram
+//! sent reached a backend (by sequence number, per flow).
+//!
+//! `restart_under_traffic_keeps_every_flow`: under one window, rivorad
+//! (with -persist-datapath) is SIGKILLed, started again, stopped with
+//! SIGTERM, upgraded to a build whose XDP program differs
+//! (`-DRV_BUILD_VARIANT`), SIGKILLed again, and started with a changed file
+//! (a VIP removed, one added). Also asserted: the service and backend ids
+//! of every VIP that stayed are unchanged; the removed VIP was pruned, the
+//! added one got a service id no adopted VIP held; the program behind the
+//! pinned XDP link changed at every start (and its tag with the variant);
+//! a backend down before the restarts was never seen healthy in the maps
+//! (sampled every 2 ms), and operator drains (one for every VIP, one for a
+//! single VIP) survived. Then `rivorad -cleanup` detaches and removes
+//! every pin.
 //!
 //! `without_persist_clean_exit_detaches_and_start_adopts`: without
 //! -persist-datapath a SIGTERM detaches (XDP and TCX gone) and leaves the
-//! maps pinned, and the next start adopts them (same ids). Starting without
-//! the flag over pinned links takes them over and unpins them. A pinned
-//! link whose interface was deleted and recreated is replaced.
+//! maps pinned, and the next start adopts them (same ids). A SIGKILL
+//! detaches too (nothing pinned the links: they go with the process), and
+//! the next start adopts the maps and attaches: a new window of traffic
+//! flows without a loss. Starting without the flag over pinned links takes
+//! them over under a window of traffic (no loss: no gap), swaps its own
+//! program in behind them and unpins them. A pinned link whose interface
+//! was deleted and recreated is replaced.
+//!
+//! `xdp_modes_generic_and_auto`: `xdpMode: generic` and `auto` on the
+//! veth attach, the API and the kernel agree on the mode used (generic;
+//! native for auto, veth has a driver mode), and a window of traffic
+//! through every lane loses nothing.
 //!
 //! `incompatible_pins_refuse_to_start_and_touch_nothing`: another layout
 //! version in meta_map, another -maglev-size and another -flow-table-size
@@ -43,6 +55,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,22 +63,106 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use common::netns::Netns;
 use common::rivorad::{attached, link_prog, rivorad_bin, Home, Rivorad, READY};
-use common::topology::{Mode, Topology};
-use common::traffic::{long_lived, tcp_once, udp_streams, wait_until, ConnResult, Servers};
+use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
+use common::traffic::{
+    long_lived, tcp_once, udp_streams, wait_for, wait_until, ConnResult, Servers,
+};
 use rivora::abi;
 use rivora::dataplane::adopt::adopt;
+use rivora::dataplane::attach::ifindex;
 use rivora::dataplane::render::Health;
 use rivora::dataplane::{MapStore, Maps};
 use rivora::model::{Ports, Protocol, VipKey};
 
-const TCP_CONNS_PER_VIP: usize = 32;
+const TCP_CONNS_PER_VIP: usize = 8;
 const UDP_FLOWS_PER_VIP: usize = 4;
-/// Datagrams per second per VIP (2,000/s in all).
-const UDP_RATE_PER_VIP: u64 = 1_000;
+/// Datagrams per second per UDP VIP (2,400/s over the six lanes).
+const UDP_RATE_PER_VIP: u64 = 400;
 const TCP_INTERVAL: Duration = Duration::from_millis(50);
 /// A reply later than this is a failure (a gap would show here first).
 const TCP_REPLY_TIMEOUT: Duration = Duration::from_secs(3);
+/// Echoes every connection must have had by the end of a window: it ran
+/// through the window, not only at its start.
+const MIN_ECHOES: u64 = 5;
+/// What "traffic flows" waits for, per lane: this many more echoes (twice
+/// MIN_ECHOES rounds of every connection: about half a second) and
+/// datagrams.
+const FLOWING_ECHOES: u64 = 2 * MIN_ECHOES * TCP_CONNS_PER_VIP as u64;
+const FLOWING_DATAGRAMS: u64 = 100;
+/// Bound on any wait for traffic: far above the few hundred milliseconds
+/// it takes, so that only a stall fails it.
+const TRAFFIC_WAIT: Duration = Duration::from_secs(10);
+/// Ports on the backends: NAT VIPs translate to NAT_BACKEND_PORT, the
+/// added VIP to ADDED_PORT, the health VIP to HC_PORT; DSR and L3 DSR
+/// keep the VIP's port.
+const ADDED_PORT: u16 = 8081;
+const HC_PORT: u16 = 9090;
+
+/// One mode over one family: a TCP and a UDP VIP on `VIP_PORT` at
+/// `vip(last)` or `vip6_at(last)` (the lab puts NAT, DSR and L3 DSR at 1,
+/// 2 and 3).
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    mode: &'static str,
+    v6: bool,
+    last: u8,
+}
+
+const LANES: [Lane; 6] = [
+    Lane {
+        mode: "nat",
+        v6: false,
+        last: 1,
+    },
+    Lane {
+        mode: "nat",
+        v6: true,
+        last: 1,
+    },
+    Lane {
+        mode: "dsr",
+        v6: false,
+        last: 2,
+    },
+    Lane {
+        mode: "dsr",
+        v6: true,
+        last: 2,
+    },
+    Lane {
+        mode: "l3dsr",
+        v6: false,
+        last: 3,
+    },
+    Lane {
+        mode: "l3dsr",
+        v6: true,
+        last: 3,
+    },
+];
+
+impl Lane {
+    fn name(&self) -> String {
+        format!("{}{}", self.mode, if self.v6 { 6 } else { 4 })
+    }
+
+    fn addr(&self, lab: &Topology) -> IpAddr {
+        if self.v6 {
+            IpAddr::V6(lab.vip6_at(u16::from(self.last)))
+        } else {
+            IpAddr::V4(lab.vip(self.last))
+        }
+    }
+
+    fn vip(&self, lab: &Topology) -> SocketAddr {
+        SocketAddr::new(self.addr(lab), VIP_PORT)
+    }
+}
+
+/// Every VIP of the file: the lanes' TCP and UDP VIPs and the health VIP.
+const VIPS: usize = 2 * LANES.len() + 1;
 
 /// The variant build of rivorad: prebuilt (RIVORA_VARIANT_RIVORAD) or
 /// built once here.
@@ -97,9 +194,9 @@ fn variant_bin() -> PathBuf {
     .clone()
 }
 
-fn vip_key(addr: Ipv4Addr, port: u16, proto: Protocol) -> VipKey {
+fn vip_key(addr: IpAddr, port: u16, proto: Protocol) -> VipKey {
     VipKey {
-        addr: IpAddr::V4(addr),
+        addr,
         ports: Ports::One(port),
         proto,
     }
@@ -130,35 +227,84 @@ fn backend_health(maps: &Maps, addr: Ipv4Addr, port: u16) -> Option<(u32, Health
     Some((*id, img.health.get(id).copied().unwrap_or(Health::Down)))
 }
 
-/// The lab: NAT and DSR VIPs side by side (`vip(1)` NAT, `vip(2)` DSR,
-/// `vip(3)` the health VIP), IPv4 only.
+/// The id of the program attached at XDP on `dev` in `ns` (0: none), as
+/// the kernel reports it: a link that is no longer pinned is still seen.
+fn xdp_prog_on(ns: &Netns, dev: &'static str) -> u32 {
+    ns.run(move || {
+        let idx = ifindex(dev).expect("interface in the namespace");
+        let mut id = 0u32;
+        // SAFETY: plain query with a valid out pointer.
+        let rc = unsafe { libbpf_sys::bpf_xdp_query_id(idx as i32, 0, &mut id) };
+        assert_eq!(rc, 0, "bpf_xdp_query_id on {dev}: {rc}");
+        id
+    })
+}
+
+/// The mode the kernel says XDP on `dev` in `ns` is attached in.
+fn kernel_xdp_mode(ns: &Netns, dev: &'static str) -> &'static str {
+    ns.run(move || {
+        let idx = ifindex(dev).expect("interface in the namespace");
+        // SAFETY: zeroed opts with sz set is libbpf's convention.
+        let mut opts: libbpf_sys::bpf_xdp_query_opts = unsafe { std::mem::zeroed() };
+        opts.sz = std::mem::size_of::<libbpf_sys::bpf_xdp_query_opts>() as _;
+        // SAFETY: valid opts; the return is 0 or -errno.
+        let rc = unsafe { libbpf_sys::bpf_xdp_query(idx as i32, 0, &mut opts) };
+        assert_eq!(rc, 0, "bpf_xdp_query on {dev}: {rc}");
+        match u32::from(opts.attach_mode) {
+            libbpf_sys::XDP_ATTACHED_DRV => "native",
+            libbpf_sys::XDP_ATTACHED_SKB => "generic",
+            libbpf_sys::XDP_ATTACHED_NONE => "none",
+            _ => "other",
+        }
+    })
+}
+
+/// The lab: NAT, DSR and L3 DSR VIPs side by side, both families.
 fn lab() -> Topology {
-    Topology::builder(Mode::Nat)
-        .ipv4_only()
-        .dsr_vip_beside_nat()
-        .build()
+    Topology::builder(Mode::Nat).dsr_vips_beside_nat().build()
+}
+
+/// An address as the YAML file writes it (IPv6 quoted).
+fn yaml_addr(a: IpAddr) -> String {
+    match a {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => format!("\"{a}\""),
+    }
 }
 
 struct Cfg<'a> {
     lab: &'a Topology,
     socket: PathBuf,
+    xdp_mode: &'static str,
     /// The VIP removed while rivorad is down.
     doomed: bool,
     /// The VIP added while rivorad is down.
     added: bool,
 }
 
-impl Cfg<'_> {
+impl<'a> Cfg<'a> {
+    fn new(lab: &'a Topology, home: &Home) -> Self {
+        Self {
+            lab,
+            socket: home.socket(),
+            xdp_mode: "native",
+            doomed: false,
+            added: false,
+        }
+    }
+
     fn write(&self, path: &Path) {
         let lab = self.lab;
-        let nat = lab.vip(1);
-        let dsr = lab.vip(2);
-        let hc = lab.vip(3);
-        let be = |port: Option<u16>, mac: bool| -> String {
+        let be = |v6: bool, port: Option<u16>, mac: bool| -> String {
             lab.backends
                 .iter()
                 .map(|b| {
-                    let mut s = format!("      - {{ address: {}", b.v4);
+                    let a = if v6 {
+                        IpAddr::V6(b.v6)
+                    } else {
+                        IpAddr::V4(b.v4)
+                    };
+                    let mut s = format!("      - {{ address: {}", yaml_addr(a));
                     if let Some(p) = port {
                         s += &format!(", port: {p}");
                     }
@@ -169,36 +315,49 @@ impl Cfg<'_> {
                 })
                 .collect()
         };
+        let vip = |name: &str, addr: IpAddr, port: u16, proto: &str, mode: &str| {
+            format!(
+                "  - name: {name}\n    address: {}\n    port: {port}\n    protocol: {proto}\n    \
+                 mode: {mode}\n",
+                yaml_addr(addr)
+            )
+        };
         let mut y = format!(
-            "interfaces:\n  - name: n0\n    xdpMode: native\napi:\n  socket: {sock}\nvips:\n",
-            sock = self.socket.display()
+            "interfaces:\n  - name: n0\n    xdpMode: {}\n\
+             node:\n  tunnelSource: {{ ipv4: {}, ipv6: \"{}\" }}\n\
+             api:\n  socket: {}\nvips:\n",
+            self.xdp_mode,
+            lab.node_v4,
+            lab.node_v6,
+            self.socket.display()
         );
-        for proto in ["tcp", "udp"] {
-            y += &format!(
-                "  - name: nat-{proto}\n    address: {nat}\n    port: 80\n    protocol: {proto}\n    mode: nat\n    healthCheck: false\n    backends:\n{}",
-                be(Some(8080), false)
-            );
-            y += &format!(
-                "  - name: dsr-{proto}\n    address: {dsr}\n    port: 80\n    protocol: {proto}\n    mode: dsr\n    healthCheck: false\n    backends:\n{}",
-                be(None, true)
-            );
+        for lane in LANES {
+            let (port, mac) = match lane.mode {
+                "nat" => (Some(NAT_BACKEND_PORT), false),
+                "dsr" => (None, true),
+                _ => (None, false),
+            };
+            for proto in ["tcp", "udp"] {
+                let name = format!("{}-{proto}", lane.name());
+                y += &vip(&name, lane.addr(lab), VIP_PORT, proto, lane.mode);
+                y += "    healthCheck: false\n    backends:\n";
+                y += &be(lane.v6, port, mac);
+            }
         }
-        y += &format!(
-            "  - name: hc\n    address: {hc}\n    port: 90\n    protocol: tcp\n    mode: nat\n    \
-             healthCheck: {{ type: tcp, interval: 200ms, timeout: 150ms, rise: 2, fall: 1 }}\n    backends:\n{}",
-            be(Some(9090), false)
-        );
+        y += &vip("hc", IpAddr::V4(lab.vip(4)), 90, "tcp", "nat");
+        y += "    healthCheck: { type: tcp, interval: 200ms, timeout: 150ms, rise: 2, fall: 1 }\n    \
+              backends:\n";
+        y += &be(false, Some(HC_PORT), false);
+        let v1 = IpAddr::V4(lab.vip(1));
         if self.doomed {
-            y += &format!(
-                "  - name: doomed\n    address: {nat}\n    port: 443\n    protocol: tcp\n    mode: nat\n    healthCheck: false\n    backends:\n{}",
-                be(Some(8443), false)
-            );
+            y += &vip("doomed", v1, 443, "tcp", "nat");
+            y += "    healthCheck: false\n    backends:\n";
+            y += &be(false, Some(8443), false);
         }
         if self.added {
-            y += &format!(
-                "  - name: added\n    address: {nat}\n    port: 81\n    protocol: tcp\n    mode: nat\n    healthCheck: false\n    backends:\n{}",
-                be(Some(8081), false)
-            );
+            y += &vip("added", v1, 81, "tcp", "nat");
+            y += "    healthCheck: false\n    backends:\n";
+            y += &be(false, Some(ADDED_PORT), false);
         }
         std::fs::write(path, y).expect("writing the config");
     }
@@ -222,31 +381,44 @@ fn run(rd: &mut Rivorad, bin: &Path, persist: bool, extra: &[&str]) {
 
 // ---- backends' servers and the client ---------------------------------
 
+/// Dual-stack servers on every backend: TCP lines on the NAT port, the
+/// added VIP's port and the VIP port (DSR, L3 DSR); the health VIP's port
+/// everywhere but on b2, which its probe finds down; UDP sinks on the NAT
+/// port and the VIP port.
 fn start_servers(lab: &Topology) -> Servers {
+    let any = |port| SocketAddr::from(([0u16; 8], port));
     let mut s = Servers::new();
     for (i, b) in lab.backends.iter().enumerate() {
-        // NAT on 8080 (and the added VIP's 8081), DSR on 80; the health
-        // VIP's 9090 everywhere but on b2, which its probe finds down.
-        let mut tcp_ports = vec![8080u16, 8081, 80];
+        let mut tcp_ports = vec![NAT_BACKEND_PORT, ADDED_PORT, VIP_PORT];
         if i != 1 {
-            tcp_ports.push(9090);
+            tcp_ports.push(HC_PORT);
         }
         for port in tcp_ports {
-            s.tcp(&b.ns, &b.name, SocketAddr::from(([0, 0, 0, 0], port)));
+            s.tcp(&b.ns, &b.name, any(port));
         }
-        for port in [8080u16, 80] {
-            s.udp_sink(&b.ns, &b.name, SocketAddr::from(([0, 0, 0, 0], port)));
+        for port in [NAT_BACKEND_PORT, VIP_PORT] {
+            s.udp_sink(&b.ns, &b.name, any(port));
         }
     }
     s
 }
 
+/// One window of traffic through every lane; see the module doc.
 struct Client {
     stop: Arc<AtomicBool>,
-    tcp: Vec<JoinHandle<ConnResult>>,
-    udp: Vec<JoinHandle<Vec<u64>>>,
-    echoed: Arc<AtomicU64>,
-    udp_sent: Arc<AtomicU64>,
+    /// (lane, first answer's backend, the connection).
+    tcp: Vec<(
+        usize,
+        std::sync::mpsc::Receiver<String>,
+        JoinHandle<ConnResult>,
+    )>,
+    /// (lane, the lane's UDP flows).
+    udp: Vec<(usize, JoinHandle<Vec<u64>>)>,
+    /// Echoes per lane.
+    echoed: Vec<Arc<AtomicU64>>,
+    /// UDP flow ids start here (lane i's follow lane i - 1's): each
+    /// window in a test its own, as the servers' log is shared.
+    first_flow: u32,
 }
 
 impl Drop for Client {
@@ -255,62 +427,195 @@ impl Drop for Client {
     }
 }
 
-fn start_client(lab: &Topology) -> Client {
-    let stop = Arc::new(AtomicBool::new(false));
-    let echoed = Arc::new(AtomicU64::new(0));
-    let udp_sent = Arc::new(AtomicU64::new(0));
-    let mut tcp = Vec::new();
-    for vip in [lab.vip(1), lab.vip(2)] {
-        for _ in 0..TCP_CONNS_PER_VIP {
-            let ll = long_lived(
-                &lab.client,
-                SocketAddr::from((vip, 80)),
-                TCP_INTERVAL,
-                TCP_REPLY_TIMEOUT,
-                stop.clone(),
-                echoed.clone(),
-            );
-            tcp.push(ll.handle);
+impl Client {
+    /// Start the window and wait until every connection had its first
+    /// answer.
+    fn start(lab: &Topology, first_flow: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut c = Client {
+            stop: stop.clone(),
+            tcp: Vec::new(),
+            udp: Vec::new(),
+            echoed: Vec::new(),
+            first_flow,
+        };
+        for (i, lane) in LANES.iter().enumerate() {
+            let echoed = Arc::new(AtomicU64::new(0));
+            for _ in 0..TCP_CONNS_PER_VIP {
+                let ll = long_lived(
+                    &lab.client,
+                    lane.vip(lab),
+                    TCP_INTERVAL,
+                    TCP_REPLY_TIMEOUT,
+                    stop.clone(),
+                    echoed.clone(),
+                );
+                c.tcp.push((i, ll.first, ll.handle));
+            }
+            c.echoed.push(echoed);
+            let flows = c.flows(i);
+            c.udp.push((
+                i,
+                udp_streams(
+                    &lab.client,
+                    lane.vip(lab),
+                    flows.start,
+                    UDP_FLOWS_PER_VIP,
+                    UDP_RATE_PER_VIP,
+                    stop.clone(),
+                    Arc::new(AtomicU64::new(0)),
+                ),
+            ));
+        }
+        for (i, first, _) in &c.tcp {
+            if let Err(e) = first.recv_timeout(TRAFFIC_WAIT) {
+                panic!("a {} connection had no first answer: {e}", LANES[*i].name());
+            }
+        }
+        c
+    }
+
+    fn flows(&self, lane: usize) -> Range<u32> {
+        let n = UDP_FLOWS_PER_VIP as u32;
+        let start = self.first_flow + lane as u32 * n;
+        start..start + n
+    }
+
+    /// Per lane: (echoes, datagrams the sinks have seen up to).
+    fn progress(&self, servers: &Servers) -> Vec<(u64, u64)> {
+        let log = servers.udp_log.lock().expect("udp log");
+        (0..LANES.len())
+            .map(|i| {
+                let udp = self
+                    .flows(i)
+                    .map(|f| log.flows.get(&f).map_or(0, |(_, seen)| seen.len() as u64))
+                    .sum();
+                (self.echoed[i].load(Ordering::Relaxed), udp)
+            })
+            .collect()
+    }
+
+    /// Traffic keeps flowing: every lane's echoes and datagrams grow.
+    fn assert_flowing(&self, servers: &Servers, when: &str) {
+        let p0 = self.progress(servers);
+        let grew = wait_for(TRAFFIC_WAIT, Duration::from_millis(20), || {
+            let p = self.progress(servers);
+            p.iter()
+                .zip(&p0)
+                .all(|(now, then)| {
+                    now.0 >= then.0 + FLOWING_ECHOES && now.1 >= then.1 + FLOWING_DATAGRAMS
+                })
+                .then_some(())
+        });
+        if grew.is_none() {
+            let p = self.progress(servers);
+            let stalled: Vec<String> = LANES
+                .iter()
+                .zip(p.iter().zip(&p0))
+                .map(|(l, (now, then))| format!("{}: {then:?} -> {now:?}", l.name()))
+                .collect();
+            panic!("{when}: traffic stalled (echoes, datagrams per lane): {stalled:?}");
         }
     }
-    let mut udp = Vec::new();
-    for (i, vip) in [lab.vip(1), lab.vip(2)].into_iter().enumerate() {
-        udp.push(udp_streams(
-            &lab.client,
-            SocketAddr::from((vip, 80)),
-            (i * UDP_FLOWS_PER_VIP) as u32,
-            UDP_FLOWS_PER_VIP,
-            UDP_RATE_PER_VIP,
-            stop.clone(),
-            udp_sent.clone(),
-        ));
-    }
-    Client {
-        stop,
-        tcp,
-        udp,
-        echoed,
-        udp_sent,
-    }
-}
 
-/// Traffic keeps flowing: both counters grow within a second.
-fn assert_flowing(c: &Client, servers: &Servers, when: &str) {
-    let (e0, u0) = (
-        c.echoed.load(Ordering::Relaxed),
-        servers.udp_log.lock().expect("udp log").total,
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let (e1, u1) = (
-        c.echoed.load(Ordering::Relaxed),
-        servers.udp_log.lock().expect("udp log").total,
-    );
-    assert!(e1 > e0 + 100, "{when}: TCP echoes stalled ({e0} -> {e1})");
-    assert!(u1 > u0 + 500, "{when}: UDP arrivals stalled ({u0} -> {u1})");
+    /// End the window and check it: no TCP error, every connection and
+    /// UDP flow on one backend, every datagram arrived. Every connection
+    /// must have had `MIN_ECHOES`: the caller lets the window run.
+    fn finish(mut self, servers: &Servers, when: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut conns = Vec::new();
+        for (i, _, h) in std::mem::take(&mut self.tcp) {
+            conns.push((i, h.join().expect("tcp client thread")));
+        }
+        // (flow id, lane, datagrams sent)
+        let mut sent = Vec::new();
+        for (i, h) in std::mem::take(&mut self.udp) {
+            let per_flow = h.join().expect("udp client thread");
+            sent.extend(self.flows(i).zip(per_flow).map(|(f, n)| (f, i, n)));
+        }
+        let errors: Vec<String> = conns
+            .iter()
+            .filter_map(|(i, c)| {
+                c.error
+                    .as_ref()
+                    .map(|e| format!("{} {}: {e}", LANES[*i].name(), c.vip))
+            })
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{when}: TCP connections failed: {errors:?}"
+        );
+        for (i, c) in &conns {
+            let lane = LANES[*i].name();
+            assert_eq!(
+                c.backends.len(),
+                1,
+                "{when}: a {lane} connection moved: {c:?}"
+            );
+            assert!(
+                c.echoed >= MIN_ECHOES,
+                "{when}: a {lane} connection barely ran: {c:?}"
+            );
+        }
+        // The last datagrams may still be on their way: wait for them
+        // (bounded), then count what is missing.
+        let missing = |log: &common::traffic::UdpLog| -> Vec<(u32, usize, u64, Vec<usize>)> {
+            sent.iter()
+                .map(|&(f, i, n)| {
+                    let seen = log.flows.get(&f).map(|(_, s)| s.as_slice()).unwrap_or(&[]);
+                    let gone: Vec<usize> = (0..n as usize)
+                        .filter(|&s| !seen.get(s).copied().unwrap_or(false))
+                        .collect();
+                    (f, i, n, gone)
+                })
+                .filter(|(.., gone)| !gone.is_empty())
+                .collect()
+        };
+        let _ = wait_for(Duration::from_secs(3), Duration::from_millis(20), || {
+            missing(&servers.udp_log.lock().expect("udp log"))
+                .is_empty()
+                .then_some(())
+        });
+        let log = servers.udp_log.lock().expect("udp log");
+        for &(f, i, n) in &sent {
+            let lane = LANES[i].name();
+            assert!(n > 0, "{when}: {lane} UDP flow {f} sent nothing");
+            let (backends, _) = log
+                .flows
+                .get(&f)
+                .unwrap_or_else(|| panic!("{when}: {lane} UDP flow {f} never arrived"));
+            assert_eq!(
+                backends.len(),
+                1,
+                "{when}: {lane} UDP flow {f} moved: {backends:?}"
+            );
+        }
+        let lost = missing(&log);
+        let report: Vec<String> = lost
+            .iter()
+            .map(|(f, i, n, gone)| {
+                format!(
+                    "{} flow {f}: {} of {n} missing, first {:?}",
+                    LANES[*i].name(),
+                    gone.len(),
+                    &gone[..gone.len().min(10)]
+                )
+            })
+            .collect();
+        eprintln!(
+            "{when}: {} TCP connections, {} echoes; {} UDP datagrams sent, {} lost",
+            conns.len(),
+            conns.iter().map(|(_, c)| c.echoed).sum::<u64>(),
+            sent.iter().map(|s| s.2).sum::<u64>(),
+            lost.iter().map(|l| l.3.len()).sum::<usize>()
+        );
+        assert!(report.is_empty(), "{when}: UDP datagrams lost: {report:?}");
+    }
 }
 
 /// Samples a backend's health in the maps until stopped; returns every
-/// state seen.
+/// state seen. Two lookups per sample (its backend entry, its health), not
+/// a read of every map: the sampler must not starve what it watches.
 fn sample_health(
     pin_dir: PathBuf,
     addr: Ipv4Addr,
@@ -319,9 +624,26 @@ fn sample_health(
 ) -> JoinHandle<BTreeMap<&'static str, u64>> {
     std::thread::spawn(move || {
         let maps = Maps::open(&pin_dir).expect("opening the maps");
+        let (id, _) = backend_health(&maps, addr, port).expect("the sampled backend in the maps");
         let mut seen = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
-            let h = backend_health(&maps, addr, port).map_or("absent", |(_, h)| h.name());
+            let entry = maps
+                .backend_map
+                .get::<u32, abi::rv_backend>(&id)
+                .ok()
+                .flatten()
+                .filter(|b| {
+                    abi::ipv4_from_be32(b.addr) == addr && abi::port_from_be16(b.port) == port
+                });
+            let h = match entry {
+                None => "absent",
+                Some(_) => maps
+                    .backend_health_map
+                    .get::<u32, abi::rv_backend_health>(&id)
+                    .ok()
+                    .flatten()
+                    .map_or("absent", |h| Health::from_raw(h.state).name()),
+            };
             *seen.entry(h).or_insert(0) += 1;
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -338,10 +660,8 @@ fn restart_under_traffic_keeps_every_flow() {
     let cfg = d.home.config();
     let pins = d.home.pin_dir().to_path_buf();
     Cfg {
-        lab: &lab,
-        socket: d.home.socket(),
         doomed: true,
-        added: false,
+        ..Cfg::new(&lab, &d.home)
     }
     .write(&cfg);
     let servers = start_servers(&lab);
@@ -352,40 +672,39 @@ fn restart_under_traffic_keeps_every_flow() {
     run(&mut d, &rivorad_bin(), true, &[]);
     let (prog1, tag1) = link_prog(&xdp_pin).expect("a pinned XDP link after the first start");
 
-    // The health VIP: b2 has no listener on 9090, its probe takes it down.
+    // The health VIP: b2 has no listener on its port, its probe takes it
+    // down.
     let maps = Maps::open(&pins).expect("maps");
-    wait_until("b2:9090 down", Duration::from_secs(10), || {
-        matches!(backend_health(&maps, b(1), 9090), Some((_, Health::Down)))
+    wait_until("b2 down", Duration::from_secs(10), || {
+        matches!(
+            backend_health(&maps, b(1), HC_PORT),
+            Some((_, Health::Down))
+        )
     });
-    // Operator drains: b3:9090 everywhere, b1:9090 for the health VIP only.
-    let hc_vip = format!("tcp/{}:90", lab.vip(3));
-    d.ctl_ok(&["drain", &format!("{}:9090", b(2))]);
-    d.ctl_ok(&["drain", &format!("{}:9090", b(0)), "--vip", &hc_vip]);
+    // Operator drains: b3 everywhere, b1 for the health VIP only.
+    let hc_vip = format!("tcp/{}:90", lab.vip(4));
+    d.ctl_ok(&["drain", &format!("{}:{HC_PORT}", b(2))]);
+    d.ctl_ok(&["drain", &format!("{}:{HC_PORT}", b(0)), "--vip", &hc_vip]);
     assert!(matches!(
-        backend_health(&maps, b(2), 9090),
+        backend_health(&maps, b(2), HC_PORT),
         Some((_, Health::Draining))
     ));
 
-    let mut client = start_client(&lab);
-    wait_until(
-        "every TCP connection to echo",
-        Duration::from_secs(10),
-        || client.echoed.load(Ordering::Relaxed) >= (2 * TCP_CONNS_PER_VIP) as u64 * 3,
-    );
-    assert_flowing(&client, &servers, "first start");
+    let client = Client::start(&lab, 0);
+    client.assert_flowing(&servers, "first start");
     let before = ids_in_maps(&pins);
-    let doomed = vip_key(lab.vip(1), 443, Protocol::Tcp);
+    let doomed = vip_key(IpAddr::V4(lab.vip(1)), 443, Protocol::Tcp);
     assert!(before.contains_key(&doomed), "doomed VIP programmed");
-    assert_eq!(before.len(), 6, "six VIPs in the maps: {before:?}");
+    assert_eq!(before.len(), VIPS + 1, "every VIP in the maps: {before:?}");
 
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    let down_sampler = sample_health(pins.clone(), b(1), 9090, sampler_stop.clone());
-    let drain_sampler = sample_health(pins.clone(), b(2), 9090, sampler_stop.clone());
+    let down_sampler = sample_health(pins.clone(), b(1), HC_PORT, sampler_stop.clone());
+    let drain_sampler = sample_health(pins.clone(), b(2), HC_PORT, sampler_stop.clone());
 
     // 2. SIGKILL: the datapath keeps forwarding with nobody home.
     let st = d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert!(!st.success());
-    assert_flowing(&client, &servers, "rivorad SIGKILLed");
+    client.assert_flowing(&servers, "rivorad SIGKILLed");
 
     // 3. Start again (same build): adopts, swaps the program in place.
     run(&mut d, &rivorad_bin(), true, &[]);
@@ -394,7 +713,7 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_eq!(tag2, tag1, "same build, same instructions");
     assert!(d.log_text().contains("took over the pinned link"));
     assert_eq!(ids_in_maps(&pins), before, "ids after SIGKILL + start");
-    assert_flowing(&client, &servers, "after the second start");
+    client.assert_flowing(&servers, "after the second start");
 
     // 4. SIGTERM with -persist-datapath detaches nothing.
     let st = d.stop_with(libc::SIGTERM, Duration::from_secs(10));
@@ -404,7 +723,7 @@ fn restart_under_traffic_keeps_every_flow() {
         (true, 1),
         "still attached after SIGTERM"
     );
-    assert_flowing(&client, &servers, "rivorad stopped with SIGTERM");
+    client.assert_flowing(&servers, "rivorad stopped with SIGTERM");
 
     // 5. Upgrade to a build whose XDP program differs.
     run(&mut d, &variant, true, &[]);
@@ -412,24 +731,22 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_ne!(prog3, prog2);
     assert_ne!(tag3, tag1, "the variant build runs different instructions");
     assert_eq!(ids_in_maps(&pins), before, "ids after the upgrade");
-    assert_flowing(&client, &servers, "after the upgrade");
+    client.assert_flowing(&servers, "after the upgrade");
 
     // 6. SIGKILL, change the file while rivorad is down (a VIP removed,
     //    one added), start the default build again.
     let st = d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert!(!st.success());
     Cfg {
-        lab: &lab,
-        socket: d.home.socket(),
-        doomed: false,
         added: true,
+        ..Cfg::new(&lab, &d.home)
     }
     .write(&cfg);
     run(&mut d, &rivorad_bin(), true, &[]);
     let (_, tag4) = link_prog(&xdp_pin).expect("pinned XDP link");
     assert_eq!(tag4, tag1, "back on the default build");
     let after = ids_in_maps(&pins);
-    let added = vip_key(lab.vip(1), 81, Protocol::Tcp);
+    let added = vip_key(IpAddr::V4(lab.vip(1)), 81, Protocol::Tcp);
     assert!(!after.contains_key(&doomed), "the removed VIP was pruned");
     let (added_id, _) = after
         .get(&added)
@@ -455,7 +772,7 @@ fn restart_under_traffic_keeps_every_flow() {
         hit.backend.starts_with('b'),
         "echo through the added VIP: {hit:?}"
     );
-    assert_flowing(&client, &servers, "after the config change");
+    client.assert_flowing(&servers, "after the config change");
 
     // Health and drains survived all of it.
     sampler_stop.store(true, Ordering::Relaxed);
@@ -464,12 +781,12 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_eq!(
         down_seen.keys().copied().collect::<Vec<_>>(),
         vec!["down"],
-        "b2:9090 must stay down across the restarts: {down_seen:?}"
+        "b2 must stay down across the restarts: {down_seen:?}"
     );
     assert_eq!(
         drain_seen.keys().copied().collect::<Vec<_>>(),
         vec!["draining"],
-        "b3:9090 must stay drained across the restarts: {drain_seen:?}"
+        "b3 must stay drained across the restarts: {drain_seen:?}"
     );
     let vips: Vec<rivora::api::VipInfo> =
         serde_json::from_str(&d.ctl_ok(&["-o", "json", "vip", "list"])).expect("vip list");
@@ -485,7 +802,7 @@ fn restart_under_traffic_keeps_every_flow() {
         .collect();
     assert_eq!(
         drained,
-        [format!("{}:9090", b(0)), format!("{}:9090", b(2))]
+        [format!("{}:{HC_PORT}", b(0)), format!("{}:{HC_PORT}", b(2))]
             .into_iter()
             .collect(),
         "drains as the API reports them after the restarts"
@@ -493,63 +810,12 @@ fn restart_under_traffic_keeps_every_flow() {
     let b1 = hc
         .backends
         .iter()
-        .find(|x| x.target == SocketAddr::from((b(0), 9090)))
-        .expect("b1:9090 listed");
+        .find(|x| x.target == SocketAddr::from((b(0), HC_PORT)))
+        .expect("b1 listed");
     assert_eq!(b1.weight, 0, "the per-VIP drain is weight 0 again");
 
     // 7. Stop the traffic and count.
-    client.stop.store(true, Ordering::Relaxed);
-    let mut conns = Vec::new();
-    for h in std::mem::take(&mut client.tcp) {
-        conns.push(h.join().expect("tcp client thread"));
-    }
-    let mut sent = Vec::new();
-    for h in std::mem::take(&mut client.udp) {
-        sent.extend(h.join().expect("udp client thread"));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    let errors: Vec<String> = conns
-        .iter()
-        .filter_map(|c| c.error.as_ref().map(|e| format!("{}: {e}", c.vip)))
-        .collect();
-    assert!(errors.is_empty(), "TCP connections failed: {errors:?}");
-    for c in &conns {
-        assert_eq!(c.backends.len(), 1, "a connection moved: {c:?}");
-        assert!(c.echoed >= 20, "a connection barely ran: {c:?}");
-    }
-    let log = servers.udp_log.lock().expect("udp log");
-    let total_sent: u64 = sent.iter().sum();
-    let mut lost = 0u64;
-    for (flow, n) in sent.iter().enumerate() {
-        let (backends, seen) = log
-            .flows
-            .get(&(flow as u32))
-            .unwrap_or_else(|| panic!("UDP flow {flow} never arrived"));
-        assert_eq!(backends.len(), 1, "UDP flow {flow} moved: {backends:?}");
-        let missing: Vec<usize> = (0..*n as usize)
-            .filter(|&s| !seen.get(s).copied().unwrap_or(false))
-            .collect();
-        if !missing.is_empty() {
-            eprintln!(
-                "flow {flow}: {} of {n} missing, first {:?}",
-                missing.len(),
-                &missing[..missing.len().min(10)]
-            );
-        }
-        lost += missing.len() as u64;
-    }
-    eprintln!(
-        "{} TCP connections, {} echoes; {total_sent} UDP datagrams sent, {lost} lost",
-        conns.len(),
-        conns.iter().map(|c| c.echoed).sum::<u64>()
-    );
-    assert_eq!(
-        total_sent,
-        client.udp_sent.load(Ordering::Relaxed),
-        "per-flow and total send counts agree"
-    );
-    assert_eq!(lost, 0, "UDP datagrams lost across the restarts");
-    drop(log);
+    client.finish(&servers, "across the restarts and the upgrade");
 
     // 8. Uninstall: -cleanup detaches and removes every pin.
     let st = d.stop_with(libc::SIGTERM, Duration::from_secs(10));
@@ -557,13 +823,13 @@ fn restart_under_traffic_keeps_every_flow() {
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
     // `rivorad -cleanup` succeeds and removes every pin; the state
     // directory holds nothing else than the drain file.
+    drop(maps);
     d.home.assert_no_leftovers(&lab.node);
     assert_eq!(
         attached(&lab.node, "n0"),
         (false, 0),
         "links detached by -cleanup"
     );
-    drop(maps);
     drop(servers);
 }
 
@@ -613,13 +879,7 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     let mut d = Rivorad::new(&lab.node, Home::new());
     let cfg = d.home.config();
     let pins = d.home.pin_dir().to_path_buf();
-    Cfg {
-        lab: &lab,
-        socket: d.home.socket(),
-        doomed: false,
-        added: false,
-    }
-    .write(&cfg);
+    Cfg::new(&lab, &d.home).write(&cfg);
     run(&mut d, &rivorad_bin(), true, &[]);
     d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     let snap = pin_snapshot(&pins);
@@ -700,19 +960,14 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     let mut d = Rivorad::new(&lab.node, Home::new());
     let cfg = d.home.config();
     let pins = d.home.pin_dir().to_path_buf();
-    Cfg {
-        lab: &lab,
-        socket: d.home.socket(),
-        doomed: false,
-        added: false,
-    }
-    .write(&cfg);
+    Cfg::new(&lab, &d.home).write(&cfg);
+    let servers = start_servers(&lab);
     // Without the flag: a clean exit detaches, the maps stay.
     run(&mut d, &rivorad_bin(), false, &[]);
     assert_eq!(attached(&lab.node, "n0"), (true, 1));
     assert!(!pins.join("links").join("xdp_n0").exists());
     let ids = ids_in_maps(&pins);
-    assert_eq!(ids.len(), 5);
+    assert_eq!(ids.len(), VIPS);
     assert!(d
         .stop_with(libc::SIGTERM, Duration::from_secs(10))
         .success());
@@ -725,21 +980,54 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     // The next start adopts.
     run(&mut d, &rivorad_bin(), false, &[]);
     assert_eq!(ids_in_maps(&pins), ids, "adopted ids");
+
+    // SIGKILL without the flag: nothing pinned the links, so they go with
+    // the process; the maps stay pinned.
+    let gone = Client::start(&lab, 0);
+    gone.assert_flowing(&servers, "before a SIGKILL without persistence");
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    // The kernel releases the links as it closes the dead process's files.
+    wait_until(
+        "the links to go with the SIGKILLed rivorad",
+        Duration::from_secs(5),
+        || attached(&lab.node, "n0") == (false, 0),
+    );
+    assert!(pins.join("vip_map").exists(), "maps stay pinned");
+    // Its flows broke with the datapath: nothing to check but that they
+    // stop.
+    drop(gone);
+    // The next start adopts the maps and attaches; a new window of
+    // traffic flows through every lane without a loss.
+    run(&mut d, &rivorad_bin(), false, &[]);
+    assert_eq!(attached(&lab.node, "n0"), (true, 1), "attached again");
+    assert_eq!(ids_in_maps(&pins), ids, "adopted ids after the SIGKILL");
+    let client = Client::start(&lab, 100);
+    client.assert_flowing(&servers, "after a SIGKILL without persistence");
+    client.finish(&servers, "after a SIGKILL without persistence and a start");
     assert!(d
         .stop_with(libc::SIGTERM, Duration::from_secs(10))
         .success());
 
-    // With the flag, then without: the second start takes the pinned
-    // links over (no gap) and unpins them, so its exit detaches.
+    // With the flag, then without, under traffic: the second start takes
+    // the pinned links over (no gap, so no loss), swaps its own program in
+    // behind them and unpins them, so its exit detaches.
     run(&mut d, &rivorad_bin(), true, &[]);
     let xdp_pin = pins.join("links/xdp_n0");
     let (p1, _) = link_prog(&xdp_pin).expect("pinned link");
+    assert_eq!(
+        xdp_prog_on(&lab.node, "n0"),
+        p1,
+        "the pinned link's program runs"
+    );
+    let client = Client::start(&lab, 200);
+    client.assert_flowing(&servers, "before the takeover");
     d.stop_with(libc::SIGKILL, Duration::from_secs(5));
     assert_eq!(
         attached(&lab.node, "n0"),
         (true, 1),
         "pinned links outlive SIGKILL"
     );
+    client.assert_flowing(&servers, "pinned links, nobody home");
     run(&mut d, &rivorad_bin(), false, &[]);
     assert!(!xdp_pin.exists(), "unpinned by a start without the flag");
     assert!(!pins.join("links/tcx_n0").exists());
@@ -751,11 +1039,17 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     assert!(d
         .log_text()
         .contains("took over a pinned link and unpinned it"));
+    let p2 = xdp_prog_on(&lab.node, "n0");
+    assert!(
+        p2 != 0 && p2 != p1,
+        "the takeover swapped its own program in behind the link: {p1} -> {p2}"
+    );
+    client.assert_flowing(&servers, "after the takeover");
+    client.finish(&servers, "across the takeover of the pinned links");
     assert!(d
         .stop_with(libc::SIGTERM, Duration::from_secs(10))
         .success());
     assert_eq!(attached(&lab.node, "n0"), (false, 0));
-    let _ = p1;
 
     // A stale pinned link: its interface deleted and recreated under the
     // same name while rivorad was down (a second interface, s0, so the
@@ -803,4 +1097,53 @@ fn without_persist_clean_exit_detaches_and_start_adopts() {
     );
     assert!(!pins.join("links/xdp_s0").exists());
     d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    drop(servers);
+}
+
+/// `xdpMode: generic` and `auto` on the lab's veth: the attach succeeds,
+/// the API reports the mode the kernel reports (auto: native, which veth
+/// has), and a window of traffic through every lane loses nothing.
+#[test]
+fn xdp_modes_generic_and_auto() {
+    common::require::root_and_tools("e2e_restart");
+    let lab = lab();
+    let servers = start_servers(&lab);
+    for (i, (mode, used)) in [("generic", "generic"), ("auto", "native")]
+        .into_iter()
+        .enumerate()
+    {
+        let mut d = Rivorad::new(&lab.node, Home::new());
+        Cfg {
+            xdp_mode: mode,
+            ..Cfg::new(&lab, &d.home)
+        }
+        .write(&d.home.config());
+        run(&mut d, &rivorad_bin(), false, &[]);
+        assert_eq!(attached(&lab.node, "n0"), (true, 1), "xdpMode {mode}");
+        assert_eq!(
+            kernel_xdp_mode(&lab.node, "n0"),
+            used,
+            "xdpMode {mode}: the kernel's attach mode"
+        );
+        let st: rivora::api::Status =
+            serde_json::from_value(d.status()).expect("status as the API's type");
+        let n0 = st
+            .interfaces
+            .iter()
+            .find(|f| f.name == "n0")
+            .unwrap_or_else(|| panic!("n0 in the status: {st:?}"));
+        assert_eq!(
+            serde_json::to_value(n0.xdp_mode).expect("xdp_mode"),
+            used,
+            "xdpMode {mode}: the mode the API reports"
+        );
+        assert!(n0.tc_attached, "xdpMode {mode}: tc_nat attached");
+        let client = Client::start(&lab, 100 * i as u32);
+        client.assert_flowing(&servers, &format!("xdpMode {mode}"));
+        client.finish(&servers, &format!("xdpMode {mode}"));
+        assert!(d.stop().success(), "xdpMode {mode}: clean exit");
+        assert_eq!(attached(&lab.node, "n0"), (false, 0), "xdpMode {mode}");
+        d.home.assert_no_leftovers(&lab.node);
+    }
+    drop(servers);
 }

@@ -8,8 +8,9 @@
 //! Scenarios, one test each so that they run in parallel:
 //! - each mode (NAT, DSR, L3 DSR) carries real TCP and UDP over IPv4 and
 //!   IPv6 VIPs, spread over the three backends (`*_traffic`);
-//! - a killed backend is out within fall x interval (+ timeout + slack) and
-//!   no new connection fails after that (a reload meanwhile keeps it out);
+//! - a killed backend is out within fall x interval (+ timeout + slack),
+//!   by the timestamp of rivorad's own log line, and no new connection
+//!   fails once the maps hold it down (a reload meanwhile keeps it out);
 //!   restored, it is back within rise x interval (+ timeout + slack)
 //!   (`health_kill_and_restore`);
 //! - a drain through rivoractl keeps a long-lived connection flowing while
@@ -25,7 +26,12 @@
 //!   changed (`invalid_config_at_start_changes_nothing`);
 //! - with -persist-datapath the datapath forwards while rivorad is down,
 //!   and a restart on a changed file adopts the pinned state (IDs kept)
-//!   and removes what the file dropped (`restart_persists_and_adopts`).
+//!   and removes what the file dropped (`restart_persists_and_adopts`);
+//! - drains persist in the state directory: with no file, the maps'
+//!   "draining" is taken as a drain for every VIP and written; the file is
+//!   written before the maps (a read-only state directory refuses a drain
+//!   and changes nothing); drains survive `rivorad -cleanup` then a start;
+//!   at start the file wins over the maps (`drains_persist_in_the_state_dir`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! work directory removed; its log printed if the test panics), every wait
@@ -33,7 +39,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Write};
@@ -44,13 +50,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::netns::{spawn_in, Netns};
 use common::rivorad::{attached, Home, Rivorad};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
-use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Proto, Servers};
+use common::traffic::{
+    canonical, exchanges, long_lived, tcp_once, wait_for, wait_until, Proto, Servers,
+};
 use common::unique;
+use rivora::abi;
+use rivora::dataplane::render::{Health, MapImage, MatchKey};
+use rivora::dataplane::{MapStore, Maps};
+use rivora::model::{BackendTarget, VipKey};
 use serde_json::Value;
 
 /// Connections (TCP) or exchanges (UDP) per spread measurement.
@@ -454,23 +466,178 @@ struct Attempt {
     result: Result<String, String>,
 }
 
+/// Every attempt so far, shared with the thread that makes them.
+type Attempts = Arc<std::sync::Mutex<Vec<Attempt>>>;
+
 /// New connections to `vip` from the client, one every 10 ms, until
-/// `stop`.
+/// `stop`, recorded into `log` as they finish.
 fn background_load(
     topo: &Topology,
     vip: SocketAddr,
     stop: Arc<AtomicBool>,
-) -> JoinHandle<Vec<Attempt>> {
+    log: Attempts,
+) -> JoinHandle<()> {
     spawn_in(&topo.client, move || {
-        let mut out = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let start = Instant::now();
             let result = tcp_once(vip, STEP).map(|h| h.backend);
-            out.push(Attempt { start, result });
+            log.lock()
+                .expect("attempts")
+                .push(Attempt { start, result });
             std::thread::sleep(Duration::from_millis(10));
         }
-        out
     })
+}
+
+/// A UTC RFC 3339 timestamp as rivorad's JSON log writes it
+/// (`2026-01-02T03:04:05.123456Z`).
+fn log_time(ts: &str) -> SystemTime {
+    let (date, time) = ts
+        .strip_suffix('Z')
+        .and_then(|t| t.split_once('T'))
+        .unwrap_or_else(|| bad(ts));
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().unwrap_or_else(|_| bad(ts)))
+        .collect();
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<u64> = hms
+        .split(':')
+        .map(|x| x.parse().unwrap_or_else(|_| bad(ts)))
+        .collect();
+    if d.len() != 3 || t.len() != 3 {
+        bad::<()>(ts);
+    }
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard
+    // Hinnant's days_from_civil).
+    let (y, m, day) = (if d[1] <= 2 { d[0] - 1 } else { d[0] }, d[1], d[2]);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).unwrap_or_else(|_| bad(ts));
+    let nanos: u64 = format!("{frac:0<9}")[..9]
+        .parse()
+        .unwrap_or_else(|_| bad(ts));
+    SystemTime::UNIX_EPOCH
+        + Duration::from_secs(days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2])
+        + Duration::from_nanos(nanos)
+}
+
+fn bad<T>(ts: &str) -> T {
+    panic!("timestamp {ts:?}")
+}
+
+/// When rivorad's reconciler took `target` down (`up` false) or up, by
+/// its log line's own timestamp: the first such line after `since`.
+fn health_logged(
+    rd: &Rivorad,
+    target: SocketAddr,
+    up: bool,
+    since: SystemTime,
+) -> Option<SystemTime> {
+    let want = target.to_string();
+    rd.log_text().lines().find_map(|l| {
+        let v: Value = serde_json::from_str(l).ok()?;
+        let f = &v["fields"];
+        let hit = f["message"] == "health changed"
+            && f["backend"] == want.as_str()
+            && f["up"] == up
+            && v["target"] == "rivora::reconciler";
+        if !hit {
+            return None;
+        }
+        let at = log_time(v["timestamp"].as_str()?);
+        (at >= since).then_some(at)
+    })
+}
+
+/// Every change of `target`'s state in backend_health_map, sampled every
+/// 2 ms by lookups in the pinned maps: when the datapath was told, not
+/// when a poll of the API noticed.
+struct MapHealth {
+    stop: Arc<AtomicBool>,
+    changes: Arc<std::sync::Mutex<Vec<(Instant, Health)>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl MapHealth {
+    fn start(pins: &Path, target: SocketAddr) -> Self {
+        let maps = Maps::open(pins).expect("opening the pinned maps");
+        let img = maps.read().expect("reading the maps");
+        let ids: Vec<u32> = img
+            .backends
+            .iter()
+            .filter(|(_, b)| b.addr == target.ip() && b.port == target.port())
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(ids.len(), 1, "one backend id for {target}: {ids:?}");
+        let id = ids[0];
+        let stop = Arc::new(AtomicBool::new(false));
+        let changes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (st, ch) = (stop.clone(), changes.clone());
+        let handle = std::thread::spawn(move || {
+            let mut last = None;
+            while !st.load(Ordering::Relaxed) {
+                let h = maps
+                    .backend_health_map
+                    .get::<u32, abi::rv_backend_health>(&id)
+                    .ok()
+                    .flatten()
+                    .map(|h| Health::from_raw(h.state));
+                if h != last {
+                    if let Some(h) = h {
+                        ch.lock().expect("changes").push((Instant::now(), h));
+                    }
+                    last = h;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Self {
+            stop,
+            changes,
+            handle: Some(handle),
+        }
+    }
+
+    /// The first time the maps held `h` at or after `since`, waiting up to
+    /// `limit` for it.
+    fn wait(&self, h: Health, since: Instant, limit: Duration) -> Option<Instant> {
+        wait_for(limit, Duration::from_millis(5), || {
+            self.changes
+                .lock()
+                .expect("changes")
+                .iter()
+                .find(|(t, x)| *x == h && *t >= since)
+                .map(|(t, _)| *t)
+        })
+    }
+
+    fn changes(&self) -> Vec<(Instant, Health)> {
+        self.changes.lock().expect("changes").clone()
+    }
+}
+
+impl Drop for MapHealth {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// `rivora_health_probe_duration_seconds_count{result="failure"}`: probes
+/// that failed so far.
+fn failed_probes(ns: &Netns, metrics: SocketAddr) -> u64 {
+    let (code, text) = http_get(ns, metrics, "/metrics", None);
+    assert_eq!(code, 200, "GET /metrics: {text}");
+    let prefix = "rivora_health_probe_duration_seconds_count{result=\"failure\"} ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix:?} in the metrics:\n{text}"))
 }
 
 #[test]
@@ -481,13 +648,15 @@ fn health_kill_and_restore() {
     let home = Home::new();
     let mut conf = Conf::new(&topo, &home);
     conf.health = FAST_HEALTH;
+    let metrics: SocketAddr = "127.0.0.1:9440".parse().expect("literal");
+    conf.extra = format!("metrics:\n  listen: {metrics}\n");
     let rd = Rivorad::start(&topo.node, home, &conf.yaml(), &[]);
     let vip = vip4(&topo);
     let victim = 1;
     let vt = target(&topo, victim);
     let vname = topo.backends[victim].name.clone();
     // Probes have run: the backends are up by the checker's own word.
-    let probed = wait_for(Duration::from_secs(3), Duration::from_millis(50), || {
+    let probed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
         let list = rd.ctl_json(&["backend", "list"]);
         list.as_array()
             .expect("array")
@@ -499,45 +668,90 @@ fn health_kill_and_restore() {
         probed.is_some(),
         "probes never reported every backend healthy"
     );
+    let health = MapHealth::start(rd.home.pin_dir(), vt);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let load = background_load(&topo, vip, stop.clone());
-    std::thread::sleep(Duration::from_millis(800));
+    let attempts: Attempts = Arc::default();
+    let load = background_load(&topo, vip, stop.clone(), attempts.clone());
+    // Attempts that started at or after `since`, by result.
+    let tally = |since: Instant| -> (usize, usize, usize) {
+        let a = attempts.lock().expect("attempts");
+        let after: Vec<&Attempt> = a.iter().filter(|x| x.start >= since).collect();
+        let to_victim = after
+            .iter()
+            .filter(|x| x.result.as_deref() == Ok(vname.as_str()))
+            .count();
+        let failed = after.iter().filter(|x| x.result.is_err()).count();
+        (after.len(), to_victim, failed)
+    };
+    // The load reaches the victim before it is killed.
+    let t0 = Instant::now();
+    wait_until(
+        "connections to reach the victim",
+        Duration::from_secs(10),
+        || tally(t0).1 >= 3,
+    );
 
-    // Kill: the listener is closed when this returns.
-    servers.close(victim);
+    // Kill: the listener is closed when this returns; the clocks are read
+    // before, so that nothing after the kill is counted before it.
+    let killed_wall = SystemTime::now();
     let killed = Instant::now();
+    servers.close(victim);
     let out_bound = INTERVAL * FALL + TIMEOUT + SLACK;
-    let seen_down = wait_for(Duration::from_secs(5), Duration::from_millis(25), || {
-        (rd.health_of(vt) == "down").then(Instant::now)
-    });
-    let seen_down = seen_down.unwrap_or_else(|| panic!("{vname} never went down"));
-    let took_out = seen_down - killed;
+    let out_at = wait_for(Duration::from_secs(5), Duration::from_millis(10), || {
+        health_logged(&rd, vt, false, killed_wall)
+    })
+    .unwrap_or_else(|| panic!("{vname} never went down"));
+    let took_out = out_at.duration_since(killed_wall).unwrap_or_default();
+    let seen_down = health
+        .wait(Health::Down, killed, Duration::from_secs(2))
+        .unwrap_or_else(|| panic!("{vname} reported down, but not so in the maps"));
 
-    // A reload while it is down does not bring it back.
+    // A reload while it is down does not bring it back, while the checker
+    // goes on failing it (FALL + 1 more failed probes).
     rd.sighup();
-    let g = wait_for(Duration::from_secs(3), Duration::from_millis(50), || {
+    let g = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
         let g = rd.generation();
         (g >= 2).then_some(g)
     });
     assert_eq!(g, Some(2), "SIGHUP reload while a backend is down");
+    let failed = failed_probes(&topo.node, metrics);
+    wait_until(
+        "more failed probes after the reload",
+        Duration::from_secs(5),
+        || failed_probes(&topo.node, metrics) > failed + u64::from(FALL),
+    );
     assert_eq!(rd.health_of(vt), "down", "{vname} after a reload");
-    std::thread::sleep(Duration::from_millis(1000));
-    servers.reopen(&topo.backends[victim].ns, victim);
+
+    let restored_wall = SystemTime::now();
     let restored = Instant::now();
+    servers.reopen(&topo.backends[victim].ns, victim);
     let back_bound = INTERVAL * RISE + TIMEOUT + SLACK;
-    let seen_up = wait_for(Duration::from_secs(5), Duration::from_millis(25), || {
-        (rd.health_of(vt) == "healthy").then(Instant::now)
-    });
-    let seen_up = seen_up.unwrap_or_else(|| panic!("{vname} never came back"));
-    let took_back = seen_up - restored;
-    std::thread::sleep(Duration::from_millis(1500));
+    let back_at = wait_for(Duration::from_secs(5), Duration::from_millis(10), || {
+        health_logged(&rd, vt, true, restored_wall)
+    })
+    .unwrap_or_else(|| panic!("{vname} never came back"));
+    let took_back = back_at.duration_since(restored_wall).unwrap_or_default();
+    let seen_up = health
+        .wait(Health::Healthy, restored, Duration::from_secs(2))
+        .unwrap_or_else(|| panic!("{vname} reported healthy, but not so in the maps"));
+    // Enough connections after its return to judge its share: with a fair
+    // 1-in-3 split of 60, the victim's count is Binomial(60, 1/3), mean
+    // 20, standard deviation 3.7; 6 (10%) is 3.8 deviations under.
+    wait_until(
+        "60 connections after the victim came back",
+        Duration::from_secs(20),
+        || tally(seen_up).0 >= 60,
+    );
     stop.store(true, Ordering::Relaxed);
-    let attempts = load.join().expect("load thread");
+    load.join().expect("load thread");
+    let changes = health.changes();
+    drop(health);
+    let attempts = std::mem::take(&mut *attempts.lock().expect("attempts"));
 
     eprintln!(
         "health: out after {took_out:?} (bound {out_bound:?}), back after {took_back:?} \
-         (bound {back_bound:?}); {} connections",
+         (bound {back_bound:?}), by rivorad's log; {} connections",
         attempts.len()
     );
     assert!(
@@ -548,6 +762,16 @@ fn health_kill_and_restore() {
         took_back <= back_bound,
         "{vname} back after {took_back:?}, over rise x interval + timeout + slack = {back_bound:?}"
     );
+    // The maps held it down from the moment they said so until it was
+    // restored: the reload never let it back in, not even briefly.
+    let between: Vec<&(Instant, Health)> = changes
+        .iter()
+        .filter(|(t, _)| *t > seen_down && *t < seen_up)
+        .collect();
+    assert!(
+        between.is_empty(),
+        "{vname}'s health changed in the maps while it was down: {between:?}"
+    );
 
     // The kill was real: connections hashed to the victim failed while the
     // checker had not yet taken it out...
@@ -556,11 +780,11 @@ fn health_kill_and_restore() {
         failed.iter().any(|a| a.start >= killed),
         "no connection failed after the kill: was the backend really stopped?"
     );
-    // ...and from the moment rivorad reported it down, none failed.
+    // ...and from the moment the maps held it down, none failed.
     let late: Vec<&&Attempt> = failed.iter().filter(|a| a.start >= seen_down).collect();
     assert!(
         late.is_empty(),
-        "{} new connection(s) failed after {vname} was reported down: {:?}",
+        "{} new connection(s) failed after {vname} was down in the maps: {:?}",
         late.len(),
         late.iter().take(3).map(|a| &a.result).collect::<Vec<_>>()
     );
@@ -578,7 +802,7 @@ fn health_kill_and_restore() {
         .filter(|a| a.result.as_deref() == Ok(vname.as_str()))
         .count();
     assert!(
-        after.len() >= 30 && to_victim * 10 >= after.len(),
+        to_victim * 10 >= after.len(),
         "{vname} got {to_victim} of the {} connections after it came back",
         after.len()
     );
@@ -1188,4 +1412,293 @@ fn restart_persists_and_adopts() {
         "the removed IPv6 VIP still answers: {gone:?}"
     );
     drop(servers);
+}
+
+// ---------------------------------------------------------------------
+// 9. Drains persist in the state directory: the file is written before
+//    the maps, taken from the maps when there is none, and survives
+//    `rivorad -cleanup` then a start
+// ---------------------------------------------------------------------
+
+/// The drain file under `home`'s state directory as names (VIP, or None
+/// for every VIP; backend); None if there is no file.
+fn drain_file(home: &Home) -> Option<BTreeSet<(Option<String>, String)>> {
+    let path = home.state_dir().join("drains.json");
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    };
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(v["format"], 1, "{text}");
+    let entries = v["drains"].as_array().unwrap_or_else(|| panic!("{text}"));
+    Some(
+        entries
+            .iter()
+            .map(|e| {
+                let vip: Option<VipKey> =
+                    serde_json::from_value(e["vip"].clone()).unwrap_or_else(|x| panic!("{e}: {x}"));
+                let b: BackendTarget = serde_json::from_value(e["backend"].clone())
+                    .unwrap_or_else(|x| panic!("{e}: {x}"));
+                (vip.map(|k| k.to_string()), b.to_string())
+            })
+            .collect(),
+    )
+}
+
+/// (VIP, backend) pairs the API reports drained.
+fn drained_in_api(rd: &Rivorad) -> BTreeSet<(String, String)> {
+    let vips: Vec<rivora::api::VipInfo> =
+        serde_json::from_value(rd.ctl_json(&["vip", "list"])).expect("vip list");
+    vips.iter()
+        .flat_map(|v| {
+            v.backends
+                .iter()
+                .filter(|b| b.drained)
+                .map(|b| (v.vip.clone(), b.target.to_string()))
+        })
+        .collect()
+}
+
+fn map_image(pins: &Path) -> MapImage {
+    Maps::open(pins)
+        .and_then(|m| m.read())
+        .expect("reading the pinned maps")
+}
+
+/// Health of every backend id the maps hold for `t`.
+fn health_in_maps(img: &MapImage, t: SocketAddr) -> Vec<Health> {
+    img.backends
+        .iter()
+        .filter(|(_, b)| b.addr == t.ip() && b.port == t.port())
+        .map(|(id, _)| img.health.get(id).copied().unwrap_or(Health::Down))
+        .collect()
+}
+
+/// Slots of the TCP VIP `vip`'s Maglev slice that hold `t`.
+fn slots_of(img: &MapImage, vip: SocketAddr, t: SocketAddr) -> usize {
+    let key = MatchKey::Exact {
+        addr: vip.ip(),
+        port: vip.port(),
+        proto: libc::IPPROTO_TCP as u8,
+    };
+    let svc = img.matches.get(&key).expect("the VIP in the maps");
+    let entry = img.services.get(svc).expect("the VIP's service entry");
+    img.slice_of(entry)
+        .iter()
+        .filter(|id| {
+            img.backends
+                .get(id)
+                .is_some_and(|b| b.addr == t.ip() && b.port == t.port())
+        })
+        .count()
+}
+
+/// `dir` read-only until drop, through a read-only bind mount over
+/// itself: root writes through mode bits, not through a read-only mount.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn new(dir: &Path) -> Self {
+        let mount = |args: &[&str]| {
+            let st = std::process::Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .status()
+                .expect("running mount");
+            assert!(st.success(), "mount {args:?} {}", dir.display());
+        };
+        mount(&["--bind"]);
+        // From here on the guard unmounts, whatever fails next.
+        let guard = Self(dir.to_path_buf());
+        mount(&["-o", "remount,bind,ro"]);
+        guard
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn drains_persist_in_the_state_dir() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-drain-");
+    let home = Home::new();
+    let pins = home.pin_dir().to_path_buf();
+    let (vip1, vip2): (SocketAddr, SocketAddr) = (
+        "10.9.0.1:80".parse().expect("literal"),
+        "10.9.0.2:80".parse().expect("literal"),
+    );
+    let t: Vec<SocketAddr> = (1..=3)
+        .map(|i| format!("10.9.1.{i}:8080").parse().expect("literal"))
+        .collect();
+    // No probes: nothing answers at these addresses, and a failed probe
+    // would hide a drain (down wins).
+    let mut yaml = format!(
+        "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n",
+        home.socket().display()
+    );
+    for (name, vip) in [("one", vip1), ("two", vip2)] {
+        yaml += &format!(
+            "  - name: {name}\n    address: {}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
+             healthCheck: false\n    backends:\n",
+            vip.ip()
+        );
+        for b in &t {
+            yaml += &format!("      - {{ address: {}, port: 8080 }}\n", b.ip());
+        }
+    }
+    let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
+    let (n1, n2) = (vip_name("tcp", vip1), vip_name("tcp", vip2));
+    let s = |x: &SocketAddr| x.to_string();
+    let pair = |v: &str, b: &SocketAddr| (v.to_string(), s(b));
+
+    // A drain for every VIP (b1) and one for one VIP (b2), in the file.
+    rd.ctl_ok(&["drain", &s(&t[0])]);
+    rd.ctl_ok(&["drain", &s(&t[1]), "--vip", &n1]);
+    assert_eq!(
+        drain_file(&rd.home),
+        Some([(None, s(&t[0])), (Some(n1.clone()), s(&t[1]))].into()),
+        "the drain file after two drains"
+    );
+    assert!(rd.stop().success());
+
+    // 1. No file, maps holding a draining backend (an upgrade from a
+    //    binary that kept none): the maps' "draining" is taken as a drain
+    //    for every VIP, and written to the file. A drain for one VIP is a
+    //    weight of 0 the maps cannot tell from a configured one: not
+    //    taken.
+    fs::remove_file(rd.home.state_dir().join("drains.json")).expect("removing the drain file");
+    assert_eq!(
+        health_in_maps(&map_image(&pins), t[0]),
+        [Health::Draining],
+        "the maps still hold b1 draining"
+    );
+    rd.restart(&[]);
+    assert!(
+        rd.log_text()
+            .contains("no drain file: took operator drains from backend_health_map"),
+        "{}",
+        rd.log_text()
+    );
+    assert_eq!(
+        drain_file(&rd.home),
+        Some([(None, s(&t[0]))].into()),
+        "the drain taken from the maps, written to the file"
+    );
+    assert_eq!(
+        drained_in_api(&rd),
+        [pair(&n1, &t[0]), pair(&n2, &t[0])].into(),
+        "b1 drained for every VIP, b2's drain for one VIP not taken"
+    );
+    let img = map_image(&pins);
+    assert_eq!(health_in_maps(&img, t[0]), [Health::Draining]);
+    assert!(slots_of(&img, vip1, t[1]) > 0, "b2 has its slots again");
+
+    // 2. The file is written before the maps: with the state directory
+    //    read-only, drains and undrains are refused and change nothing.
+    rd.ctl_ok(&["drain", &s(&t[2]), "--vip", &n2]);
+    let want_file = drain_file(&rd.home);
+    let want_api = drained_in_api(&rd);
+    let img = map_image(&pins);
+    assert_eq!(slots_of(&img, vip2, t[2]), 0, "b3 drained for {n2}");
+    {
+        let _ro = ReadOnly::new(&rd.home.state_dir());
+        for (args, what) in [
+            (vec!["drain", &s(&t[1])], "a drain for every VIP"),
+            (
+                vec!["drain", &s(&t[1]), "--vip", &n2],
+                "a drain for one VIP",
+            ),
+            (vec!["undrain", &s(&t[0])], "an undrain for every VIP"),
+            (
+                vec!["undrain", &s(&t[2]), "--vip", &n2],
+                "an undrain for one VIP",
+            ),
+        ] {
+            let out = rd.ctl(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{what} refused: {err}");
+            assert!(
+                err.contains("saving the drain") && err.contains("drains.json"),
+                "{what}: the refusal names the drain file: {err}"
+            );
+            assert_eq!(map_image(&pins), img, "{what}: the maps unchanged");
+            assert_eq!(
+                drained_in_api(&rd),
+                want_api,
+                "{what}: the drains unchanged"
+            );
+            assert_eq!(
+                drain_file(&rd.home),
+                want_file,
+                "{what}: the file unchanged"
+            );
+        }
+    }
+    // Writable again: the same undrain goes through.
+    rd.ctl_ok(&["undrain", &s(&t[2]), "--vip", &n2]);
+    assert!(slots_of(&map_image(&pins), vip2, t[2]) > 0, "b3 undrained");
+    rd.ctl_ok(&["drain", &s(&t[2]), "--vip", &n2]);
+    assert!(rd.stop().success());
+
+    // 3. `rivorad -cleanup` removes the maps, not the drains: the next
+    //    start writes them into the new maps.
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", ns.path()))
+        .arg(common::rivorad::rivorad_bin())
+        .args(["-cleanup", "-pin-dir"])
+        .arg(&pins)
+        .output()
+        .expect("running rivorad -cleanup");
+    assert!(
+        out.status.success(),
+        "rivorad -cleanup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!pins.exists(), "pins left after -cleanup");
+    assert_eq!(drain_file(&rd.home), want_file, "the file after -cleanup");
+    rd.restart(&[]);
+    assert_eq!(
+        drained_in_api(&rd),
+        want_api,
+        "drains after -cleanup and a start"
+    );
+    let img = map_image(&pins);
+    assert_eq!(
+        health_in_maps(&img, t[0]),
+        [Health::Draining],
+        "b1 in new maps"
+    );
+    assert_eq!(
+        slots_of(&img, vip2, t[2]),
+        0,
+        "b3 drained for {n2} in new maps"
+    );
+    assert!(slots_of(&img, vip1, t[2]) > 0, "b3 serves {n1}");
+    assert!(rd.stop().success());
+
+    // 4. The file is the operator's last word: a drain the maps hold but
+    //    the file no longer names (an undrain whose map write was lost)
+    //    is undone at the next start.
+    fs::write(
+        rd.home.state_dir().join("drains.json"),
+        "{ \"format\": 1, \"drains\": [] }\n",
+    )
+    .expect("writing an empty drain file");
+    rd.restart(&[]);
+    assert!(drained_in_api(&rd).is_empty(), "no drains after the start");
+    let img = map_image(&pins);
+    assert_eq!(
+        health_in_maps(&img, t[0]),
+        [Health::Healthy],
+        "b1 undrained"
+    );
+    assert!(slots_of(&img, vip2, t[2]) > 0, "b3 serves {n2} again");
+    assert!(rd.stop().success());
+    rd.home.assert_no_leftovers(&ns);
 }

@@ -185,31 +185,89 @@ fn probes_of(hc: &HealthChecker, key: SocketAddr) -> u64 {
 /// Every probe result with when it finished, recorded by the observer.
 type Log = Arc<Mutex<Vec<(std::time::Instant, bool)>>>;
 
-/// The first recorded result equal to `success` at or after `since`.
-fn first_result(log: &Log, since: std::time::Instant, success: bool) -> std::time::Instant {
-    log.lock()
-        .expect("log lock")
-        .iter()
-        .find(|(t, ok)| *t >= since && *ok == success)
-        .map(|(t, _)| *t)
-        .unwrap_or_else(|| panic!("no {success} result recorded"))
+/// Every "health changed" the checker logged: (probed address, when),
+/// captured by [`Capture`] in the probe task itself, after the observer's
+/// call for the probe that completed the streak and before the next probe.
+static TRANSITIONS: Mutex<Vec<(String, std::time::Instant)>> = Mutex::new(Vec::new());
+
+/// A tracing layer that records the checker's "health changed" events
+/// into [`TRANSITIONS`].
+struct Capture;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let at = std::time::Instant::now();
+        #[derive(Default)]
+        struct Fields {
+            changed: bool,
+            addr: Option<String>,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                match f.name() {
+                    "message" => self.changed = format!("{v:?}") == "health changed",
+                    "addr" => self.addr = Some(format!("{v:?}")),
+                    _ => {}
+                }
+            }
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if let (true, Some(addr)) = (f.changed, f.addr) {
+            TRANSITIONS
+                .lock()
+                .expect("transitions lock")
+                .push((addr, at));
+        }
+    }
 }
 
-/// Asserts that a transition came `n - 1` intervals after the first probe
-/// of its streak: exactly `n` probes, not one more, not one fewer. Half an
-/// interval of tolerance; an extra or missing probe is a whole interval.
+fn capture_transitions() {
+    use tracing_subscriber::layer::SubscriberExt;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+            .expect("the only global subscriber");
+    });
+}
+
+/// Asserts that the checker changed `addr`'s state (its first change
+/// logged after `since`) with the `n`-th result of a streak: exactly `n`
+/// results equal to `success` in a row, no more, no fewer, ending with
+/// the change. Counted from the observer's records, not timed: the
+/// transition's place among the probes is exact whatever the load.
 fn assert_streak(
-    first: std::time::Instant,
-    at: std::time::Instant,
+    log: &Log,
+    addr: SocketAddr,
+    since: std::time::Instant,
+    success: bool,
     n: u32,
-    interval: Duration,
     what: &str,
 ) {
-    let took = at.saturating_duration_since(first);
-    let want = interval * (n - 1);
-    assert!(
-        took + ms(10) >= want && took <= want + interval / 2,
-        "{what}: {took:?} from the first probe of the streak, want {want:?} ({n} probes)"
+    let want = addr.to_string();
+    let at = TRANSITIONS
+        .lock()
+        .expect("transitions lock")
+        .iter()
+        .find(|(a, t)| *a == want && *t >= since)
+        .map(|(_, t)| *t)
+        .unwrap_or_else(|| panic!("{what}: no transition of {addr} logged"));
+    let results: Vec<bool> = log
+        .lock()
+        .expect("log lock")
+        .iter()
+        .filter(|(t, _)| *t <= at)
+        .map(|(_, ok)| *ok)
+        .collect();
+    let streak = results
+        .iter()
+        .rev()
+        .take_while(|ok| **ok == success)
+        .count();
+    assert_eq!(
+        streak, n as usize,
+        "{what}: the change came after {streak} results of {success} in a row, want {n}; \
+         results up to it: {results:?}"
     );
 }
 
@@ -232,11 +290,21 @@ async fn up_down_up(bind: &str) {
             },
         ),
     );
+    capture_transitions();
     let spec = tcp_spec(interval, timeout, rise, fall);
     hc.set_targets(vec![ProbeTarget::new(server.addr, spec)])
         .expect("valid targets");
 
-    no_event(&mut rx, ms(450), "healthy backend").await;
+    // Probing runs (three successes recorded) and a healthy backend
+    // stays quiet.
+    let ran = tokio::time::timeout(ms(2000), async {
+        while log.lock().expect("log lock").iter().filter(|r| r.1).count() < 3 {
+            tokio::time::sleep(ms(5)).await;
+        }
+    })
+    .await;
+    assert!(ran.is_ok(), "three successful probes within 2 s");
+    assert!(rx.try_recv().is_err(), "healthy backend: no event");
     assert!(probes_of(&hc, server.addr) >= 3, "probing is running");
     assert!(server.accepted.load(Ordering::Relaxed) >= 3);
     assert_eq!(hc.state(&server.addr), Some(HealthState::Healthy));
@@ -247,7 +315,6 @@ async fn up_down_up(bind: &str) {
     server.stop().await;
     let bound = ms(fall as u64 * interval + timeout) + SLACK;
     let ev = next_event(&mut rx, bound, "killed backend").await;
-    let at = std::time::Instant::now();
     assert_eq!(ev.key, server.addr);
     assert_eq!(ev.state, HealthState::Down);
     assert!(
@@ -255,29 +322,16 @@ async fn up_down_up(bind: &str) {
         "{:?}",
         ev.detail
     );
-    assert_streak(
-        first_result(&log, killed, false),
-        at,
-        fall,
-        ms(interval),
-        "down",
-    );
+    assert_streak(&log, server.addr, killed, false, fall, "down");
     assert_eq!(hc.state(&server.addr), Some(HealthState::Down));
 
     let restored = std::time::Instant::now();
     server.restart().await;
     let bound = ms(rise as u64 * interval) + SLACK;
     let ev = next_event(&mut rx, bound, "restored backend").await;
-    let at = std::time::Instant::now();
     assert_eq!(ev.state, HealthState::Healthy);
     assert_eq!(ev.detail, Ok(ProbeOk { status: None }));
-    assert_streak(
-        first_result(&log, restored, true),
-        at,
-        rise,
-        ms(interval),
-        "up",
-    );
+    assert_streak(&log, server.addr, restored, true, rise, "up");
     no_event(&mut rx, ms(300), "healthy again").await;
 }
 
@@ -552,23 +606,41 @@ async fn set_targets_diff() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_stops_probing() {
     let server = Server::start("127.0.0.1:0", Behaviour::Close).await;
-    let (mut hc, mut rx) = HealthChecker::new(tokio::runtime::Handle::current());
+    let probes = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&probes);
+    let (mut hc, mut rx) = HealthChecker::with_observer(
+        tokio::runtime::Handle::current(),
+        Arc::new(
+            move |_: &SocketAddr, _: &rivora::healthcheck::Observation| {
+                counter.fetch_add(1, Ordering::Relaxed);
+            },
+        ),
+    );
     hc.set_targets(vec![ProbeTarget::new(server.addr, tcp_spec(30, 10, 1, 1))])
         .expect("valid targets");
-    tokio::time::sleep(ms(150)).await;
-    assert!(server.accepted.load(Ordering::Relaxed) >= 2);
+    let ran = tokio::time::timeout(ms(2000), async {
+        while probes.load(Ordering::Relaxed) < 2 || server.accepted.load(Ordering::Relaxed) < 2 {
+            tokio::time::sleep(ms(5)).await;
+        }
+    })
+    .await;
+    assert!(ran.is_ok(), "two probes within 2 s");
     drop(hc);
-    tokio::time::sleep(ms(50)).await;
-    let after = server.accepted.load(Ordering::Relaxed);
-    tokio::time::sleep(ms(200)).await;
-    assert_eq!(
-        server.accepted.load(Ordering::Relaxed),
-        after,
-        "probes after drop"
-    );
-    // Every sender is gone with the tasks: the channel closes.
-    assert!(tokio::time::timeout(ms(500), rx.recv())
+    // Every probe task holds a sender: the channel closes once they are
+    // all gone.
+    assert!(tokio::time::timeout(ms(2000), rx.recv())
         .await
-        .expect("closes")
+        .expect("the channel closes within 2 s of the drop")
         .is_none());
+    let (done, accepted) = (
+        probes.load(Ordering::Relaxed),
+        server.accepted.load(Ordering::Relaxed),
+    );
+    // Ten intervals: a probe task left running would probe again.
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(probes.load(Ordering::Relaxed), done, "probes after drop");
+    // A connect the kernel completed just before its task went may be
+    // accepted by the server only now: one, not more.
+    let late = server.accepted.load(Ordering::Relaxed) - accepted;
+    assert!(late <= 1, "{late} connections accepted after the drop");
 }

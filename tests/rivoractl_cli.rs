@@ -332,10 +332,35 @@ fn stats_watch_repeats_with_rates() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(900));
+    // Read samples as they come until the second one has shown its rates,
+    // or a deadline far above the 0.4 s that takes: a loaded machine only
+    // makes it slower, not wrong.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut out = String::new();
+    while out.matches("--- ").count() < 2 || !out.contains("PKT/S") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                out += &line;
+                out.push('\n');
+            }
+            Err(_) => break,
+        }
+    }
     child.kill().unwrap();
-    let o = child.wait_with_output().unwrap();
-    let out = stdout(&o);
-    assert!(out.matches("--- ").count() >= 2, "{out}");
+    child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(out.matches("--- ").count() >= 2, "two samples: {out}");
     assert!(out.contains("PKT/S"), "later samples show rates: {out}");
 }

@@ -33,10 +33,13 @@
 //!   replies go straight to the client and never touch the node. L3 DSR
 //!   backends also run the decap program (no ipip / ip6_tunnel modules
 //!   here).
-//! - NAT with a DSR VIP beside it ([`TopologyBuilder::dsr_vip_beside_nat`]):
-//!   backends serve both at once, so their replies must leave two ways. A
-//!   source-address rule does it: replies from the DSR VIP (`vip(2)`, on
-//!   `lo`) use a table where the client subnet is on-link.
+//! - NAT with DSR and L3 DSR VIPs beside it
+//!   ([`TopologyBuilder::dsr_vips_beside_nat`]): backends serve all three
+//!   at once, so their replies must leave two ways. A source-address rule
+//!   does it: replies from the DSR VIP (`vip(2)`, `vip6_at(2)`) and the L3
+//!   DSR VIP (`vip(3)`, `vip6_at(3)`), both on `lo`, use a table where the
+//!   client subnet is on-link. Backends run the decap program for the L3
+//!   DSR VIP; it passes everything else.
 //!
 //! What the lab configures, and why:
 //! - node: `ip_forward=1`, IPv6 `forwarding=1` (`bpf_fib_lookup` needs
@@ -129,10 +132,12 @@ impl TopologyBuilder {
         self
     }
 
-    /// Under NAT, backends also hold the DSR VIP `vip(2)` on `lo` and send
-    /// its replies straight to the client.
-    pub fn dsr_vip_beside_nat(mut self) -> Self {
-        assert_eq!(self.mode, Mode::Nat, "a DSR VIP beside NAT needs NAT");
+    /// Under NAT, backends also hold the DSR VIP `vip(2)` and the L3 DSR
+    /// VIP `vip(3)` (with IPv6, `vip6_at(2)` and `vip6_at(3)` too) on `lo`,
+    /// decapsulate what is tunnelled to the L3 DSR VIP, and send the
+    /// replies of both straight to the client.
+    pub fn dsr_vips_beside_nat(mut self) -> Self {
+        assert_eq!(self.mode, Mode::Nat, "DSR VIPs beside NAT need NAT");
         self.dsr_beside_nat = true;
         self
     }
@@ -294,7 +299,12 @@ impl Topology {
             ))
         ));
 
-        let dsr_vip = a4(format!("10.{n}.100.2"));
+        // Beside NAT: the DSR VIP and the L3 DSR VIP, per family.
+        let beside4 = [a4(format!("10.{n}.100.2")), a4(format!("10.{n}.100.3"))];
+        let beside6 = [
+            a6(format!("fd00:{n6}:100::2")),
+            a6(format!("fd00:{n6}:100::3")),
+        ];
         let mut backends = Vec::new();
         for (i, ns) in bns.into_iter().enumerate() {
             let bv4 = a4(format!("10.{n}.2.{}", 11 + i));
@@ -324,11 +334,22 @@ impl Topology {
                 )),
             };
             if dsr_beside_nat {
-                ns.exec(&format!(
-                    "{arp} && ip addr add {dsr_vip}/32 dev lo && \
-                     ip route add 10.{n}.1.0/24 dev b0 table 100 && \
-                     ip rule add from {dsr_vip} lookup 100"
-                ));
+                let mut cmd = format!("{arp} && ip route add 10.{n}.1.0/24 dev b0 table 100");
+                for v in beside4 {
+                    cmd += &format!(
+                        " && ip addr add {v}/32 dev lo && ip rule add from {v} lookup 100"
+                    );
+                }
+                if ipv6 {
+                    cmd += &format!(" && ip -6 route add fd00:{n6}:1::/64 dev b0 table 100");
+                    for v in beside6 {
+                        cmd += &format!(
+                            " && ip addr add {v}/128 dev lo nodad && \
+                             ip -6 rule add from {v} lookup 100"
+                        );
+                    }
+                }
+                ns.exec(&cmd);
             }
             let mac = ns.mac_of("b0");
             backends.push(Backend {
@@ -353,12 +374,18 @@ impl Topology {
         }));
 
         let mut decaps = Vec::new();
-        if mode == Mode::L3Dsr {
+        // The VIPs tunnelled to the backends, if any.
+        let l3 = match (mode, dsr_beside_nat) {
+            (Mode::L3Dsr, _) => Some((vip4, vip6)),
+            (Mode::Nat, true) => Some((beside4[1], beside6[1])),
+            _ => None,
+        };
+        if let Some((l3v4, l3v6)) = l3 {
             for b in &backends {
                 let d = Decap::load().expect("loading the decap object");
-                d.add_vip(IpAddr::V4(vip4)).expect("decap VIP v4");
+                d.add_vip(IpAddr::V4(l3v4)).expect("decap VIP v4");
                 if ipv6 {
-                    d.add_vip(IpAddr::V6(vip6)).expect("decap VIP v6");
+                    d.add_vip(IpAddr::V6(l3v6)).expect("decap VIP v6");
                 }
                 let progs: DecapProgs = d.progs().expect("decap program fds");
                 links.push(b.ns.run(move || {
@@ -392,6 +419,13 @@ impl Topology {
     /// The IPv4 VIP `10.N.100.last` (`vip4` is `vip(1)`).
     pub fn vip(&self, last: u8) -> Ipv4Addr {
         format!("10.{}.100.{last}", self.n).parse().expect("addr")
+    }
+
+    /// The IPv6 VIP `fd00:N:100::last` (`vip6` is `vip6_at(1)`).
+    pub fn vip6_at(&self, last: u16) -> Ipv6Addr {
+        format!("fd00:{:x}:100::{last:x}", self.n)
+            .parse()
+            .expect("addr")
     }
 
     /// The port backends listen on in this mode.
@@ -439,7 +473,7 @@ impl Topology {
         (v4, v6)
     }
 
-    /// Decap counters of backend `i` (L3 DSR labs only).
+    /// Decap counters of backend `i` (labs with an L3 DSR VIP only).
     pub fn decap_stats(&self, i: usize) -> Option<DecapStats> {
         self.decaps
             .get(i)

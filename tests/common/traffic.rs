@@ -606,9 +606,13 @@ pub fn udp_streams(
     sent_total: Arc<AtomicU64>,
 ) -> JoinHandle<Vec<u64>> {
     spawn_in(client, move || {
+        let any: SocketAddr = match vip {
+            SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
+            SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
+        };
         let socks: Vec<UdpSocket> = (0..flows)
             .map(|_| {
-                let s = UdpSocket::bind("0.0.0.0:0").expect("udp bind");
+                let s = UdpSocket::bind(any).expect("udp bind");
                 s.connect(vip).expect("udp connect");
                 s
             })
