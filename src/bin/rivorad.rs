@@ -165,8 +165,8 @@ fn main() -> Result<()> {
     };
     let d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
-    let api_conf = d.config.file.api.clone();
-    let metrics_addr = d.config.file.metrics.listen;
+    let api_conf = d.node.api.clone();
+    let metrics_addr = d.node.metrics.listen;
     let file = d.file_source();
     let state = Arc::new(DaemonApi {
         status: d.status(),

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc};
 
 use tracing::{info, warn};
 
-use crate::config::{self, Config, ConfigError};
+use crate::config::{self, ConfigError, NodeRuntime};
 use crate::dataplane::attach::xdp_attached_mode;
 use crate::dataplane::{
     AttachPoint, AttachedLink, Datapath, DataplaneError, LoadOptions, Writer, XdpMode,
@@ -66,8 +66,9 @@ pub struct Attached {
 
 pub struct Daemon {
     opts: Options,
-    /// The configuration rivorad started with (listeners, interfaces).
-    pub config: Config,
+    /// The node part of the file rivorad started with (interfaces,
+    /// listeners): the VIPs live in the reconciler, once.
+    pub node: NodeRuntime,
     dp: Datapath,
     attached: Vec<Attached>,
     tx: mpsc::Sender<Command>,
@@ -204,7 +205,7 @@ impl Daemon {
 
         let mut d = Self {
             opts,
-            config: cfg.clone(),
+            node: cfg.node_settings(),
             dp,
             attached: Vec::new(),
             // Replaced below, once the reconciler's thread runs.
@@ -265,14 +266,13 @@ impl Daemon {
 
     fn attach(&mut self) -> Result<(), DaemonError> {
         let listed: BTreeSet<String> = self
-            .config
-            .file
+            .node
             .interfaces
             .iter()
             .map(|i| i.name.clone())
             .collect();
         self.drop_unlisted_links(&listed);
-        for ifc in self.config.file.interfaces.clone() {
+        for ifc in self.node.interfaces.clone() {
             let (ifindex, _) = net::interface(&ifc.name)?;
             let (xdp, tc) = self.attach_one(&ifc.name, ifindex, ifc.xdp_mode)?;
             info!(interface = %ifc.name, ifindex, xdp = ?xdp.xdp_mode, "attached");

@@ -20,7 +20,7 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::oneshot;
@@ -171,17 +171,23 @@ impl NodeFacts for KernelFacts {
     }
 }
 
-/// What the writer was last given for a VIP.
+/// What the writer was last given for a VIP. Kept small: at full scale
+/// there are 4,096 of these.
 #[derive(Debug, Clone)]
 struct Written {
     owner: Owner,
-    /// As the source wanted it.
-    desired: DesiredVip,
-    /// With drains applied, before MACs were resolved: what decides
-    /// whether the VIP must be written again.
-    effective: Vip,
-    /// What the writer holds (MACs resolved).
-    vip: Vip,
+    /// As the source wanted it (shared with the store).
+    desired: Arc<DesiredVip>,
+    /// With operator drains applied, when they change it: what decides
+    /// whether the VIP must be written again. None: `desired.vip` as is.
+    drained: Option<Vip>,
+}
+
+impl Written {
+    /// The VIP as written, less the MACs resolved for it.
+    fn effective(&self) -> &Vip {
+        self.drained.as_ref().unwrap_or(&self.desired.vip)
+    }
 }
 
 pub struct Reconciler<S: MapStore = Maps, F: NodeFacts = KernelFacts> {
@@ -484,18 +490,22 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         Ok(n)
     }
 
-    /// The VIP as the writer should hold it, before MACs: operator drains
-    /// for one VIP are a weight of 0 (no new flows for that VIP;
-    /// established ones continue through the affinity table).
-    fn effective(&self, d: &DesiredVip) -> Vip {
+    /// The VIP as the writer should hold it, before MACs, when operator
+    /// drains for this VIP change it: a weight of 0 (no new flows for
+    /// that VIP; established ones continue through the affinity table).
+    fn drained(&self, d: &DesiredVip) -> Option<Vip> {
+        let key = d.vip.key();
+        let hit = |b: &crate::model::Backend| self.drains.contains(&(Some(key), b.target()));
+        if !d.vip.backends.iter().any(|b| hit(b) && b.weight != 0) {
+            return None;
+        }
         let mut v = d.vip.clone();
-        let key = v.key();
         for b in &mut v.backends {
-            if self.drains.contains(&(Some(key), b.target())) {
+            if hit(b) {
                 b.weight = 0;
             }
         }
-        v
+        Some(v)
     }
 
     /// Make the maps hold the merged desired state, touching only the
@@ -558,13 +568,15 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         let mut l3dsr = false;
         for (key, (owner, d)) in &merged.vips {
             l3dsr |= d.vip.mode == Mode::L3Dsr;
-            let effective = self.effective(d);
+            let drained = self.drained(d);
+            let effective = drained.as_ref().unwrap_or(&d.vip);
             if let Some(w) = self.written.get_mut(key) {
-                if w.effective == effective {
+                if w.effective() == effective {
                     // Unchanged for the maps; the owner, name or probes
                     // may still have changed.
                     w.owner = owner.clone();
-                    w.desired = d.clone();
+                    w.desired = Arc::clone(d);
+                    w.drained = drained;
                     continue;
                 }
             }
@@ -605,9 +617,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                         *key,
                         Written {
                             owner: owner.clone(),
-                            desired: d.clone(),
-                            effective,
-                            vip,
+                            desired: Arc::clone(d),
+                            drained,
                         },
                     );
                 }
@@ -692,7 +703,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 targets.push(ProbeTarget {
                     key: (*key, target),
                     addr: SocketAddr::new(b.addr, b.service_port(&key.ports)),
-                    spec: spec.clone(),
+                    spec: (**spec).clone(),
                     initial,
                 });
             }
@@ -721,7 +732,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         let named: BTreeSet<BackendTarget> = self
             .written
             .values()
-            .flat_map(|w| w.vip.backends.iter().map(|b| b.target()))
+            .flat_map(|w| w.desired.vip.backends.iter().map(|b| b.target()))
             .collect();
         for t in self.writer.down_targets() {
             if named.contains(&t) && !probed.contains(&t) && !self.probe_down.contains_key(&t) {
@@ -853,8 +864,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             let Some(w) = self.written.get(&key) else {
                 continue;
             };
-            let backends = w
-                .vip
+            let vip = w.effective();
+            let backends = vip
                 .backends
                 .iter()
                 .zip(info.backend_ids.iter())
@@ -885,8 +896,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 owner: w.owner.clone(),
                 svc_id: info.svc_id,
                 slice: info.slice,
-                mode: w.vip.mode,
-                affinity: w.vip.affinity,
+                mode: vip.mode,
+                affinity: vip.affinity,
                 backends,
             });
         }

@@ -184,7 +184,7 @@ impl Harness {
 fn local_vip(port: u16, backend: SocketAddr, spec: Option<HealthCheckSpec>) -> DesiredVip {
     let mut v = vip("10.0.0.1", port, &[]);
     v.vip.backends = vec![Backend::new(backend.ip(), backend.port())];
-    v.health = vec![spec];
+    v.health = vec![spec.map(Arc::new)];
     v
 }
 

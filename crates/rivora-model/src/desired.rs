@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -47,17 +48,18 @@ impl fmt::Display for SourceKind {
 }
 
 /// One object of a source: the file's path, a Service's `ns/name`.
+/// Cheap to clone: every VIP of an object names it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Owner {
     pub source: SourceKind,
-    pub object: String,
+    pub object: Arc<str>,
 }
 
 impl Owner {
-    pub fn new(source: SourceKind, object: impl Into<String>) -> Self {
+    pub fn new(source: SourceKind, object: impl AsRef<str>) -> Self {
         Self {
             source,
-            object: object.into(),
+            object: Arc::from(object.as_ref()),
         }
     }
 }
@@ -76,8 +78,9 @@ pub struct DesiredVip {
     /// A label for humans (rivoractl, metrics).
     pub name: String,
     /// The active check of each backend, index for index with
-    /// `vip.backends` (None: not probed).
-    pub health: Vec<Option<HealthCheckSpec>>,
+    /// `vip.backends` (None: not probed). Shared: many backends and VIPs
+    /// use one spec, and unprobed ones cost a pointer.
+    pub health: Vec<Option<Arc<HealthCheckSpec>>>,
 }
 
 impl DesiredVip {
@@ -110,10 +113,11 @@ impl fmt::Display for Conflict {
     }
 }
 
-/// Everything merged: one owner per VIP key.
+/// Everything merged: one owner per VIP key. The VIPs are shared with
+/// the store, not copied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Merged {
-    pub vips: BTreeMap<VipKey, (Owner, DesiredVip)>,
+    pub vips: BTreeMap<VipKey, (Owner, Arc<DesiredVip>)>,
     pub conflicts: Vec<Conflict>,
 }
 
@@ -121,7 +125,7 @@ pub struct Merged {
 struct Entry {
     /// When the object first said anything: older claims win.
     seq: u64,
-    vips: Vec<DesiredVip>,
+    vips: Vec<Arc<DesiredVip>>,
 }
 
 /// What every object of every source wants.
@@ -166,6 +170,7 @@ impl DesiredStore {
             self.objects.remove(&owner);
             return;
         }
+        let vips: Vec<Arc<DesiredVip>> = vips.into_iter().map(Arc::new).collect();
         match self.objects.get_mut(&owner) {
             Some(e) => e.vips = vips,
             None => {
@@ -204,7 +209,7 @@ impl DesiredStore {
                         refused: owner.clone(),
                     }),
                     None => {
-                        out.vips.insert(key, (owner.clone(), v.clone()));
+                        out.vips.insert(key, (owner.clone(), Arc::clone(v)));
                     }
                 }
             }
@@ -215,6 +220,7 @@ impl DesiredStore {
 
 /// The static file's VIPs, each with its name and its backends' checks.
 pub fn from_config(cfg: &Config) -> Vec<DesiredVip> {
+    let mut shared: Vec<Arc<HealthCheckSpec>> = Vec::new();
     cfg.desired
         .vips
         .iter()
@@ -226,6 +232,21 @@ pub fn from_config(cfg: &Config) -> Vec<DesiredVip> {
                 .map(|b| {
                     let probe = SocketAddr::new(b.addr, b.service_port(&key.ports));
                     cfg.health.get(&(key, probe)).cloned().flatten()
+                })
+                .collect::<Vec<_>>();
+            // One allocation per distinct spec, shared by every backend
+            // that uses it (a file's default check is usually all of them).
+            let health = health
+                .into_iter()
+                .map(|spec| {
+                    spec.map(|s| match shared.iter().find(|x| ***x == s) {
+                        Some(x) => Arc::clone(x),
+                        None => {
+                            let a = Arc::new(s);
+                            shared.push(Arc::clone(&a));
+                            a
+                        }
+                    })
                 })
                 .collect();
             DesiredVip {
@@ -276,6 +297,7 @@ mod tests {
         assert_eq!(m.vips.len(), 1);
         let (owner, v) = m.vips.values().next().unwrap();
         assert_eq!(owner, &svc("a/one"));
+        let v = &**v;
         assert_eq!(v.vip.backends[0].addr.to_string(), "10.1.0.1");
         assert_eq!(
             m.conflicts,
