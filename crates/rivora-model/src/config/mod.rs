@@ -25,13 +25,15 @@ use serde::{Deserialize, Serialize};
 use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
 use crate::model::XdpMode;
 use crate::model::{
-    Affinity, Backend, Capacity, CapacityError, DesiredState, Mac, Mode, ModelError, NodeSettings,
-    Ports, Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
+    Affinity, Backend, CapacityError, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports,
+    Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
 
 mod fields;
 mod yaml;
 
+/// What a file is checked to fit (the datapath's load-time sizes).
+pub use crate::model::Capacity;
 pub use yaml::{MAX_BYTES, MAX_DEPTH};
 
 /// Default API socket.
