@@ -639,7 +639,9 @@ impl NodeSettings {
             Err(ModelError::Vip {
                 vip: vip.key(),
                 field: "mode".into(),
-                problem: Problem::NoTunnelSource,
+                problem: Problem::NoTunnelSource {
+                    ipv6: vip.addr.is_ipv6(),
+                },
             })
         }
     }
@@ -883,8 +885,13 @@ pub enum Problem {
     DuplicateBackend(BackendTarget),
     #[error("DSR backend {0} has no MAC (not resolved yet)")]
     DsrWithoutMac(IpAddr),
-    #[error("L3 DSR needs the node's tunnel source address of this family")]
-    NoTunnelSource,
+    #[error(
+        "mode l3dsr needs the node's {} tunnel source (node.tunnelSource.{}): the outer \
+         source address of the encapsulated packets",
+        if *.ipv6 { "IPv6" } else { "IPv4" },
+        if *.ipv6 { "ipv6" } else { "ipv4" }
+    )]
+    NoTunnelSource { ipv6: bool },
     #[error("ifindex 0 is not an interface")]
     IfindexZero,
 }

@@ -530,6 +530,13 @@ fn messages_name_field_line_and_value() {
             "VIP tcp/10.0.0.100:8050-8200: port range overlaps VIP tcp/10.0.0.100:8000-8100 (vips[0])",
         ),
         (
+            "L3 DSR without a tunnel source",
+            edit("    mode: nat\n", "    mode: l3dsr\n").replacen("        port: 8080\n", "", 1),
+            7,
+            "vips[0].mode",
+            "VIP tcp/10.0.0.100:80: mode l3dsr needs the node's IPv4 tunnel source (node.tunnelSource.ipv4)",
+        ),
+        (
             "TCP API without a token",
             format!("api:\n  socket: /run/x.sock\n  listen: 127.0.0.1:9000\n{GOOD}"),
             3,
