@@ -234,3 +234,27 @@ fn abi_layout_matches_snapshot() {
         "the kernel ABI changed: bump RV_ABI_VERSION, plan the pinned-map migration, then re-bless"
     );
 }
+
+/// rivora-model cannot link the skeleton, so it mirrors the capacities
+/// its validator checks; a mirror that drifted from `rv_limits` would
+/// accept files the maps cannot hold (or refuse ones they can).
+#[test]
+fn the_models_capacities_are_the_abis() {
+    use rivora::model;
+    assert_eq!(model::MAX_VIPS, MAX_VIPS as usize, "RV_MAX_VIPS");
+    assert_eq!(
+        model::MAX_BACKENDS,
+        MAX_BACKENDS as usize,
+        "RV_MAX_BACKENDS"
+    );
+    assert_eq!(
+        model::MAGLEV_DEFAULT_SIZE,
+        MAGLEV_DEFAULT_SIZE,
+        "RV_MAGLEV_DEFAULT_SIZE"
+    );
+    assert_eq!(
+        model::MAX_IFACES,
+        rv_limits::RV_MAX_IFACES.0 as usize,
+        "RV_MAX_IFACES"
+    );
+}

@@ -364,3 +364,83 @@ fn stats_watch_repeats_with_rates() {
     assert!(out.matches("--- ").count() >= 2, "two samples: {out}");
     assert!(out.contains("PKT/S"), "later samples show rates: {out}");
 }
+
+/// The validator's newer refusals reach `config validate` as one short
+/// line each: `file:line: field: message` with the value, the limit and
+/// the count (issue 12: a 5,000-VIP file passed here, then a reload
+/// applied 4,096 of its VIPs).
+#[test]
+fn config_validate_refuses_what_the_datapath_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let vip = |addr: &str, port: &str, backends: &str| {
+        format!("  - {{address: {addr}, port: {port}, protocol: tcp, mode: nat, backends: [{backends}]}}\n")
+    };
+    let head = "interfaces: [{name: eth0}]\nvips:\n";
+    let many: String = (0..5000)
+        .map(|i| vip(&format!("10.0.{}.{}", i / 256, i % 256), "80", ""))
+        .collect();
+    let big: Vec<String> = (0..100)
+        .map(|k| format!("{{address: 10.1.0.{k}}}"))
+        .collect();
+    let cases: Vec<(&str, String, &[&str], &[&str])> = vec![
+        (
+            "5,000 VIPs",
+            format!("{head}{many}"),
+            &[],
+            &[":4099: vips[4096]: 5000 VIPs, over the datapath's limit of 4096; the first past it is VIP tcp/10.0.16.0:80"],
+        ),
+        (
+            "a backend at the VIP's address",
+            format!("{head}{}", vip("10.0.0.1", "80", "{address: 10.1.0.1}, {address: 10.0.0.1}")),
+            &[],
+            &[":3: vips[0].backends[1].address: VIP tcp/10.0.0.1:80: backend 10.0.0.1 is the VIP's own address"],
+        ),
+        (
+            "a broadcast VIP",
+            format!("{head}{}", vip("255.255.255.255", "80", "")),
+            &[],
+            &[":3: vips[0].address: VIP tcp/255.255.255.255:80: 255.255.255.255 is the broadcast address"],
+        ),
+        (
+            "a single port inside a range",
+            format!("{head}{}{}", vip("10.0.0.1", "8000-8100", ""), vip("10.0.0.1", "8080", "")),
+            &[],
+            &[
+                ":4: vips[1].port: VIP tcp/10.0.0.1:8080: port 8080 is also inside the range of VIP tcp/10.0.0.1:8000-8100 (vips[0])",
+                "split the range around it (8000-8079 and 8081-8100)",
+            ],
+        ),
+        (
+            "a VIP too big for rivorad's -maglev-size",
+            format!("{head}{}", vip("10.0.0.1", "80", &big.join(", "))),
+            &["--maglev-size", "1021"],
+            &[":3: vips[0]: the VIPs need 2560 Maglev slots, over the table's 1021"],
+        ),
+    ];
+    for (i, (what, text, flags, says)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("case{i}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        let mut args = vec!["config", "validate", file.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let o = run(Path::new("/nonexistent"), &args);
+        assert_exit(&o, 1);
+        let err = stderr(&o);
+        let at = format!("rivoractl: {}:", file.display());
+        assert!(err.starts_with(&at), "{what}: {err}");
+        for s in *says {
+            assert!(err.contains(s), "{what}: {err:?} lacks {s:?}");
+        }
+        assert_eq!(err.lines().count(), 1, "{what}: one line: {err}");
+        assert!(err.len() < 400, "{what}: {} bytes: {err}", err.len());
+    }
+    // The same file fits the default table, as rivorad without the flag.
+    let o = run(
+        Path::new("/nonexistent"),
+        &[
+            "config",
+            "validate",
+            dir.path().join("case4.yaml").to_str().unwrap(),
+        ],
+    );
+    assert_exit(&o, 0);
+}

@@ -141,7 +141,10 @@ fn main() -> Result<()> {
         }
     };
     if args.check {
-        let c = rivora::config::load(&config)?;
+        let capacity = rivora::model::Capacity {
+            maglev_size: args.maglev_size,
+        };
+        let c = rivora::config::load_with(&config, &capacity)?;
         println!("{}", rivora::config::summary(&c));
         return Ok(());
     }

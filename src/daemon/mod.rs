@@ -93,6 +93,9 @@ impl Daemon {
             flow_table_size: opts.flow_table_size,
         };
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
+        let capacity = config::Capacity {
+            maglev_size: opts.maglev_size,
+        };
         // A restart spends most of its time in the verifier (xdp_ingress),
         // so over existing pins, once the preflight has shown they fit
         // this binary, the objects load on one thread while this one
@@ -110,7 +113,7 @@ impl Daemon {
                     });
                     // An early return here still joins the loader (the
                     // scope does).
-                    let cfg = config::load(&opts.config)?;
+                    let cfg = config::load_with(&opts.config, &capacity)?;
                     let config_ms = ms(t0);
                     let t = std::time::Instant::now();
                     let writer = Writer::open_pinned(&opts.pin_dir)?;
@@ -121,7 +124,7 @@ impl Daemon {
                     Ok((cfg, config_ms, dp, load_ms, writer, adopt_ms))
                 })?
             } else {
-                let cfg = config::load(&opts.config)?;
+                let cfg = config::load_with(&opts.config, &capacity)?;
                 let config_ms = ms(t0);
                 let t = std::time::Instant::now();
                 let dp = Datapath::load(&load_opts)?;

@@ -60,6 +60,8 @@ pub struct FileSource {
     tx: Mutex<Sender>,
     /// The interfaces attached at start (they change at a restart only).
     interfaces: Vec<String>,
+    /// What a reload must fit: the datapath's, as checked at start.
+    capacity: config::Capacity,
     /// One reload at a time, so their answers come in order.
     reloading: tokio::sync::Mutex<()>,
 }
@@ -70,6 +72,7 @@ impl FileSource {
             path,
             tx: Mutex::new(tx),
             interfaces: node_conf(started_with).interfaces,
+            capacity: started_with.capacity,
             reloading: tokio::sync::Mutex::new(()),
         }
     }
@@ -91,7 +94,8 @@ impl FileSource {
     pub async fn reload(&self) -> Result<(), ReloadError> {
         let _one = self.reloading.lock().await;
         let path = self.path.clone();
-        let parsed = tokio::task::spawn_blocking(move || config::load(&path))
+        let capacity = self.capacity;
+        let parsed = tokio::task::spawn_blocking(move || config::load_with(&path, &capacity))
             .await
             .map_err(|_| ReloadError::Stopped)?;
         let cfg = match parsed {

@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::maglev;
+
 /// Largest backend weight. Gateway API's backendRef weight goes to
 /// 1,000,000, and Maglev shares are computed in 128-bit arithmetic, so
 /// that range costs nothing.
@@ -20,6 +22,73 @@ pub const MAX_RATE_PER_SEC: u32 = 10_000_000;
 pub const MAX_BURST: u32 = 10_000_000;
 /// ClientIP affinity timeout bounds (Kubernetes' sessionAffinityConfig).
 pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+
+// The datapath's capacities, mirrored from `rv_limits` in
+// include/rivora/abi.h: this crate cannot link the BPF skeleton whose
+// BTF carries them, so tests/abi_layout.rs asserts each equals the ABI's.
+
+/// Services (`RV_MAX_VIPS`): one service id per VIP.
+pub const MAX_VIPS: usize = 4096;
+/// Backends (`RV_MAX_BACKENDS`): one backend id per distinct backend
+/// identity (address, port, MAC), shared by every VIP that lists it.
+pub const MAX_BACKENDS: usize = 8192;
+/// Slots of the shared Maglev table unless rivorad is given
+/// `-maglev-size` (`RV_MAGLEV_DEFAULT_SIZE`).
+pub const MAGLEV_DEFAULT_SIZE: u32 = 65_537;
+/// Interfaces whose MAC the datapath keeps (`RV_MAX_IFACES`).
+pub const MAX_IFACES: usize = 256;
+
+/// What a desired state must fit in besides the fixed capacities: the
+/// Maglev table's size is a load-time setting of the datapath.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Slots in the shared Maglev table (rivorad's `-maglev-size`).
+    pub maglev_size: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            maglev_size: MAGLEV_DEFAULT_SIZE,
+        }
+    }
+}
+
+/// Why an address cannot be a VIP's or a backend's, if it cannot.
+/// Checked for both: the datapath forwards between unicast hosts only.
+fn unusable(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() {
+        return Some("the unspecified address, which no client can connect to");
+    }
+    if addr.is_multicast() {
+        return Some("a multicast address; VIPs and backends are unicast");
+    }
+    if addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        return Some("the broadcast address; VIPs and backends are unicast");
+    }
+    None
+}
+
+/// Why an address cannot be a VIP's, on top of [`unusable`].
+fn unusable_vip(addr: IpAddr) -> Option<String> {
+    if let Some(why) = unusable(addr) {
+        return Some(why.into());
+    }
+    if addr.is_loopback() {
+        // Routers do not forward loopback destinations, and the kernel
+        // drops them as martians when they arrive on an interface.
+        return Some("a loopback address, which never arrives from another host".into());
+    }
+    if let IpAddr::V6(a) = addr {
+        if let Some(v4) = a.to_ipv4_mapped() {
+            // RFC 4291 2.5.5.2: never the destination of an IPv6 packet.
+            return Some(format!(
+                "an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address {v4}"
+            ));
+        }
+    }
+    None
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -358,8 +427,14 @@ impl Vip {
             }
             Ports::One(_) => {}
         }
-        if self.addr.is_unspecified() || self.addr.is_multicast() {
-            return Err(err("addr".into(), Problem::NotUnicast(self.addr)));
+        if let Some(why) = unusable_vip(self.addr) {
+            return Err(err(
+                "addr".into(),
+                Problem::Unusable {
+                    addr: self.addr,
+                    why,
+                },
+            ));
         }
         if let Affinity::ClientIp { timeout_s } = self.affinity {
             if timeout_s == 0 || timeout_s > MAX_AFFINITY_TIMEOUT_S {
@@ -388,8 +463,19 @@ impl Vip {
                     },
                 ));
             }
-            if b.addr.is_unspecified() || b.addr.is_multicast() {
-                return Err(err(field("addr"), Problem::NotUnicast(b.addr)));
+            if let Some(why) = unusable(b.addr) {
+                return Err(err(
+                    field("addr"),
+                    Problem::Unusable {
+                        addr: b.addr,
+                        why: why.into(),
+                    },
+                ));
+            }
+            if b.addr == self.addr {
+                // The datapath would send the VIP's traffic back to the
+                // VIP: a loop in NAT, a frame to ourselves in DSR.
+                return Err(err(field("addr"), Problem::BackendIsVip(b.addr)));
             }
             if b.weight > MAX_WEIGHT {
                 return Err(err(
@@ -512,20 +598,21 @@ impl NodeSettings {
                 problem,
             })?;
         }
-        if let Some(a) = self.tunnel_src4 {
-            if a.is_unspecified() || a.is_multicast() {
-                return Err(ModelError::Node {
-                    field: "tunnel_src4".into(),
-                    problem: Problem::NotUnicast(a.into()),
-                });
-            }
-        }
-        if let Some(a) = self.tunnel_src6 {
-            if a.is_unspecified() || a.is_multicast() {
-                return Err(ModelError::Node {
-                    field: "tunnel_src6".into(),
-                    problem: Problem::NotUnicast(a.into()),
-                });
+        let sources = [
+            ("tunnel_src4", self.tunnel_src4.map(IpAddr::V4)),
+            ("tunnel_src6", self.tunnel_src6.map(IpAddr::V6)),
+        ];
+        for (field, addr) in sources {
+            if let Some(addr) = addr {
+                if let Some(why) = unusable(addr) {
+                    return Err(ModelError::Node {
+                        field: field.into(),
+                        problem: Problem::Unusable {
+                            addr,
+                            why: why.into(),
+                        },
+                    });
+                }
             }
         }
         if self.interface_macs.contains_key(&0) {
@@ -552,14 +639,13 @@ impl NodeSettings {
             Err(ModelError::Vip {
                 vip: vip.key(),
                 field: "mode".into(),
-                problem: Problem::NoTunnelSource,
+                problem: Problem::NoTunnelSource {
+                    ipv6: vip.addr.is_ipv6(),
+                },
             })
         }
     }
 }
-
-/// A port range already claimed on one (address, protocol).
-type RangeSeen = (u16, u16, VipKey);
 
 /// Everything the dataplane should hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -571,14 +657,16 @@ pub struct DesiredState {
 }
 
 impl DesiredState {
-    /// Every check, including the cross-VIP ones (duplicates, overlapping
-    /// port ranges) and readiness for the writer. The first problem found
-    /// rejects the whole state.
+    /// Every check, including the cross-VIP ones (duplicates, ports
+    /// claimed twice) and readiness for the writer. The first problem
+    /// found rejects the whole state. Capacities are apart, in
+    /// [`DesiredState::check_capacity`].
     pub fn validate(&self) -> Result<(), ModelError> {
         self.node.validate()?;
         let mut keys = BTreeSet::new();
-        // (addr, proto) -> ranges seen, to find overlaps.
-        let mut ranges: BTreeMap<(IpAddr, Protocol), Vec<RangeSeen>> = BTreeMap::new();
+        // The VIPs on each (address, protocol), to find a port claimed
+        // twice: the datapath gives each port to one VIP only.
+        let mut claims: BTreeMap<(IpAddr, Protocol), Vec<VipKey>> = BTreeMap::new();
         for vip in &self.vips {
             vip.validate()?;
             vip.check_resolved()?;
@@ -587,21 +675,189 @@ impl DesiredState {
             if !keys.insert(key) {
                 return Err(ModelError::DuplicateVip(key));
             }
-            if let Ports::Range { first, last } = vip.ports {
-                let list = ranges.entry((vip.addr, vip.proto)).or_default();
-                for (f, l, other) in list.iter() {
-                    if first <= *l && *f <= last {
-                        return Err(ModelError::OverlappingRanges {
+            let (first, last) = vip.ports.bounds();
+            let list = claims.entry((vip.addr, vip.proto)).or_default();
+            for other in list.iter() {
+                let (f, l) = other.ports.bounds();
+                if first <= l && f <= last {
+                    return Err(match (vip.ports, other.ports) {
+                        (Ports::Range { .. }, Ports::Range { .. }) => {
+                            ModelError::OverlappingRanges {
+                                vip: key,
+                                other: *other,
+                            }
+                        }
+                        _ => ModelError::PortInRange {
                             vip: key,
                             other: *other,
-                        });
-                    }
+                        },
+                    });
                 }
-                list.push((first, last, key));
             }
+            list.push(key);
         }
         Ok(())
     }
+
+    /// Whether the state fits the datapath's maps: service ids, backend
+    /// ids and the shared Maglev table. Checked before anything is
+    /// written, so that a state too big is refused whole rather than
+    /// applied in part. Names the first VIP (or backend) past the limit.
+    pub fn check_capacity(&self, cap: &Capacity) -> Result<(), CapacityError> {
+        if self.vips.len() > MAX_VIPS {
+            return Err(CapacityError::Vips {
+                count: self.vips.len(),
+                index: MAX_VIPS,
+                first: self.vips[MAX_VIPS].key(),
+            });
+        }
+        // One backend id per identity. A DSR MAC still to be resolved
+        // counts as its own identity: it may resolve to a MAC another VIP
+        // gives, so this errs by at most one id per such backend.
+        let mut ids: HashSet<(IpAddr, u16, Option<Mac>, bool)> = HashSet::new();
+        let mut first_past: Option<(usize, usize)> = None;
+        for (i, v) in self.vips.iter().enumerate() {
+            for (j, b) in v.backends.iter().enumerate() {
+                let unresolved = v.mode == Mode::Dsr && b.mac.is_none();
+                if ids.insert((b.addr, b.port, b.mac, unresolved))
+                    && ids.len() > MAX_BACKENDS
+                    && first_past.is_none()
+                {
+                    first_past = Some((i, j));
+                }
+            }
+        }
+        if let Some((i, j)) = first_past {
+            return Err(CapacityError::Backends {
+                count: ids.len(),
+                vip: self.vips[i].key(),
+                index: i,
+                backend_index: j,
+                backend: self.vips[i].backends[j].target(),
+            });
+        }
+        let size = u64::from(cap.maglev_size);
+        let mut needed = 0u64;
+        let mut first_past = None;
+        for (i, v) in self.vips.iter().enumerate() {
+            needed += u64::from(maglev::slice_size(v.backends.len()));
+            if needed > size && first_past.is_none() {
+                first_past = Some(i);
+            }
+        }
+        if let Some(i) = first_past {
+            let v = &self.vips[i];
+            return Err(CapacityError::MaglevSlots {
+                needed,
+                size: cap.maglev_size,
+                vip: v.key(),
+                index: i,
+                backends: v.backends.len(),
+                slice: maglev::slice_size(v.backends.len()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A state bigger than the datapath holds. `index` is the position in
+/// [`DesiredState::vips`] of the first VIP past the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapacityError {
+    #[error(
+        "{count} VIPs, over the datapath's limit of {MAX_VIPS}; the first past it is VIP {first}"
+    )]
+    Vips {
+        count: usize,
+        index: usize,
+        first: VipKey,
+    },
+    #[error(
+        "{count} distinct backends (address, port, MAC) over all VIPs, over the datapath's \
+         limit of {MAX_BACKENDS}; the first past it is backend {} of VIP {vip}",
+        as_written(.backend)
+    )]
+    Backends {
+        count: usize,
+        vip: VipKey,
+        index: usize,
+        backend_index: usize,
+        backend: BackendTarget,
+    },
+    #[error(
+        "the VIPs need {needed} Maglev slots, over the table's {size} (rivorad -maglev-size); \
+         the first that does not fit is VIP {vip}, whose {backends} backend(s) take a \
+         {slice}-slot slice"
+    )]
+    MaglevSlots {
+        needed: u64,
+        size: u32,
+        vip: VipKey,
+        index: usize,
+        backends: usize,
+        slice: u32,
+    },
+}
+
+/// A backend as a file writes it: port 0 (the client's port) left out.
+fn as_written(t: &BackendTarget) -> String {
+    if t.port == 0 {
+        t.addr.to_string()
+    } else {
+        t.to_string()
+    }
+}
+
+impl CapacityError {
+    /// Position of the first VIP past the limit.
+    pub fn index(&self) -> usize {
+        match self {
+            CapacityError::Vips { index, .. }
+            | CapacityError::Backends { index, .. }
+            | CapacityError::MaglevSlots { index, .. } => *index,
+        }
+    }
+}
+
+/// A single port inside a range on the same address and protocol: which
+/// VIP should have it is ambiguous, so both are named and the range's
+/// split suggested. `where_other` follows the other VIP's name (the
+/// configuration file puts its index there).
+pub(crate) fn port_in_range(vip: &VipKey, other: &VipKey, where_other: &str) -> String {
+    let (single, range, this_is_single) = match vip.ports {
+        Ports::One(_) => (vip, other, true),
+        Ports::Range { .. } => (other, vip, false),
+    };
+    let port = single.ports.bounds().0;
+    let (f, l) = range.ports.bounds();
+    let part = |a: u16, b: u16| {
+        if a == b {
+            a.to_string()
+        } else {
+            format!("{a}-{b}")
+        }
+    };
+    let mut parts = Vec::new();
+    if port > f {
+        parts.push(part(f, port - 1));
+    }
+    if port < l {
+        parts.push(part(port + 1, l));
+    }
+    let fix = if parts.is_empty() {
+        "remove one of them".to_string()
+    } else {
+        format!(
+            "split the range around it ({}) or remove one",
+            parts.join(" and ")
+        )
+    };
+    let clash = if this_is_single {
+        format!("port {port} is also inside the range of VIP {range}{where_other}")
+    } else {
+        format!("the range holds port {port}, which VIP {single}{where_other} has")
+    };
+    format!("VIP {vip}: {clash}; a port belongs to one VIP: {fix}")
 }
 
 /// What is wrong, independent of where.
@@ -611,8 +867,10 @@ pub enum Problem {
     PortZero,
     #[error("port range {first}-{last} is empty (first after last)")]
     EmptyPortRange { first: u16, last: u16 },
-    #[error("{0} is not a unicast address")]
-    NotUnicast(IpAddr),
+    #[error("{addr} is {why}")]
+    Unusable { addr: IpAddr, why: String },
+    #[error("backend {0} is the VIP's own address: the VIP would forward to itself")]
+    BackendIsVip(IpAddr),
     #[error("backend {backend} is not of the VIP's address family ({vip})")]
     FamilyMismatch { vip: IpAddr, backend: IpAddr },
     #[error("{value} is out of range {min}..={max}")]
@@ -627,8 +885,13 @@ pub enum Problem {
     DuplicateBackend(BackendTarget),
     #[error("DSR backend {0} has no MAC (not resolved yet)")]
     DsrWithoutMac(IpAddr),
-    #[error("L3 DSR needs the node's tunnel source address of this family")]
-    NoTunnelSource,
+    #[error(
+        "mode l3dsr needs the node's {} tunnel source (node.tunnelSource.{}): the outer \
+         source address of the encapsulated packets",
+        if *.ipv6 { "IPv6" } else { "IPv4" },
+        if *.ipv6 { "ipv6" } else { "ipv4" }
+    )]
+    NoTunnelSource { ipv6: bool },
     #[error("ifindex 0 is not an interface")]
     IfindexZero,
 }
@@ -647,6 +910,10 @@ pub enum ModelError {
     DuplicateVip(VipKey),
     #[error("VIP {vip}: port range overlaps VIP {other}")]
     OverlappingRanges { vip: VipKey, other: VipKey },
+    /// One VIP's single port inside the other's range (`vip` is the later
+    /// of the two).
+    #[error("{}", port_in_range(.vip, .other, ""))]
+    PortInRange { vip: VipKey, other: VipKey },
     #[error("node settings: {field}: {problem}")]
     Node {
         field: String,

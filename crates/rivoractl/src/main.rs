@@ -94,7 +94,13 @@ enum BackendCommand {
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
     /// Check a configuration file offline with rivorad's own validator.
-    Validate { file: PathBuf },
+    Validate {
+        file: PathBuf,
+        /// Slots in the Maglev table the file must fit: rivorad's
+        /// -maglev-size, if it was given one.
+        #[arg(long, value_name = "SLOTS", default_value_t = rivora_model::model::MAGLEV_DEFAULT_SIZE)]
+        maglev_size: u32,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -196,9 +202,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             format!("reload {}\n", render::reload_line(r))
         }),
         Command::Stats { watch, interval } => stats(&cli, *watch, *interval),
-        Command::Config(ConfigCommand::Validate { file }) => {
+        Command::Config(ConfigCommand::Validate { file, maglev_size }) => {
             // The same validator rivorad runs at start and on reload.
-            let cfg = rivora_model::config::load(file)?;
+            let capacity = rivora_model::config::Capacity {
+                maglev_size: *maglev_size,
+            };
+            let cfg = rivora_model::config::load_with(file, &capacity)?;
             let summary = rivora_model::config::summary(&cfg);
             match cli.output {
                 Output::Json => println!(

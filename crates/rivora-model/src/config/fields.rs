@@ -17,6 +17,18 @@ use serde::Deserialize;
 
 use crate::model::{Mac, Ports, MAX_AFFINITY_TIMEOUT_S, MAX_BURST, MAX_RATE_PER_SEC, MAX_WEIGHT};
 
+/// A value as the file wrote it, quoted; a long one shortened, so that
+/// the message still reads as a sentence.
+pub(super) fn quoted(v: &str) -> String {
+    const KEEP: usize = 40;
+    let n = v.chars().count();
+    if n <= KEEP + 8 {
+        return format!("{v:?}");
+    }
+    let head: String = v.chars().take(KEEP).collect();
+    format!("{:?} ({n} characters)", format!("{head}…"))
+}
+
 /// A value written as a string and read with `FromStr`; `what` completes
 /// "... is not {what}" and "expected {what}".
 struct Parsed<T> {
@@ -42,7 +54,7 @@ impl<T: FromStr> Visitor<'_> for Parsed<T> {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
         v.parse()
-            .map_err(|_| E::custom(format!("{v:?} is not {}", self.what)))
+            .map_err(|_| E::custom(format!("{} is not {}", quoted(v), self.what)))
     }
 }
 
@@ -121,7 +133,8 @@ pub(super) fn interface_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, 
                 Ok(v.to_string())
             } else {
                 Err(E::custom(format!(
-                    "{v:?} is not an interface name (1 to 15 characters, no '/', ':' or spaces)"
+                    "{} is not an interface name (1 to 15 characters, no '/', ':' or spaces)",
+                    quoted(v)
                 )))
             }
         }
@@ -179,8 +192,10 @@ impl Visitor<'_> for Bounded {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
         Err(E::custom(format!(
-            "{v:?} is not a number (want a whole number from {} to {})",
-            self.min, self.max
+            "{} is not a number (want a whole number from {} to {})",
+            quoted(v),
+            self.min,
+            self.max
         )))
     }
 }
@@ -243,7 +258,7 @@ pub(super) fn ports<'de, D: Deserializer<'de>>(d: D) -> Result<Ports, D::Error> 
             Err(E::custom(format!("{v} is not {PORT_SPEC}")))
         }
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Ports, E> {
-            let bad = || E::custom(format!("{v:?} is not {PORT_SPEC}"));
+            let bad = || E::custom(format!("{} is not {PORT_SPEC}", quoted(v)));
             let num = |s: &str| -> Result<u64, E> { s.trim().parse::<u64>().map_err(|_| bad()) };
             match v.split_once('-') {
                 None => V::one(num(v)?).map(Ports::One),
@@ -251,7 +266,8 @@ pub(super) fn ports<'de, D: Deserializer<'de>>(d: D) -> Result<Ports, D::Error> 
                     let (first, last) = (V::one(num(a)?)?, V::one(num(b)?)?);
                     if first > last {
                         return Err(E::custom(format!(
-                            "{v:?} is an empty port range (the first port is after the last)"
+                            "{} is an empty port range (the first port is after the last)",
+                            quoted(v)
                         )));
                     }
                     Ok(Ports::Range { first, last })

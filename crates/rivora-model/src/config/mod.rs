@@ -25,13 +25,15 @@ use serde::{Deserialize, Serialize};
 use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
 use crate::model::XdpMode;
 use crate::model::{
-    Affinity, Backend, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports, Protocol,
-    RateLimit, Vip, VipKey,
+    Affinity, Backend, CapacityError, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports,
+    Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
 
 mod fields;
 mod yaml;
 
+/// What a file is checked to fit (the datapath's load-time sizes).
+pub use crate::model::Capacity;
 pub use yaml::{MAX_BYTES, MAX_DEPTH};
 
 /// Default API socket.
@@ -302,6 +304,9 @@ pub struct Config {
     pub health: BTreeMap<(VipKey, SocketAddr), Option<HealthCheckSpec>>,
     /// Display names, by VIP key.
     pub names: BTreeMap<VipKey, String>,
+    /// What the file was checked to fit: a reload is checked against
+    /// the same.
+    pub capacity: Capacity,
 }
 
 /// The node's runtime settings, apart from the VIPs: what the daemon
@@ -336,6 +341,46 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// Longest message and field path kept: a file can quote a value or name
+/// a key of any length, and one error once came to 70 KB.
+const MAX_MESSAGE: usize = 400;
+const MAX_FIELD: usize = 160;
+
+/// `s` at most `max` bytes: its start and its end (which often says
+/// what was expected) around an ellipsis.
+fn elide(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let floor = |mut i: usize| {
+        while !s.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let ceil = |mut i: usize| {
+        while !s.is_char_boundary(i) {
+            i += 1;
+        }
+        i
+    };
+    let head = floor(max * 3 / 4);
+    let tail = ceil(s.len() - max / 4 + 3);
+    format!("{}…{}", &s[..head], &s[tail..])
+}
+
+impl ConfigError {
+    /// An error whose message and field are bounded in length.
+    pub fn new(file: &Path, line: Option<usize>, field: Option<String>, message: String) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            line,
+            field: field.map(|f| elide(f, MAX_FIELD)),
+            message: elide(message, MAX_MESSAGE),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file.display())?;
@@ -354,14 +399,16 @@ impl fmt::Display for ConfigError {
 /// Only a regular file of at most [`MAX_BYTES`] is read: a FIFO in the
 /// file's place would block the reader until something writes to it, and
 /// a huge file would hold the caller for as long as it takes to parse.
+/// The datapath's default capacities apply (see [`load_with`]).
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = read_bounded(path).map_err(|message| ConfigError {
-        file: path.to_path_buf(),
-        line: None,
-        field: None,
-        message,
-    })?;
-    parse(path, &text)
+    load_with(path, &Capacity::default())
+}
+
+/// [`load`], for a datapath of the given capacity (rivorad's
+/// `-maglev-size`).
+pub fn load_with(path: &Path, capacity: &Capacity) -> Result<Config, ConfigError> {
+    let text = read_bounded(path).map_err(|message| ConfigError::new(path, None, None, message))?;
+    parse_with(path, &text, capacity)
 }
 
 fn read_bounded(path: &Path) -> Result<String, String> {
@@ -401,13 +448,16 @@ fn read_bounded(path: &Path) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))
 }
 
-/// Validate text as if it were the file at `path`.
+/// Validate text as if it were the file at `path`, for a datapath of the
+/// default capacities.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-    let err = |line: Option<usize>, field: Option<String>, message: String| ConfigError {
-        file: path.to_path_buf(),
-        line,
-        field,
-        message,
+    parse_with(path, text, &Capacity::default())
+}
+
+/// [`parse`], for a datapath of the given capacity.
+pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config, ConfigError> {
+    let err = |line: Option<usize>, field: Option<String>, message: String| {
+        ConfigError::new(path, line, field, message)
     };
     // Before the parser sees it: its time grows faster than linearly with
     // nesting.
@@ -454,6 +504,15 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         return Err(fail(
             "interfaces",
             "at least one interface is needed".into(),
+        ));
+    }
+    if file.interfaces.len() > MAX_IFACES {
+        return Err(fail(
+            &format!("interfaces[{MAX_IFACES}]"),
+            format!(
+                "{} interfaces, over the datapath's limit of {MAX_IFACES}",
+                file.interfaces.len()
+            ),
         ));
     }
     for (i, ifc) in file.interfaces.iter().enumerate() {
@@ -548,15 +607,22 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         vips.push(vip);
     }
     let desired = DesiredState { node, vips };
+    // Before the shapes: its cost is bounded by the limits it checks,
+    // while the cross-VIP checks grow with the square of a file's VIPs.
+    desired
+        .check_capacity(capacity)
+        .map_err(|e| capacity_error(&e, &fail))?;
     // DSR MACs may still be missing here (resolved later from the
     // neighbour table): check everything else.
     validate_shapes(&desired).map_err(|e| model_error(&e, &file, &fail))?;
+    no_loopback_backends(&file, &fail)?;
     Ok(Config {
         path: path.to_path_buf(),
         file,
         desired,
         health,
         names,
+        capacity: *capacity,
     })
 }
 
@@ -565,6 +631,50 @@ fn rate_limit(r: RateLimitConf) -> RateLimit {
         rate_per_sec: r.rate_per_sec,
         burst: r.burst,
     }
+}
+
+/// A loopback backend cannot be reached through the datapath: NAT and
+/// L3 DSR would send to it out of an interface, where the kernel drops a
+/// loopback destination as a martian, and DSR finds no MAC for it. Here
+/// rather than in the model, whose reconciler tests probe real listeners
+/// on loopback without a datapath.
+fn no_loopback_backends(
+    file: &File,
+    fail: &impl Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    for (i, v) in file.vips.iter().enumerate() {
+        for (j, b) in v.backends.iter().enumerate() {
+            if b.address.is_loopback() {
+                let key = VipKey {
+                    addr: v.address,
+                    ports: v.port.0,
+                    proto: v.protocol,
+                };
+                return Err(fail(
+                    &format!("vips[{i}].backends[{j}].address"),
+                    format!(
+                        "VIP {key}: backend {} is a loopback address, which the datapath \
+                         cannot forward to; give the backend's address on the network",
+                        b.address
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A capacity error at the first VIP (or backend) past the limit.
+fn capacity_error(e: &CapacityError, fail: &impl Fn(&str, String) -> ConfigError) -> ConfigError {
+    let field = match e {
+        CapacityError::Backends {
+            index,
+            backend_index,
+            ..
+        } => format!("vips[{index}].backends[{backend_index}]"),
+        _ => format!("vips[{}]", e.index()),
+    };
+    fail(&field, e.to_string())
 }
 
 /// The model's checks, less "a DSR backend has a MAC", which the daemon
@@ -625,6 +735,13 @@ fn model_error(
         }
         ModelError::OverlappingRanges { vip, other } => match (index_of(vip), index_of(other)) {
             (Some(i), Some(j)) => fail(&format!("vips[{i}].port"), format!("{e} (vips[{j}])")),
+            _ => fail("vips", e.to_string()),
+        },
+        ModelError::PortInRange { vip, other } => match (index_of(vip), index_of(other)) {
+            (Some(i), Some(j)) => fail(
+                &format!("vips[{i}].port"),
+                crate::model::port_in_range(vip, other, &format!(" (vips[{j}])")),
+            ),
             _ => fail("vips", e.to_string()),
         },
         ModelError::Node { field, problem } => {

@@ -530,6 +530,13 @@ fn messages_name_field_line_and_value() {
             "VIP tcp/10.0.0.100:8050-8200: port range overlaps VIP tcp/10.0.0.100:8000-8100 (vips[0])",
         ),
         (
+            "L3 DSR without a tunnel source",
+            edit("    mode: nat\n", "    mode: l3dsr\n").replacen("        port: 8080\n", "", 1),
+            7,
+            "vips[0].mode",
+            "VIP tcp/10.0.0.100:80: mode l3dsr needs the node's IPv4 tunnel source (node.tunnelSource.ipv4)",
+        ),
+        (
             "TCP API without a token",
             format!("api:\n  socket: /run/x.sock\n  listen: 127.0.0.1:9000\n{GOOD}"),
             3,
@@ -818,4 +825,385 @@ fn not_a_configuration() {
         let e = parse_str(text).expect_err(text);
         assert!(e.message.contains(want), "{text:?}: {e}");
     }
+}
+
+/// `GOOD` with one more VIP (no backends) at line 12.
+fn plus_vip(address: &str, port: &str) -> String {
+    format!(
+        "{GOOD}  - address: \"{address}\"\n    port: {port}\n    protocol: tcp\n    mode: nat\n"
+    )
+}
+
+/// Addresses that cannot work and ports two VIPs would share were
+/// accepted without a word (issue 12, finding 9): each is refused with
+/// its field, its line and the value.
+#[test]
+fn unusable_addresses_and_shared_ports_are_refused() {
+    const B1: &str = "      - address: 10.1.0.2\n";
+    let ranged =
+        || edit("    port: 80\n", "    port: 8000-8100\n").replacen("        port: 8080\n", "", 1);
+    let cases: Vec<(&str, String, usize, &str, &str)> = vec![
+        // (what, file, line, field, message contains)
+        (
+            "a backend whose address is the VIP's",
+            edit(B1, "      - address: 10.0.0.100\n"),
+            11,
+            "vips[0].backends[1].address",
+            "VIP tcp/10.0.0.100:80: backend 10.0.0.100 is the VIP's own address: the VIP would forward to itself",
+        ),
+        (
+            "a broadcast VIP",
+            edit("address: 10.0.0.100", "address: 255.255.255.255"),
+            4,
+            "vips[0].address",
+            "255.255.255.255 is the broadcast address; VIPs and backends are unicast",
+        ),
+        (
+            "an unspecified VIP",
+            edit("address: 10.0.0.100", "address: 0.0.0.0"),
+            4,
+            "vips[0].address",
+            "0.0.0.0 is the unspecified address, which no client can connect to",
+        ),
+        (
+            "an unspecified IPv6 VIP",
+            plus_vip("::", "80"),
+            12,
+            "vips[1].address",
+            ":: is the unspecified address",
+        ),
+        (
+            "a multicast VIP",
+            edit("address: 10.0.0.100", "address: 239.1.1.1"),
+            4,
+            "vips[0].address",
+            "239.1.1.1 is a multicast address",
+        ),
+        (
+            "a multicast IPv6 VIP",
+            plus_vip("ff02::1", "80"),
+            12,
+            "vips[1].address",
+            "ff02::1 is a multicast address",
+        ),
+        (
+            "a loopback VIP",
+            edit("address: 10.0.0.100", "address: 127.0.0.53"),
+            4,
+            "vips[0].address",
+            "127.0.0.53 is a loopback address, which never arrives from another host",
+        ),
+        (
+            "a loopback IPv6 VIP",
+            plus_vip("::1", "80"),
+            12,
+            "vips[1].address",
+            "::1 is a loopback address",
+        ),
+        (
+            "an IPv4-mapped IPv6 VIP",
+            plus_vip("::ffff:10.0.0.7", "80"),
+            12,
+            "vips[1].address",
+            "::ffff:10.0.0.7 is an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address 10.0.0.7",
+        ),
+        (
+            "a broadcast backend",
+            edit(B1, "      - address: 255.255.255.255\n"),
+            11,
+            "vips[0].backends[1].address",
+            "255.255.255.255 is the broadcast address",
+        ),
+        (
+            "an unspecified backend",
+            edit(B1, "      - address: 0.0.0.0\n"),
+            11,
+            "vips[0].backends[1].address",
+            "0.0.0.0 is the unspecified address",
+        ),
+        (
+            "a multicast backend",
+            edit(B1, "      - address: 224.0.0.9\n"),
+            11,
+            "vips[0].backends[1].address",
+            "224.0.0.9 is a multicast address",
+        ),
+        (
+            "a loopback backend",
+            edit(B1, "      - address: 127.0.0.1\n"),
+            11,
+            "vips[0].backends[1].address",
+            "VIP tcp/10.0.0.100:80: backend 127.0.0.1 is a loopback address, which the datapath cannot forward to",
+        ),
+        (
+            "a broadcast tunnel source",
+            format!("node:\n  tunnelSource: {{ipv4: 255.255.255.255}}\n{GOOD}"),
+            2,
+            "node.tunnelSource.ipv4",
+            "255.255.255.255 is the broadcast address",
+        ),
+        (
+            "a range taking a single-port VIP's port",
+            plus_vip("10.0.0.100", "70-90"),
+            13,
+            "vips[1].port",
+            "VIP tcp/10.0.0.100:70-90: the range holds port 80, which VIP tcp/10.0.0.100:80 (vips[0]) has; \
+             a port belongs to one VIP: split the range around it (70-79 and 81-90) or remove one",
+        ),
+        (
+            "a single port inside a range VIP",
+            format!("{}  - address: 10.0.0.100\n    port: 8100\n    protocol: tcp\n    mode: nat\n", ranged()),
+            12,
+            "vips[1].port",
+            "VIP tcp/10.0.0.100:8100: port 8100 is also inside the range of VIP tcp/10.0.0.100:8000-8100 (vips[0]); \
+             a port belongs to one VIP: split the range around it (8000-8099) or remove one",
+        ),
+        (
+            "a one-port range over a single port",
+            plus_vip("10.0.0.100", "80-80"),
+            13,
+            "vips[1].port",
+            "the range holds port 80, which VIP tcp/10.0.0.100:80 (vips[0]) has; a port belongs to one VIP: remove one of them",
+        ),
+    ];
+    for (what, text, line, field, msg) in &cases {
+        let e = parse_str(text).expect_err(what);
+        let shown = e.to_string();
+        assert_eq!(e.field.as_deref(), Some(*field), "{what}: {shown}");
+        assert_eq!(e.line, Some(*line), "{what}: {shown}");
+        assert!(e.message.contains(msg), "{what}: {shown:?} lacks {msg:?}");
+        assert!(
+            shown.starts_with(&format!("rivora.yaml:{line}: {field}: ")),
+            "{what}: {shown}"
+        );
+    }
+    // What stays valid: the same port on another protocol or address, a
+    // range beside (not over) a single port, a link-local address.
+    for (what, text) in [
+        ("another protocol", format!("{GOOD}  - address: 10.0.0.100\n    port: 70-90\n    protocol: udp\n    mode: nat\n")),
+        ("another address", plus_vip("10.0.0.101", "70-90")),
+        ("a range beside the port", plus_vip("10.0.0.100", "81-90")),
+        ("a link-local VIP", plus_vip("169.254.10.1", "80")),
+    ] {
+        parse_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}
+
+/// A file of `n` VIPs (10.0.x.y:80), each listing `backends`.
+fn many_vips(n: usize, backends: &str) -> String {
+    let mut s = String::from("interfaces: [{name: eth0}]\nvips:\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "  - {{address: 10.0.{}.{}, port: 80, protocol: tcp, mode: nat, backends: {backends}}}\n",
+            i / 256,
+            i % 256
+        ));
+    }
+    s
+}
+
+/// `n` backends from 10.1.0.0 on, as a flow sequence (k = first..first+n).
+fn backend_list(first: usize, n: usize) -> String {
+    let items: Vec<String> = (first..first + n)
+        .map(|k| format!("{{address: 10.1.{}.{}}}", k / 256, k % 256))
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// (what, file, capacity, line, field, what the message says)
+type CapacityCase<'a> = (&'a str, String, Capacity, usize, &'a str, &'a [&'a str]);
+
+/// Every capacity of the datapath is checked by the validator, so that
+/// `rivorad -check`, `rivoractl config validate` and a reload agree (issue
+/// 12, finding 1: 5,000 VIPs passed and a reload applied 4,096 of them).
+/// Each error names the limit, the count and the first entry past it, in
+/// a short message.
+#[test]
+fn capacities_are_checked_with_short_messages() {
+    let two = backend_list(0, 2);
+    // Two VIPs of 1,025 backends (shared) take 2 x 32,768 slots.
+    let big = backend_list(0, 1025);
+    let mut two_big = many_vips(2, &big);
+    two_big.push_str("  - {address: 10.0.9.1, port: 80, protocol: tcp, mode: nat, backends: [{address: 10.1.0.1}]}\n");
+    // 8,193 distinct backends: 5,000 on the first VIP, then 100 of those
+    // again (shared, not counted twice) and 3,193 new ones on the second.
+    let ids = |extra: usize| {
+        format!(
+            "interfaces: [{{name: eth0}}]\nvips:\n  - address: 10.0.0.1\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends: {}\n  - address: 10.0.0.2\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends: {}\n",
+            backend_list(0, 5000),
+            {
+                let a = backend_list(0, 100);
+                let b = backend_list(5000, 3192 + extra);
+                format!("{}, {}", &a[..a.len() - 1], &b[1..])
+            }
+        )
+    };
+    let interfaces = |n: usize| {
+        let names: Vec<String> = (0..n).map(|i| format!("{{name: e{i}}}")).collect();
+        format!("interfaces: [{}]\n", names.join(", "))
+    };
+    let default = Capacity::default();
+    let small = Capacity { maglev_size: 1021 };
+    let cases: Vec<CapacityCase> = vec![
+        // (what, file, capacity, line, field, the message says)
+        (
+            "5,000 VIPs",
+            many_vips(5000, "[]"),
+            default,
+            4099,
+            "vips[4096]",
+            &[
+                "5000 VIPs",
+                "limit of 4096",
+                "the first past it is VIP tcp/10.0.16.0:80",
+            ],
+        ),
+        (
+            "8,193 distinct backends",
+            ids(1),
+            default,
+            12,
+            "vips[1].backends[3292]",
+            &[
+                "8193 distinct backends",
+                "limit of 8192",
+                "backend 10.1.32.0 of VIP tcp/10.0.0.2:80",
+            ],
+        ),
+        (
+            "more Maglev slots than the table has",
+            two_big.clone(),
+            default,
+            5,
+            "vips[2]",
+            &[
+                "need 65548 Maglev slots",
+                "the table's 65537",
+                "VIP tcp/10.0.9.1:80",
+                "1 backend(s) take a 12-slot slice",
+            ],
+        ),
+        (
+            "a slice bigger than a small table",
+            edit(
+                "      - address: 10.1.0.2\n",
+                &format!(
+                    "      - address: 10.1.0.2\n{}",
+                    (3..=100)
+                        .map(|k| format!("      - address: 10.1.1.{k}\n"))
+                        .collect::<String>()
+                ),
+            ),
+            small,
+            4,
+            "vips[0]",
+            &[
+                "need 2560 Maglev slots",
+                "the table's 1021",
+                "100 backend(s) take a 2560-slot slice",
+            ],
+        ),
+        (
+            "257 interfaces",
+            format!(
+                "{}{}",
+                interfaces(257),
+                &GOOD["interfaces:\n  - name: eth0\n".len()..]
+            ),
+            default,
+            1,
+            "interfaces[256]",
+            &["257 interfaces", "limit of 256"],
+        ),
+    ];
+    for (what, text, cap, line, field, says) in &cases {
+        let e = parse_with(Path::new("rivora.yaml"), text, cap).expect_err(what);
+        let shown = e.to_string();
+        assert_eq!(e.field.as_deref(), Some(*field), "{what}: {shown}");
+        assert_eq!(e.line, Some(*line), "{what}: {shown}");
+        for s in *says {
+            assert!(e.message.contains(s), "{what}: {shown:?} lacks {s:?}");
+        }
+        assert!(
+            shown.starts_with(&format!("rivora.yaml:{line}: {field}: ")),
+            "{what}: {shown}"
+        );
+        assert!(shown.len() < 300, "{what}: {} bytes: {shown}", shown.len());
+    }
+    // At the limits, each fits.
+    let full = parse_str(&many_vips(4096, &two)).expect("4,096 VIPs of two backends");
+    assert_eq!(full.desired.vips.len(), 4096);
+    parse_str(&ids(0)).expect("8,192 distinct backends");
+    parse_with(
+        Path::new("rivora.yaml"),
+        &two_big,
+        &Capacity { maglev_size: 65548 },
+    )
+    .expect("a table just big enough");
+    parse_str(&format!(
+        "{}{}",
+        interfaces(256),
+        &GOOD["interfaces:\n  - name: eth0\n".len()..]
+    ))
+    .expect("256 interfaces");
+    assert_eq!(
+        full.capacity,
+        Capacity::default(),
+        "what it was checked against"
+    );
+}
+
+/// A value or key of any length gives a message of bounded length that
+/// still reads as a sentence.
+#[test]
+fn long_values_give_short_messages() {
+    let long = "a".repeat(100_000);
+    let cases: Vec<(&str, String, &str, &[&str])> = vec![
+        (
+            "a long VIP address",
+            edit("address: 10.0.0.100", &format!("address: {long}")),
+            "vips[0].address",
+            &["\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa…\" (100000 characters) is not an IP address"],
+        ),
+        (
+            "a long port",
+            edit("    port: 80\n", &format!("    port: \"{long}\"\n")),
+            "vips[0].port",
+            &["(100000 characters) is not a port"],
+        ),
+        (
+            "a long string where a number goes",
+            edit("    mode: nat\n", &format!("    mode: nat\n    healthCheck: {{rise: \"{long}\"}}\n")),
+            "vips[0].healthCheck.rise",
+            &["invalid type: string \"aaa", "…", "\", expected u32"],
+        ),
+    ];
+    for (what, text, field, says) in &cases {
+        let e = parse_str(text).expect_err(what);
+        let shown = e.to_string();
+        assert_eq!(e.field.as_deref(), Some(*field), "{what}: {shown}");
+        for s in *says {
+            assert!(e.message.contains(s), "{what}: {shown:?} lacks {s:?}");
+        }
+        assert!(shown.len() < 600, "{what}: {} bytes", shown.len());
+    }
+    // An unknown key as long as YAML allows (1,024 characters): the
+    // field and message are bounded.
+    let key = "a".repeat(1000);
+    let e = parse_str(&edit(
+        "    mode: nat\n",
+        &format!("    mode: nat\n    {key}: 1\n"),
+    ))
+    .expect_err("unknown key");
+    let shown = e.to_string();
+    assert!(shown.len() < 600, "{} bytes: {shown}", shown.len());
+    assert!(e.message.starts_with("unknown field `aaa"), "{shown}");
+    assert!(e.message.ends_with("`healthCheck`, `backends`"), "{shown}");
+    assert!(
+        e.field
+            .as_deref()
+            .is_some_and(|f| f.starts_with("vips[0].aaa")),
+        "{shown}"
+    );
+    assert_eq!(e.line, Some(8), "{shown}");
 }
