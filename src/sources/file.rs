@@ -64,11 +64,53 @@ pub struct FileSource {
     capacity: config::Capacity,
     /// One reload at a time, so their answers come in order.
     reloading: tokio::sync::Mutex<()>,
+    /// The file as last read (by any reload, or at start): the watcher
+    /// reloads only what differs from it.
+    loaded: Mutex<Option<Stamp>>,
+}
+
+/// What the watcher compares: modification time and length.
+type Stamp = (SystemTime, u64);
+
+/// How often the watcher looks at the file.
+const POLL: Duration = Duration::from_secs(1);
+
+fn stamp(p: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Whether the file, seen as `now`, should be reloaded: it differs from
+/// what was last loaded and has stopped changing (the same stamp at two
+/// polls in a row), so a file written in several steps is read once, whole.
+/// `pending` carries the previous poll's stamp.
+fn settled(pending: &mut Option<Stamp>, now: Option<Stamp>, loaded: Option<Stamp>) -> bool {
+    match now {
+        // Gone (an editor's rename in progress) or as loaded: nothing to do.
+        None => {
+            *pending = None;
+            false
+        }
+        Some(s) if Some(s) == loaded => {
+            *pending = None;
+            false
+        }
+        Some(s) if *pending == Some(s) => {
+            *pending = None;
+            true
+        }
+        Some(s) => {
+            *pending = Some(s);
+            false
+        }
+    }
 }
 
 impl FileSource {
     pub fn new(path: PathBuf, tx: Sender, started_with: &Config) -> Self {
+        let loaded = Mutex::new(stamp(&path));
         Self {
+            loaded,
             path,
             tx: Mutex::new(tx),
             interfaces: node_conf(started_with).interfaces,
@@ -93,6 +135,11 @@ impl FileSource {
     /// workers; the answer comes once the reconciler has applied it.
     pub async fn reload(&self) -> Result<(), ReloadError> {
         let _one = self.reloading.lock().await;
+        // Taken before reading: a change made while we read is seen anew.
+        let seen = stamp(&self.path);
+        if let Ok(mut l) = self.loaded.lock() {
+            *l = seen;
+        }
         let path = self.path.clone();
         let capacity = self.capacity;
         let parsed = tokio::task::spawn_blocking(move || config::load_with(&path, &capacity))
@@ -127,23 +174,55 @@ impl FileSource {
         }
     }
 
-    /// Reload whenever the file changes (checked every second).
+    /// Reload whenever the file changes and has settled (checked every
+    /// second; see [`settled`]).
     pub async fn watch(&self) {
-        let stamp = |p: &Path| -> Option<(SystemTime, u64)> {
-            let m = std::fs::metadata(p).ok()?;
-            Some((m.modified().ok()?, m.len()))
-        };
-        let mut last = stamp(&self.path);
+        let mut pending = None;
         loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = stamp(&self.path);
-            if now.is_some() && now != last {
-                last = now;
+            tokio::time::sleep(POLL).await;
+            let loaded = self.loaded.lock().ok().and_then(|l| *l);
+            if settled(&mut pending, stamp(&self.path), loaded) {
                 info!(file = %self.path.display(), "configuration file changed");
                 if let Err(ReloadError::Stopped) = self.reload().await {
                     return;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64, len: u64) -> Option<Stamp> {
+        Some((SystemTime::UNIX_EPOCH + Duration::from_secs(secs), len))
+    }
+
+    #[test]
+    fn a_change_is_taken_once_it_holds_for_a_poll() {
+        let loaded = at(1, 100);
+        let mut p = None;
+        assert!(!settled(&mut p, loaded, loaded), "unchanged");
+        // Written in two steps a poll apart: neither half is taken.
+        assert!(!settled(&mut p, at(2, 40), loaded));
+        assert!(!settled(&mut p, at(3, 120), loaded));
+        // The same at the next poll: taken, once.
+        assert!(settled(&mut p, at(3, 120), loaded));
+        assert!(!settled(&mut p, at(3, 120), at(3, 120)));
+    }
+
+    #[test]
+    fn a_missing_file_or_what_a_reload_already_read_is_not_reloaded() {
+        let loaded = at(1, 100);
+        let mut p = None;
+        assert!(!settled(&mut p, at(2, 50), loaded));
+        assert!(!settled(&mut p, None, loaded), "gone for a moment");
+        assert!(!settled(&mut p, at(2, 50), loaded), "back: starts over");
+        assert!(settled(&mut p, at(2, 50), loaded));
+        // A SIGHUP or API reload read it already: the watcher leaves it.
+        let mut p = None;
+        assert!(!settled(&mut p, at(4, 60), at(4, 60)));
+        assert!(!settled(&mut p, at(4, 60), at(4, 60)));
     }
 }
