@@ -37,19 +37,45 @@ find_go() {
 	fi
 }
 
-# What the binary is built from: every file of the module and the toolchain.
+# The go build command line, one word a line. -mod=readonly: go.mod and
+# go.sum are checked in and must already say everything; a build that wants
+# to change them is a broken checkout. -buildvcs=false: the module sits
+# inside Rivora's repository, whose git state is no part of the binary (and
+# git may refuse a CI clone's). The -X flags are what Kubernetes' own build
+# stamps in (hack/lib/version.sh); without them /version says v0.0.0-master
+# and clients that check it are misled.
+build_args() {
+	local go=$1 version major minor ldflags="" pkg
+	version=$(cd "$src" && "$go" list -mod=readonly -m -f '{{.Version}}' k8s.io/kubernetes) ||
+		die "go list in $src failed: is go.mod intact?"
+	major=${version#v}
+	minor=${major#*.}
+	minor=${minor%%.*}
+	major=${major%%.*}
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
+	printf '%s\n' build -mod=readonly -trimpath -buildvcs=false -ldflags "${ldflags# }"
+}
+
+# What the binary is built from: every file of the module, the toolchain and
+# the command line.
 source_hash() {
-	local go=$1
+	local go=$1 args=$2
 	{
 		(cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 		"$go" version
+		echo "CGO_ENABLED=0 $args"
 	} | sha256sum | cut -d' ' -f1
 }
 
 cmd_build() {
-	local go want tmp t0 version major minor ldflags pkg
+	local go args want tmp t0
+	local -a argv
 	go=$(find_go)
-	want=$(source_hash "$go")
+	args=$(build_args "$go")
+	mapfile -t argv <<<"$args"
+	want=$(source_hash "$go" "$args")
 	if [ -x "$bin" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 		echo "apiserver: $bin is up to date"
 		return 0
@@ -61,21 +87,7 @@ cmd_build() {
 	trap 'rm -f "$tmp"' EXIT
 	echo "apiserver: building kube-apiserver from $src (the first build takes minutes)"
 	t0=$(date +%s)
-	# -mod=readonly: go.mod and go.sum are checked in and must already say
-	# everything; a build that wants to change them is a broken checkout.
-	version=$(cd "$src" && "$go" list -mod=readonly -m -f '{{.Version}}' k8s.io/kubernetes) ||
-		die "go list in $src failed: is go.mod intact?"
-	# What Kubernetes' own build stamps in (hack/lib/version.sh); without it
-	# /version says v0.0.0-master and clients that check it are misled.
-	major=${version#v}
-	minor=${major#*.}
-	minor=${minor%%.*}
-	major=${major%%.*}
-	ldflags=""
-	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-	done
-	if ! (cd "$src" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$tmp" .); then
+	if ! (cd "$src" && CGO_ENABLED=0 "$go" "${argv[@]}" -o "$tmp" .); then
 		die "go build in $src failed (see above)"
 	fi
 	"$tmp" --version >/dev/null || die "the built kube-apiserver does not run: $tmp --version failed"
