@@ -326,11 +326,15 @@ start_watchdog() {
 
 cmd_start() {
 	[ $# -eq 1 ] || die "usage: apiserver.sh start STATE_DIR"
-	local d=$1
+	local d=$1 t
 	[ -x "$bin" ] || die "$bin is missing: run 'make apiserver' (scripts/apiserver.sh build) first"
 	for t in etcd openssl curl ss setsid; do
 		command -v "$t" >/dev/null 2>&1 || die "$t is missing: run scripts/deps.sh etcd-server openssl curl iproute2 util-linux"
 	done
+	# An empty directory (a caller's mktemp -d) is taken as it is.
+	if [ -d "$d" ] && [ -z "$(ls -A "$d")" ]; then
+		rmdir "$d"
+	fi
 	if [ -d "$d" ]; then
 		d=$(cd "$d" && pwd)
 		[ -f "$d/$marker" ] || die "$d exists and was not made by apiserver.sh start"
