@@ -6,13 +6,16 @@ BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/ab
 TEST_PKGS := iputils-ping python3
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
+# What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
+# itself is not a Debian package here: the build stops if go is missing).
+APISERVER_PKGS := etcd-server openssl curl
 # What make bench-lab runs in its namespaces: generators, servers, the paths
 # Rivora is compared with.
 LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt test test-unit test-packets test-e2e variant bench bench-lab demo install uninstall clean
+.PHONY: all build deps lint fmt apiserver test test-unit test-packets test-e2e variant bench bench-lab demo install uninstall clean
 
 all: build
 
@@ -36,12 +39,20 @@ fmt:
 	$(CARGO) fmt --all
 	clang-format -i $(BPF_SOURCES)
 
+# The real kube-apiserver the Kubernetes tests start (tests/apiserver/,
+# scripts/apiserver.sh): built once into target/apiserver, rebuilt only when
+# tests/apiserver/ or the Go toolchain changes.
+apiserver: deps
+	@scripts/deps.sh $(APISERVER_PKGS)
+	scripts/apiserver.sh build
+
 # Everything, as root: lint, unit and property tests, packet tests, end to end.
 test: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
 	$(MAKE) lint
 	$(MAKE) variant
+	$(MAKE) apiserver
 	@# The e2e tests run rivoractl, another package's binary: built first.
 	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --workspace --all-targets --no-fail-fast

@@ -3,6 +3,7 @@
 //! through the dataplane's typed map access.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod fixture;
 pub mod lab;
 pub mod netns;
