@@ -34,10 +34,7 @@ fn check(
 ) -> Result<(), TestCaseError> {
     let fake = Arc::new(Fake::default());
     let routes = api_routes(fake.clone(), LIMIT);
-    let req = warp::test::request()
-        .method(method)
-        .path(path)
-        .body(body);
+    let req = warp::test::request().method(method).path(path).body(body);
     let res = rt.block_on(req.reply(&routes));
     let status = res.status();
     let out = res.into_body();

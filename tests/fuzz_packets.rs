@@ -49,7 +49,7 @@ use etherparse::{
 use rivora::abi::{self, rv_drop_reason, DROP_REASONS};
 use rivora::model::{Mode, Vip};
 
-const DEFAULT_FRAMES: u64 = 300_000;
+const DEFAULT_FRAMES: u64 = 200_000;
 const DEFAULT_SEED: u64 = 0x5eed_0fa1_1f1a;
 
 const MAC_LB: [u8; 6] = [0x02, 0x1b, 0, 0, 0, 0x01];
