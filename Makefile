@@ -2,8 +2,9 @@
 
 CARGO ?= cargo
 BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/abi.h
-# Test peers and tools used by the test suites, beyond the build's needs.
-TEST_PKGS := iputils-ping python3
+# Test peers and tools used by the test suites, beyond the build's needs
+# (procps: the packet tests set sysctls in their namespaces).
+TEST_PKGS := iputils-ping python3 procps
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 # What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
@@ -11,11 +12,11 @@ DEMO_PKGS := python3 curl
 APISERVER_PKGS := etcd-server openssl curl
 # What make bench-lab runs in its namespaces: generators, servers, the paths
 # Rivora is compared with.
-LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev
+LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev procps
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt apiserver test test-unit test-packets test-e2e variant bench bench-lab demo install uninstall clean
+.PHONY: all build deps lint fmt apiserver test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
 
 all: build
 
@@ -56,6 +57,8 @@ test: deps
 	@# The e2e tests run rivoractl, another package's binary: built first.
 	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --workspace --all-targets --no-fail-fast
+	@# The libFuzzer targets briefly (make fuzz runs them for minutes).
+	$(MAKE) fuzz-libfuzzer FUZZ_SECONDS=10
 
 test-unit: deps
 	$(CARGO) test --workspace --lib --bins
@@ -70,6 +73,35 @@ test-e2e: deps
 	$(MAKE) variant
 	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --test 'e2e_*'
+
+# The fuzz tests at full size (make test runs them bounded): a million
+# mutated frames through xdp_ingress and tc_nat (tests/fuzz_packets.rs),
+# the configuration and API proptest fuzzers with many more cases, and the
+# libFuzzer targets for minutes each. Seeds are printed; RIVORA_FUZZ_SEED=N
+# repeats a packet run.
+FUZZ_FRAMES ?= 1000000
+FUZZ_CASES ?= 100000
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	@scripts/bpffs.sh
+	RIVORA_FUZZ_FRAMES=$(FUZZ_FRAMES) $(CARGO) test --test fuzz_packets -- --nocapture
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test -p rivora-model --test fuzz_config
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --test fuzz_api_bodies
+	$(MAKE) fuzz-libfuzzer FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+# libFuzzer (cargo-fuzz, fuzz/): the configuration parser and validator,
+# the API request bodies, FUZZ_SECONDS each. No sanitizer (-s none): the
+# stable toolchain builds that; AddressSanitizer needs nightly's -Z flags
+# (and the code under test has no unsafe of its own).
+FUZZ_TARGETS := config_parse api_bodies
+fuzz-libfuzzer:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/corpus/$$t; \
+		if [ $$t = config_parse ]; then cp examples/*.yaml fuzz/corpus/$$t/; fi; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		(cd fuzz && $(CARGO) fuzz run -s none $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1) || exit 1; \
+	done
 
 # A rivorad whose XDP program differs from the default build's in its
 # instructions only (bpf/xdp_ingress.bpf.c, RV_BUILD_VARIANT): the restart

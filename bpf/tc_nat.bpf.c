@@ -204,6 +204,7 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 	__be32 old[4] = {}, vip[4] = {};
 	__u16 old_c, new_c;
 	__be16 ports[2], vport;
+	__u32 ip_end = pkt->l3_off + pkt->ip_len;
 	__u32 in_l4, l4c_off;
 	__u64 pseudo = 0;
 	__u8 proto;
@@ -221,6 +222,7 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 		proto = in.protocol;
 		in_l4 = in_l3 + in.ihl * 4;
 		if ((proto != RV_IPPROTO_TCP && proto != RV_IPPROTO_UDP) ||
+		    in_l4 + sizeof(ports) > ip_end ||
 		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
 			return RV_TCX_NEXT;
 		k.backend_addr = in.daddr;
@@ -258,6 +260,7 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 		proto = in.nexthdr;
 		in_l4 = in_l3 + sizeof(in);
 		if ((proto != RV_IPPROTO_TCP && proto != RV_IPPROTO_UDP) ||
+		    in_l4 + sizeof(ports) > ip_end ||
 		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
 			return RV_TCX_NEXT;
 		__builtin_memcpy(k.backend_addr, &in.daddr, 16);
@@ -283,9 +286,11 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 	}
 
 	/* The quoted L4 checksum, where the quote carries it (a UDP one of 0
-	 * over IPv4 means none). */
+	 * over IPv4 means none). The quote ends with the error's IP packet:
+	 * what follows is padding, outside the ICMP checksum. */
 	l4c_off = in_l4 + rv_l4_csum_off(proto);
-	if (!bpf_skb_load_bytes(skb, l4c_off, &old_c, 2) &&
+	if (l4c_off + 2 <= ip_end &&
+	    !bpf_skb_load_bytes(skb, l4c_off, &old_c, 2) &&
 	    (old_c || proto != RV_IPPROTO_UDP || pkt->family == RV_FAMILY_V6)) {
 #pragma unroll
 		for (i = 0; i < 4; i++)

@@ -69,6 +69,10 @@ static __always_inline int rv_icmp_quote(void *data, void *data_end,
 	}
 	if (f->proto != RV_IPPROTO_TCP && f->proto != RV_IPPROTO_UDP)
 		return RV_PARSE_PASS;
+	/* The quote ends where the error's IP packet does: bytes past it are
+	 * padding or junk, outside the ICMP checksum, and no ports. */
+	if (q->inner_l4 + sizeof(*ports) > pkt->l3_off + pkt->ip_len)
+		return RV_PARSE_PASS;
 	ports = rv_hdr(struct rv_ports, data, data_end, q->inner_l4);
 	if (!ports)
 		return RV_PARSE_PASS;
@@ -93,6 +97,7 @@ static __always_inline int rv_icmp_nat(void *data, void *data_end,
 	struct rv_ports *ports;
 	__u16 *icsum, *l4csum = 0;
 	__u16 old_l4csum = 0;
+	__u32 csum_off;
 	__u8 proto;
 
 	if (pkt->family == RV_FAMILY_V4) {
@@ -136,20 +141,16 @@ static __always_inline int rv_icmp_nat(void *data, void *data_end,
 	}
 
 	/* The quoted L4 checksum, where the quote is long enough to hold it
-	 * (RFC 792 promises only 8 bytes: TCP's checksum is past them). */
-	if (proto == RV_IPPROTO_UDP) {
-		struct udphdr *uh =
-			rv_hdr(struct udphdr, data, data_end, q->inner_l4);
-
-		if (uh && (uh->check || pkt->family == RV_FAMILY_V6))
-			l4csum = &uh->check;
-	} else {
-		struct tcphdr *th =
-			rv_hdr(struct tcphdr, data, data_end, q->inner_l4);
-
-		if (th)
-			l4csum = &th->check;
-	}
+	 * (RFC 792 promises only 8 bytes: TCP's checksum is past them).
+	 * Long enough means inside the error's IP packet: a checksum field
+	 * found in the frame's padding is no part of the ICMP message, and
+	 * changing it would break the ICMP checksum. */
+	csum_off = q->inner_l4 + (proto == RV_IPPROTO_UDP ? 6 : 16);
+	l4csum = rv_hdr(__u16, data, data_end, csum_off);
+	if (l4csum && (csum_off + 2 > pkt->l3_off + pkt->ip_len ||
+		       (proto == RV_IPPROTO_UDP && !*l4csum &&
+			pkt->family == RV_FAMILY_V4)))
+		l4csum = 0;
 	ports = rv_hdr(struct rv_ports, data, data_end, q->inner_l4);
 	if (!ports)
 		return -RV_DROP_MALFORMED_L4;

@@ -6,6 +6,7 @@ mod daemon;
 mod health;
 mod labxdp;
 mod restart;
+mod synflood;
 mod writer;
 mod xdp;
 
@@ -64,7 +65,11 @@ fn main() -> Result<()> {
         return labxdp::run(&only[1..]);
     }
     let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
-    let out_dir = PathBuf::from("target/bench");
+    // RIVORA_BENCH_OUT: somewhere else than target/bench (the e2e test that
+    // runs an area small must not touch the real figures).
+    let out_dir = std::env::var_os("RIVORA_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target/bench"));
     fs::create_dir_all(&out_dir).context("creating target/bench")?;
     let path = out_dir.join("results.json");
     // Areas run one by one; keys from an earlier run of an area not run now
@@ -96,6 +101,11 @@ fn main() -> Result<()> {
     if want("restart") {
         println!("restarts: hot swap and adoption (real rivorad in namespaces)");
         restart::run(&mut results).context("restart bench")?;
+    }
+
+    if want("synflood") {
+        println!("SYN flood at a VIP beside established connections (real rivorad in namespaces)");
+        synflood::run(&mut results).context("synflood bench")?;
     }
 
     for n in &results.notes {

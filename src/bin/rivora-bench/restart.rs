@@ -31,7 +31,7 @@ use crate::{median, signal_child, Results};
 const RATE: u64 = 20_000;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn sh(cmd: &str) -> Result<String> {
+pub(crate) fn sh(cmd: &str) -> Result<String> {
     let out = Command::new("sh")
         .arg("-c")
         .arg(cmd)
@@ -49,15 +49,15 @@ fn sh(cmd: &str) -> Result<String> {
 
 /// Namespaces, a pin directory and a work directory, removed on drop
 /// (also on error).
-struct Lab {
+pub(crate) struct Lab {
     tag: String,
     namespaces: Vec<String>,
-    pins: PathBuf,
-    work: PathBuf,
+    pub(crate) pins: PathBuf,
+    pub(crate) work: PathBuf,
 }
 
 impl Lab {
-    fn new(kind: &str) -> Result<Self> {
+    pub(crate) fn new(kind: &str) -> Result<Self> {
         let tag = format!("rvb{kind}{}", std::process::id() % 100_000);
         let work = std::env::temp_dir().join(format!("rivora-bench-{tag}"));
         fs::create_dir_all(&work).context("work dir")?;
@@ -69,7 +69,7 @@ impl Lab {
         })
     }
 
-    fn ns(&mut self, name: &str) -> Result<String> {
+    pub(crate) fn ns(&mut self, name: &str) -> Result<String> {
         let full = format!("{}{name}", self.tag);
         let _ = sh(&format!("ip netns del {full} 2>/dev/null"));
         sh(&format!("ip netns add {full}"))?;
@@ -90,7 +90,7 @@ impl Drop for Lab {
     }
 }
 
-fn in_ns(ns: &str, cmd: &str) -> Result<String> {
+pub(crate) fn in_ns(ns: &str, cmd: &str) -> Result<String> {
     sh(&format!(
         "nsenter --net=/run/netns/{ns} sh -c '{}'",
         cmd.replace('\'', "'\\''")
@@ -109,10 +109,10 @@ fn rivorad_bin() -> Result<PathBuf> {
 }
 
 /// rivorad in `ns`, killed on drop.
-struct Daemon(Child, PathBuf, Instant);
+pub(crate) struct Daemon(Child, PathBuf, Instant);
 
 impl Daemon {
-    fn start(ns: &str, lab: &Lab, cfg: &Path, log: &str) -> Result<Self> {
+    pub(crate) fn start(ns: &str, lab: &Lab, cfg: &Path, log: &str) -> Result<Self> {
         let log = lab.work.join(log);
         let err = File::create(&log).context("log file")?;
         let t = Instant::now();
@@ -135,7 +135,7 @@ impl Daemon {
     }
 
     /// Time from spawn to the "ready" line.
-    fn ready(&mut self) -> Result<Duration> {
+    pub(crate) fn ready(&mut self) -> Result<Duration> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(f) = File::open(&self.1) {
@@ -160,7 +160,7 @@ impl Daemon {
         }
     }
 
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         signal_child(&self.0, Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.0.try_wait()?.is_none() {
@@ -189,7 +189,7 @@ pub fn run(results: &mut Results) -> Result<()> {
 }
 
 /// Run `f` on a thread in namespace `ns`.
-fn spawn_in<T: Send + 'static>(
+pub(crate) fn spawn_in<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::thread::JoinHandle<T> {
