@@ -3,6 +3,7 @@
 mod api_support;
 mod bins;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ impl Server {
         let tcp = tcp_token.map(|token| {
             let token_file = dir.path().join("token");
             std::fs::write(&token_file, token).unwrap();
+            std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
             TcpApiConfig {
                 addr: "127.0.0.1:0".parse().unwrap(),
                 token_file,

@@ -295,11 +295,9 @@ impl Client {
                     md.mode() & 0o7777
                 )
             }
-            Err(_) => {
-                ": its directory is closed to this user; run rivoractl as the user rivorad \
+            Err(_) => ": its directory is closed to this user; run rivoractl as the user rivorad \
                  runs as (usually root)"
-                    .to_string()
-            }
+                .to_string(),
         }
     }
 }
@@ -485,7 +483,10 @@ mod tests {
         let path = dir.path().join("rivorad.sock");
 
         let missing = fast(&path).status().unwrap_err();
-        assert!(matches!(missing, ClientError::NotListening { .. }), "{missing:?}");
+        assert!(
+            matches!(missing, ClientError::NotListening { .. }),
+            "{missing:?}"
+        );
         assert_eq!(
             missing.to_string(),
             format!("no rivorad is listening on {}", path.display())
@@ -494,7 +495,10 @@ mod tests {
         // A socket file nobody listens on, as a crashed daemon leaves.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         let stale = fast(&path).status().unwrap_err();
-        assert!(matches!(stale, ClientError::NotListening { .. }), "{stale:?}");
+        assert!(
+            matches!(stale, ClientError::NotListening { .. }),
+            "{stale:?}"
+        );
 
         // Bound, never accepted: the connection is queued and nobody answers.
         std::fs::remove_file(&path).unwrap();
@@ -528,7 +532,10 @@ mod tests {
             )
         );
         match fast(&path).status().unwrap_err() {
-            ClientError::Api { status: 503, message } => assert_eq!(message, "too many"),
+            ClientError::Api {
+                status: 503,
+                message,
+            } => assert_eq!(message, "too many"),
             other => panic!("{other:?}"),
         }
         server.join().unwrap();

@@ -151,7 +151,14 @@ pub(crate) fn spawn<L: Accept>(
     name: &'static str,
 ) -> (tokio::task::JoinHandle<()>, ConnCount) {
     let count = ConnCount::new(limits.max_connections);
-    let task = tokio::spawn(accept_loop(listener, routes, limits, stop, name, count.clone()));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        routes,
+        limits,
+        stop,
+        name,
+        count.clone(),
+    ));
     (task, count)
 }
 
@@ -219,7 +226,9 @@ impl Refusals {
         let Ok(mut s) = self.state.lock() else { return };
         s.1 += 1;
         let now = Instant::now();
-        if s.0.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
+        if s.0
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+        {
             tracing::warn!(
                 listener = name,
                 max_connections = max,
@@ -318,7 +327,6 @@ impl Activity {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.store(ms, Ordering::Relaxed);
     }
-
 
     /// Resolves once the connection has been idle for `timeout`.
     async fn idle_for(&self, timeout: Duration) {
@@ -496,6 +504,9 @@ mod tests {
             .unwrap();
         assert_eq!(declared, body.len());
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert!(v["error"].as_str().unwrap().contains("too many connections"));
+        assert!(v["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many connections"));
     }
 }

@@ -717,7 +717,10 @@ mod tests {
         }
         for mode in [0o600, 0o400] {
             fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
-            assert!(BearerToken::from_file(&p).unwrap().matches(b"abc"), "{mode:o}");
+            assert!(
+                BearerToken::from_file(&p).unwrap().matches(b"abc"),
+                "{mode:o}"
+            );
         }
     }
 
