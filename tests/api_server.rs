@@ -1,7 +1,9 @@
 //! The API server against a fake state: every route, every class of
 //! malformed request (right 4xx, JSON body, no write reaches the state),
 //! the Unix socket end to end through the client, the TCP bearer token and
-//! the metrics listener.
+//! the metrics listener, and each listener's limits against hostile
+//! clients (unfinished headers, idle connections past the cap, stalled
+//! bodies, oversized headers).
 
 mod api_support;
 
@@ -11,13 +13,14 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use api_support::{Fake, B1, B2, B6, VIP4, VIP6};
 use rivora::api::client::{Client, ClientError};
 use rivora::api::{
-    api_routes, metrics_routes, serve_api, serve_metrics, ApiConfig, ApiError, BackendInfo,
-    DrainOutcome, Drops, ReloadResult, ServeError, Status, TcpApiConfig, VipInfo,
-    METRICS_CONTENT_TYPE,
+    api_routes, metrics_routes, serve_api, serve_metrics, serve_metrics_with, ApiConfig, ApiError,
+    BackendInfo, ConnLimits, DrainOutcome, Drops, ReloadResult, ServeError, ServerHandle, Status,
+    TcpApiConfig, VipInfo, METRICS_CONTENT_TYPE,
 };
 use serde::de::DeserializeOwned;
 use warp::http::StatusCode;
@@ -417,6 +420,7 @@ fn config(socket: &Path) -> ApiConfig {
         socket_path: socket.to_path_buf(),
         tcp: None,
         max_body_bytes: LIMIT,
+        limits: ConnLimits::default(),
     }
 }
 
@@ -499,7 +503,7 @@ async fn unix_socket_end_to_end() {
     handle.shutdown().await;
     assert!(!socket.exists(), "shutdown removes the socket");
     let err = blocking(move || client.status().unwrap_err()).await;
-    assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
+    assert!(matches!(err, ClientError::NotListening { .. }), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,7 +549,7 @@ fn raw_tcp(addr: std::net::SocketAddr, head: &str) -> String {
 async fn tcp_listener_requires_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    write_token(&token_file, "s3cret-token\n");
     let fake = Arc::new(Fake::default());
     let mut cfg = config(&dir.path().join("rivorad.sock"));
     cfg.tcp = Some(TcpApiConfig {
@@ -555,35 +559,58 @@ async fn tcp_listener_requires_the_token() {
     let handle = serve_api(cfg, fake.clone()).await.unwrap();
     let addr = handle.tcp_addr().unwrap();
 
-    let (none, wrong, prefix, longer, right, from_file, unknown_route) = blocking(move || {
-        let get = |auth: &str| {
-            raw_tcp(
-                addr,
-                &format!("GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n"),
+    let (schemes, none, wrong, prefix, longer, right, from_file, unknown_route) =
+        blocking(move || {
+            let get = |auth: &str| {
+                raw_tcp(
+                    addr,
+                    &format!(
+                        "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n"
+                    ),
+                )
+            };
+            let schemes: Vec<(String, String)> = [
+                "authorization: bearer s3cret-token\r\n",
+                "Authorization: BEARER   s3cret-token\r\n",
+                "Authorization: Basic s3cret-token\r\n",
+                "Authorization: Bearers3cret-token\r\n",
+                "Authorization: s3cret-token\r\n",
+            ]
+            .iter()
+            .map(|h| (h.to_string(), get(h)))
+            .collect();
+            (
+                schemes,
+                get(""),
+                Client::tcp(addr.to_string(), "s3cret-tokem")
+                    .status()
+                    .unwrap_err(),
+                Client::tcp(addr.to_string(), "s3cret")
+                    .status()
+                    .unwrap_err(),
+                Client::tcp(addr.to_string(), "s3cret-token2")
+                    .status()
+                    .unwrap_err(),
+                Client::tcp(addr.to_string(), "s3cret-token").status(),
+                Client::tcp_with_token_file(addr.to_string(), &token_file)
+                    .unwrap()
+                    .vips(),
+                raw_tcp(
+                    addr,
+                    "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                ),
             )
+        })
+        .await;
+    // RFC 7235: the scheme is case-insensitive; another scheme, or none, is not.
+    for (header, out) in &schemes {
+        let want = if header.to_ascii_lowercase().contains("bearer ") {
+            "HTTP/1.1 200"
+        } else {
+            "HTTP/1.1 401"
         };
-        (
-            get(""),
-            Client::tcp(addr.to_string(), "s3cret-tokem")
-                .status()
-                .unwrap_err(),
-            Client::tcp(addr.to_string(), "s3cret")
-                .status()
-                .unwrap_err(),
-            Client::tcp(addr.to_string(), "s3cret-token2")
-                .status()
-                .unwrap_err(),
-            Client::tcp(addr.to_string(), "s3cret-token").status(),
-            Client::tcp_with_token_file(addr.to_string(), &token_file)
-                .unwrap()
-                .vips(),
-            raw_tcp(
-                addr,
-                "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-            ),
-        )
-    })
-    .await;
+        assert!(out.starts_with(want), "{header:?}: {out}");
+    }
     assert!(none.starts_with("HTTP/1.1 401"), "{none}");
     assert!(
         none.to_ascii_lowercase()
@@ -626,7 +653,7 @@ async fn tcp_listener_refuses_to_start_without_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("rivorad.sock");
     let empty = dir.path().join("empty");
-    std::fs::write(&empty, " \n").unwrap();
+    write_token(&empty, " \n");
     for (file, want_empty) in [(dir.path().join("missing"), false), (empty, true)] {
         let mut cfg = config(&socket);
         cfg.tcp = Some(TcpApiConfig {
@@ -640,6 +667,44 @@ async fn tcp_listener_refuses_to_start_without_a_token() {
         }
         assert!(!socket.exists(), "nothing is served when TCP cannot start");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_file_others_can_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rivorad.sock");
+    let token = dir.path().join("token");
+    write_token(&token, "s3cret-token\n");
+    for mode in [0o644, 0o640, 0o604, 0o666] {
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut cfg = config(&socket);
+        cfg.tcp = Some(TcpApiConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            token_file: token.clone(),
+        });
+        let err = serve_api(cfg, Arc::new(Fake::default()))
+            .await
+            .expect_err("a token others can read must be refused");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ServeError::TokenFileMode { .. }),
+            "{mode:o}: {msg}"
+        );
+        assert!(msg.contains(&token.display().to_string()), "{msg}");
+        assert!(msg.contains(&format!("mode {mode:04o}")), "{msg}");
+        assert!(!socket.exists(), "nothing is served");
+    }
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut cfg = config(&socket);
+    cfg.tcp = Some(TcpApiConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token_file: token,
+    });
+    serve_api(cfg, Arc::new(Fake::default()))
+        .await
+        .unwrap()
+        .shutdown()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,4 +733,381 @@ async fn metrics_listener() {
         std::net::TcpStream::connect(addr).is_err(),
         "listener closed"
     );
+}
+
+fn write_token(path: &Path, token: &str) {
+    std::fs::write(path, token).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// Where a hostile or a normal client connects.
+#[derive(Debug, Clone)]
+enum Target {
+    Unix(std::path::PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
+enum Conn {
+    Unix(UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+impl Target {
+    fn connect(&self) -> Conn {
+        match self {
+            Target::Unix(p) => Conn::Unix(UnixStream::connect(p).unwrap()),
+            Target::Tcp(a) => Conn::Tcp(std::net::TcpStream::connect(a).unwrap()),
+        }
+    }
+}
+
+impl Conn {
+    fn set_read_timeout(&self, t: Duration) {
+        match self {
+            Conn::Unix(s) => s.set_read_timeout(Some(t)).unwrap(),
+            Conn::Tcp(s) => s.set_read_timeout(Some(t)).unwrap(),
+        }
+    }
+
+    /// Everything the server sends until it closes, or `Err` if it has
+    /// not closed within `within` (per read). A reset after the answer
+    /// (the server closed with our bytes unread) counts as closed.
+    fn read_until_closed(&mut self, within: Duration) -> Result<String, String> {
+        self.set_read_timeout(within);
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.read(&mut buf) {
+                Ok(0) => return Ok(String::from_utf8_lossy(&out).into_owned()),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Ok(String::from_utf8_lossy(&out).into_owned())
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "still open after {within:?} ({e}); received {:?}",
+                        String::from_utf8_lossy(&out)
+                    ))
+                }
+            }
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write(buf),
+            Conn::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One complete request on a fresh connection; the whole answer.
+fn exchange(target: &Target, request: &str) -> String {
+    let mut c = target.connect();
+    c.write_all(request.as_bytes()).unwrap();
+    c.read_until_closed(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{target:?}: {e}"))
+}
+
+async fn wait_until(what: &str, within: Duration, f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Short timeouts so a test waits seconds, not the defaults' minutes.
+fn test_limits(header: u64, idle: u64, max_connections: usize) -> ConnLimits {
+    ConnLimits {
+        header_read_timeout: Duration::from_secs(header),
+        idle_timeout: Duration::from_secs(idle),
+        max_connections,
+        ..ConnLimits::default()
+    }
+}
+
+/// 200 connections that never finish their headers, and one that sends a
+/// header line every 100 ms: the server answers a normal client
+/// meanwhile and closes every one of them at the header timeout (1 s,
+/// while the idle timeout is a minute), whatever trickles in.
+async fn unfinished_headers_are_cut_off(target: Target, handle: &ServerHandle, good: &'static str) {
+    let t = target.clone();
+    let (held, answer, trickled_for) = blocking(move || {
+        let held: Vec<Conn> = (0..200)
+            .map(|_| {
+                let mut c = t.connect();
+                c.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+                c
+            })
+            .collect();
+        let answer = exchange(&t, good);
+        let mut slow = t.connect();
+        let start = Instant::now();
+        let mut result = slow.write_all(b"GET /v1/status HTTP/1.1\r\n");
+        while result.is_ok() && start.elapsed() < Duration::from_secs(8) {
+            std::thread::sleep(Duration::from_millis(100));
+            result = slow.write_all(b"X-Slow: 1\r\n");
+        }
+        (held, answer, start.elapsed())
+    })
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{target:?}: {answer}");
+    assert!(
+        trickled_for < Duration::from_secs(5),
+        "{target:?}: headers sent a line at a time were not cut off ({trickled_for:?})"
+    );
+    let t = target.clone();
+    blocking(move || {
+        for (i, mut c) in held.into_iter().enumerate() {
+            if let Err(e) = c.read_until_closed(Duration::from_secs(5)) {
+                panic!("{t:?}: connection {i} with unfinished headers {e}");
+            }
+        }
+    })
+    .await;
+    wait_until(
+        "the server holds no connection",
+        Duration::from_secs(5),
+        || handle.open_connections() == 0,
+    )
+    .await;
+    let t = target.clone();
+    let after = blocking(move || exchange(&t, good)).await;
+    assert!(after.starts_with("HTTP/1.1 200"), "{target:?}: {after}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_headers_are_cut_off_on_every_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rivorad.sock");
+    let token = dir.path().join("token");
+    write_token(&token, "tok");
+    let fake = Arc::new(Fake::default());
+    // The cap is above 200: here only the header timeout may close them.
+    let limits = test_limits(1, 60, 256);
+    let mut cfg = config(&socket);
+    cfg.limits = limits;
+    cfg.tcp = Some(TcpApiConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        token_file: token,
+    });
+    let api = serve_api(cfg, fake.clone()).await.unwrap();
+    let metrics = serve_metrics_with("127.0.0.1:0".parse().unwrap(), fake.clone(), limits)
+        .await
+        .unwrap();
+
+    unfinished_headers_are_cut_off(
+        Target::Unix(socket),
+        &api,
+        "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    unfinished_headers_are_cut_off(
+        Target::Tcp(api.tcp_addr().unwrap()),
+        &api,
+        "GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    unfinished_headers_are_cut_off(
+        Target::Tcp(metrics.tcp_addr().unwrap()),
+        &metrics,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(fake.calls().is_empty());
+    api.shutdown().await;
+    metrics.shutdown().await;
+}
+
+/// Connections past the cap are answered 503 and closed at once, without
+/// waiting; the held ones stay at the cap; once the idle ones are dropped
+/// a normal request succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rivorad.sock");
+    let mut cfg = config(&socket);
+    // Timeouts out of the way: only the cap acts here.
+    cfg.limits = test_limits(60, 60, 8);
+    let handle = serve_api(cfg, Arc::new(Fake::default())).await.unwrap();
+    let target = Target::Unix(socket.clone());
+
+    let t = target.clone();
+    let idle: Vec<Conn> = blocking(move || (0..8).map(|_| t.connect()).collect()).await;
+    wait_until("8 connections held", Duration::from_secs(5), || {
+        handle.open_connections() == 8
+    })
+    .await;
+
+    let t = target.clone();
+    let (refusals, client) = blocking(move || {
+        let refusals: Vec<Result<String, String>> = (0..20)
+            .map(|_| t.connect().read_until_closed(Duration::from_secs(5)))
+            .collect();
+        (refusals, Client::unix(&socket).status())
+    })
+    .await;
+    for r in refusals {
+        let out = r.expect("a connection past the cap is closed at once");
+        assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+        assert!(out.contains("too many connections"), "{out}");
+    }
+    match client {
+        Err(ClientError::Api {
+            status: 503,
+            message,
+        }) => {
+            assert!(message.contains("too many connections"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(handle.open_connections(), 8, "never more than the cap");
+
+    drop(idle);
+    wait_until(
+        "the dropped connections are released",
+        Duration::from_secs(5),
+        || handle.open_connections() == 0,
+    )
+    .await;
+    let s = handle.socket_path().unwrap().to_path_buf();
+    blocking(move || Client::unix(&s).status().unwrap()).await;
+    handle.shutdown().await;
+}
+
+/// The metrics port, as in the report: many idle connections. At most
+/// the cap is held, the rest are refused at once, the held ones are
+/// closed by the idle timeout, and a scrape succeeds afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_to_metrics_are_capped_and_time_out() {
+    let fake = Arc::new(Fake::default());
+    let limits = test_limits(60, 2, 16);
+    let handle = serve_metrics_with("127.0.0.1:0".parse().unwrap(), fake, limits)
+        .await
+        .unwrap();
+    let target = Target::Tcp(handle.tcp_addr().unwrap());
+
+    let t = target.clone();
+    let conns: Vec<Conn> = blocking(move || (0..300).map(|_| t.connect()).collect()).await;
+    wait_until("the cap is reached", Duration::from_secs(5), || {
+        handle.open_connections() == 16
+    })
+    .await;
+    let (refused, elapsed) = blocking(move || {
+        let start = Instant::now();
+        let mut refused = 0;
+        for (i, mut c) in conns.into_iter().enumerate() {
+            // The first one still open fails the test at once, rather
+            // than after 300 waits.
+            match c.read_until_closed(Duration::from_secs(6)) {
+                Ok(out) if out.starts_with("HTTP/1.1 503") => refused += 1,
+                // Held, then closed for idleness without a word.
+                Ok(out) if out.is_empty() => {}
+                other => panic!("connection {i}: {other:?}"),
+            }
+        }
+        (refused, start.elapsed())
+    })
+    .await;
+    assert!(
+        refused >= 300 - 2 * 16,
+        "only {refused} of 300 refused with a cap of 16"
+    );
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    wait_until("no connection held", Duration::from_secs(5), || {
+        handle.open_connections() == 0
+    })
+    .await;
+    let t = target.clone();
+    let scrape = blocking(move || {
+        exchange(
+            &t,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await;
+    assert!(scrape.starts_with("HTTP/1.1 200"), "{scrape}");
+    handle.shutdown().await;
+}
+
+/// The idle timeout, apart from the header timeout (a minute here): a
+/// body that stops arriving, and a kept-alive connection after its
+/// answer, are closed after about a second of silence; the stalled
+/// request never reaches the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_and_idle_keepalives_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rivorad.sock");
+    let mut cfg = config(&socket);
+    cfg.limits = test_limits(60, 1, 64);
+    let fake = Arc::new(Fake::default());
+    let handle = serve_api(cfg, fake.clone()).await.unwrap();
+    let target = Target::Unix(socket);
+
+    let t = target.clone();
+    let (stalled, keepalive) = blocking(move || {
+        let timed = |request: &str| {
+            let mut c = t.connect();
+            c.write_all(request.as_bytes()).unwrap();
+            let start = Instant::now();
+            let out = c.read_until_closed(Duration::from_secs(5));
+            (out, start.elapsed())
+        };
+        (
+            timed("POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"target\":"),
+            timed("GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"),
+        )
+    })
+    .await;
+    let (out, took) = stalled;
+    out.expect("a stalled body is closed");
+    assert!(took >= Duration::from_millis(900), "closed early: {took:?}");
+    let (out, took) = keepalive;
+    let out = out.expect("an idle keep-alive connection is closed");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(took >= Duration::from_millis(900), "closed early: {took:?}");
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("rivorad.sock");
+    let handle = serve_api(config(&socket), Arc::new(Fake::default()))
+        .await
+        .unwrap();
+    let target = Target::Unix(socket);
+    let (big, fits) = blocking(move || {
+        let with = |n: usize| {
+            exchange(
+                &target,
+                &format!(
+                    "GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+                    "a".repeat(n)
+                ),
+            )
+        };
+        (with(64 * 1024), with(4 * 1024))
+    })
+    .await;
+    assert!(big.starts_with("HTTP/1.1 431"), "{big}");
+    assert!(fits.starts_with("HTTP/1.1 200"), "{fits}");
+    handle.shutdown().await;
 }

@@ -3,6 +3,7 @@
 mod api_support;
 mod bins;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -22,11 +23,15 @@ struct Server {
 
 impl Server {
     fn start(tcp_token: Option<&str>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), tcp_token)
+    }
+
+    fn start_in(dir: tempfile::TempDir, tcp_token: Option<&str>) -> Self {
         let socket = dir.path().join("rivorad.sock");
         let tcp = tcp_token.map(|token| {
             let token_file = dir.path().join("token");
             std::fs::write(&token_file, token).unwrap();
+            std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
             TcpApiConfig {
                 addr: "127.0.0.1:0".parse().unwrap(),
                 token_file,
@@ -213,14 +218,6 @@ fn api_errors_exit_1_with_the_message() {
     );
     assert!(s.fake.calls().is_empty());
 
-    let o = run(&s.socket.with_file_name("absent.sock"), &["status"]);
-    assert_exit(&o, 1);
-    assert!(
-        stderr(&o).contains("connecting to rivorad at unix:"),
-        "{}",
-        stderr(&o)
-    );
-
     s.fake
         .fail_reload
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -319,7 +316,13 @@ fn tcp_with_token_file() {
 
     let o = ctl(&dir.path().join("missing"));
     assert_exit(&o, 1);
-    assert!(stderr(&o).contains("reading token file"), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("cannot read token file"), "{err}");
+    assert_eq!(
+        err.matches("os error").count(),
+        1,
+        "the OS error once: {err}"
+    );
 }
 
 #[test]
@@ -443,4 +446,112 @@ fn config_validate_refuses_what_the_datapath_cannot_hold() {
         ],
     );
     assert_exit(&o, 0);
+}
+
+/// The euid, without a libc binding: /proc/self belongs to it.
+fn euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+/// Connection failures read as sentences, each naming where rivoractl
+/// looked, with no OS error number (let alone twice).
+#[test]
+fn connection_errors_read_as_sentences() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // No socket file at all, and a socket file nobody listens on.
+    let absent = dir.path().join("absent.sock");
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    for path in [&absent, &stale] {
+        let o = run(path, &["status"]);
+        assert_exit(&o, 1);
+        assert_eq!(
+            stderr(&o),
+            format!("rivoractl: no rivorad is listening on {}\n", path.display())
+        );
+    }
+
+    // A closed TCP port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t").unwrap();
+    let o = Command::new(bins::rivoractl())
+        .args(["--address", &format!("127.0.0.1:{port}"), "--token-file"])
+        .arg(&token)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_exit(&o, 1);
+    assert_eq!(
+        stderr(&o),
+        format!("rivoractl: no rivorad is listening on 127.0.0.1:{port}\n")
+    );
+
+    // Something listens and never answers: the queue holds the connection.
+    let silent = dir.path().join("silent.sock");
+    let _silent = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+    let start = std::time::Instant::now();
+    let o = run(&silent, &["--timeout", "1", "status"]);
+    assert_exit(&o, 1);
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "rivoractl: rivorad did not answer within 1 s on {}\n",
+            silent.display()
+        )
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+
+    // Accepted, then closed without a word.
+    let closing = dir.path().join("closing.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&closing).unwrap();
+    let server = std::thread::spawn(move || drop(listener.accept().unwrap()));
+    let o = run(&closing, &["status"]);
+    server.join().unwrap();
+    assert_exit(&o, 1);
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "rivoractl: rivorad closed the connection on {} without answering\n",
+            closing.display()
+        )
+    );
+}
+
+/// A user who may not use the socket is told so, and who may.
+#[test]
+fn permission_denied_names_the_socket() {
+    use std::os::unix::process::CommandExt;
+    // As /run/rivora is: others may enter the directory; the socket is 0600.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = Server::start_in(dir, None);
+    let mut cmd = Command::new(bins::rivoractl());
+    cmd.arg("--socket").arg(&s.socket).arg("status");
+    let owner = if euid() == 0 {
+        // Root passes any mode: ask as nobody.
+        cmd.uid(65534).gid(65534);
+        "root".to_string()
+    } else {
+        std::fs::set_permissions(&s.socket, std::fs::Permissions::from_mode(0o000)).unwrap();
+        format!("uid {}", euid())
+    };
+    let o = cmd.output().unwrap();
+    assert_exit(&o, 1);
+    let mode = std::fs::metadata(&s.socket).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "rivoractl: permission denied on {}: the socket has mode {mode:04o} and belongs to \
+             {owner}; run rivoractl as {owner}\n",
+            s.socket.display()
+        )
+    );
+    assert!(s.fake.calls().is_empty());
 }

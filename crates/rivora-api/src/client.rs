@@ -5,6 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,21 +29,36 @@ pub enum Endpoint {
     Tcp { addr: String, token: String },
 }
 
+/// The socket's path or the TCP address, as the user gave it.
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            Endpoint::Tcp { addr, .. } => write!(f, "tcp:{addr}"),
+            Endpoint::Unix(p) => write!(f, "{}", p.display()),
+            Endpoint::Tcp { addr, .. } => f.write_str(addr),
         }
     }
 }
 
+/// Each message is a whole sentence for the user: the I/O error inside is
+/// printed by the message itself and is deliberately not a `source`, so
+/// an error chain (`{:#}`) does not print it twice.
 #[derive(Debug, Error)]
 pub enum ClientError {
-    #[error("connecting to rivorad at {endpoint}: {source}")]
-    Connect { endpoint: String, source: io::Error },
-    #[error("talking to rivorad at {endpoint}: {source}")]
-    Io { endpoint: String, source: io::Error },
+    /// The socket file is missing or stale, or the port is closed.
+    #[error("no rivorad is listening on {endpoint}")]
+    NotListening { endpoint: String },
+    #[error("permission denied on {endpoint}{hint}")]
+    PermissionDenied { endpoint: String, hint: String },
+    #[error("rivorad did not answer within {} on {endpoint}", fmt_secs(*timeout))]
+    Timeout { endpoint: String, timeout: Duration },
+    /// The connection ended before a response: rivorad stopped, or it
+    /// dropped the connection (a timeout of its own, a limit).
+    #[error("rivorad closed the connection on {endpoint} without answering")]
+    Closed { endpoint: String },
+    #[error("cannot connect to rivorad on {endpoint}: {error}")]
+    Connect { endpoint: String, error: io::Error },
+    #[error("talking to rivorad on {endpoint}: {error}")]
+    Io { endpoint: String, error: io::Error },
     #[error("malformed HTTP response from {endpoint}: {reason}")]
     Malformed {
         endpoint: String,
@@ -53,8 +69,8 @@ pub enum ClientError {
     Api { status: u16, message: String },
     #[error("decoding rivorad's answer: {0}")]
     Decode(#[from] serde_json::Error),
-    #[error("reading token file {path}: {source}")]
-    TokenFile { path: PathBuf, source: io::Error },
+    #[error("cannot read token file {path}: {error}")]
+    TokenFile { path: PathBuf, error: io::Error },
     #[error("token file {path} is empty")]
     TokenEmpty { path: PathBuf },
 }
@@ -94,9 +110,9 @@ impl Client {
     /// Reads the token the way the server does: surrounding whitespace
     /// trimmed, empty refused.
     pub fn tcp_with_token_file(addr: impl Into<String>, path: &Path) -> Result<Self, ClientError> {
-        let raw = std::fs::read_to_string(path).map_err(|source| ClientError::TokenFile {
+        let raw = std::fs::read_to_string(path).map_err(|error| ClientError::TokenFile {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let token = raw.trim();
         if token.is_empty() {
@@ -205,31 +221,93 @@ impl Client {
         let mut request = head.into_bytes();
         request.extend_from_slice(body.unwrap_or_default());
 
-        let io_err = |source| ClientError::Io {
-            endpoint: endpoint.clone(),
-            source,
-        };
+        let exchange_err = |e| self.exchange_error(e);
         let raw = match &self.endpoint {
             Endpoint::Unix(p) => {
-                let s = UnixStream::connect(p).map_err(|source| ClientError::Connect {
-                    endpoint: endpoint.clone(),
-                    source,
-                })?;
-                s.set_read_timeout(Some(self.timeout)).map_err(io_err)?;
-                s.set_write_timeout(Some(self.timeout)).map_err(io_err)?;
-                exchange(s, &request).map_err(io_err)?
+                let s = UnixStream::connect(p).map_err(|e| self.connect_error(e))?;
+                s.set_read_timeout(Some(self.timeout))
+                    .map_err(exchange_err)?;
+                s.set_write_timeout(Some(self.timeout))
+                    .map_err(exchange_err)?;
+                exchange(s, &request).map_err(exchange_err)?
             }
             Endpoint::Tcp { addr, .. } => {
-                let s = connect_tcp(addr, self.timeout).map_err(|source| ClientError::Connect {
-                    endpoint: endpoint.clone(),
-                    source,
-                })?;
-                s.set_read_timeout(Some(self.timeout)).map_err(io_err)?;
-                s.set_write_timeout(Some(self.timeout)).map_err(io_err)?;
-                exchange(s, &request).map_err(io_err)?
+                let s = connect_tcp(addr, self.timeout).map_err(|e| self.connect_error(e))?;
+                s.set_read_timeout(Some(self.timeout))
+                    .map_err(exchange_err)?;
+                s.set_write_timeout(Some(self.timeout))
+                    .map_err(exchange_err)?;
+                exchange(s, &request).map_err(exchange_err)?
             }
         };
+        if raw.is_empty() {
+            return Err(ClientError::Closed { endpoint });
+        }
         parse_response(&raw).map_err(|reason| ClientError::Malformed { endpoint, reason })
+    }
+
+    fn connect_error(&self, error: io::Error) -> ClientError {
+        let endpoint = self.endpoint.to_string();
+        match error.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                ClientError::NotListening { endpoint }
+            }
+            io::ErrorKind::PermissionDenied => ClientError::PermissionDenied {
+                endpoint,
+                hint: self.permission_hint(),
+            },
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ClientError::Timeout {
+                endpoint,
+                timeout: self.timeout,
+            },
+            _ => ClientError::Connect { endpoint, error },
+        }
+    }
+
+    fn exchange_error(&self, error: io::Error) -> ClientError {
+        let endpoint = self.endpoint.to_string();
+        match error.kind() {
+            // A socket read timeout surfaces as EAGAIN.
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ClientError::Timeout {
+                endpoint,
+                timeout: self.timeout,
+            },
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof => ClientError::Closed { endpoint },
+            _ => ClientError::Io { endpoint, error },
+        }
+    }
+
+    /// Who may connect, when the socket can be looked at.
+    fn permission_hint(&self) -> String {
+        let Endpoint::Unix(path) = &self.endpoint else {
+            return String::new();
+        };
+        match std::fs::metadata(path) {
+            Ok(md) => {
+                let user = match md.uid() {
+                    0 => "root".to_string(),
+                    uid => format!("uid {uid}"),
+                };
+                format!(
+                    ": the socket has mode {:04o} and belongs to {user}; run rivoractl as {user}",
+                    md.mode() & 0o7777
+                )
+            }
+            Err(_) => ": its directory is closed to this user; run rivoractl as the user rivorad \
+                 runs as (usually root)"
+                .to_string(),
+        }
+    }
+}
+
+/// `30 s`, `0.5 s`.
+fn fmt_secs(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
     }
 }
 
@@ -255,10 +333,19 @@ fn connect_tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
 }
 
 fn exchange<S: Read + Write>(mut s: S, request: &[u8]) -> io::Result<Vec<u8>> {
-    s.write_all(request)?;
-    s.flush()?;
+    // A server that refuses the connection may answer and close before
+    // reading the request (rivorad does at its connection limit): the
+    // write then fails, but the answer is there to read.
+    let written = s.write_all(request).and_then(|()| s.flush());
     let mut raw = Vec::new();
-    s.take(MAX_RESPONSE_BYTES + 1).read_to_end(&mut raw)?;
+    let read = s.take(MAX_RESPONSE_BYTES + 1).read_to_end(&mut raw);
+    // Closing a socket with our request unread makes the kernel report a
+    // reset after the queued answer: a complete answer still counts.
+    let answered = !raw.is_empty() && (read.is_ok() || parse_response(&raw).is_ok());
+    if !answered {
+        written?;
+        read?;
+    }
     if raw.len() as u64 > MAX_RESPONSE_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -384,5 +471,79 @@ mod tests {
             "/v1/vips/tcp%2F10%2E0%2E0%2E1%3A80"
         );
         assert!(!vip_path("udp/[2001:db8::1]:53")["/v1/vips/".len()..].contains(['/', '[', ':']));
+    }
+
+    fn fast(path: &Path) -> Client {
+        Client::unix(path).with_timeout(Duration::from_millis(300))
+    }
+
+    #[test]
+    fn connection_failures_are_sentences() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rivorad.sock");
+
+        let missing = fast(&path).status().unwrap_err();
+        assert!(
+            matches!(missing, ClientError::NotListening { .. }),
+            "{missing:?}"
+        );
+        assert_eq!(
+            missing.to_string(),
+            format!("no rivorad is listening on {}", path.display())
+        );
+
+        // A socket file nobody listens on, as a crashed daemon leaves.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let stale = fast(&path).status().unwrap_err();
+        assert!(
+            matches!(stale, ClientError::NotListening { .. }),
+            "{stale:?}"
+        );
+
+        // Bound, never accepted: the connection is queued and nobody answers.
+        std::fs::remove_file(&path).unwrap();
+        let _silent = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let timeout = fast(&path).status().unwrap_err();
+        assert_eq!(
+            timeout.to_string(),
+            format!("rivorad did not answer within 0.3 s on {}", path.display())
+        );
+        assert!(!format!("{timeout:?}").contains("os error"), "{timeout:?}");
+    }
+
+    #[test]
+    fn closed_without_answer_and_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rivorad.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            drop(listener.accept().unwrap());
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 20\r\nconnection: close\r\n\r\n{\"error\":\"too many\"}")
+                .unwrap();
+        });
+        let closed = fast(&path).status().unwrap_err();
+        assert!(matches!(closed, ClientError::Closed { .. }), "{closed:?}");
+        assert_eq!(
+            closed.to_string(),
+            format!(
+                "rivorad closed the connection on {} without answering",
+                path.display()
+            )
+        );
+        match fast(&path).status().unwrap_err() {
+            ClientError::Api {
+                status: 503,
+                message,
+            } => assert_eq!(message, "too many"),
+            other => panic!("{other:?}"),
+        }
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn seconds_read_naturally() {
+        assert_eq!(fmt_secs(Duration::from_secs(30)), "30 s");
+        assert_eq!(fmt_secs(Duration::from_millis(1500)), "1.5 s");
     }
 }

@@ -18,15 +18,18 @@
 
 pub mod client;
 mod error;
+mod listener;
 pub mod render;
 mod server;
 mod state;
 mod types;
 
 pub use error::ApiRequestError;
+pub use listener::ConnLimits;
 pub use server::{
-    api_routes, metrics_routes, serve_api, serve_metrics, ApiConfig, BearerToken, ServeError,
-    ServerHandle, TcpApiConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_SOCKET_PATH, METRICS_CONTENT_TYPE,
+    api_routes, metrics_routes, serve_api, serve_metrics, serve_metrics_with, ApiConfig,
+    BearerToken, ServeError, ServerHandle, TcpApiConfig, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SOCKET_PATH, METRICS_CONTENT_TYPE,
 };
 pub use state::ApiState;
 pub use types::{

@@ -9,7 +9,7 @@
 
 use std::convert::Infallible;
 use std::fs;
-use std::io;
+use std::io::{self, Read as _};
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ use warp::reply::Response;
 use warp::{Filter, Rejection, Reply};
 
 use crate::error::ApiRequestError;
+use crate::listener::{self, ConnCount, ConnLimits};
 use crate::state::ApiState;
 use crate::types::{DrainRequest, DrainSpec, ReloadRequest, VipName};
 
@@ -46,6 +47,9 @@ pub struct ApiConfig {
     /// An extra TCP listener; it always requires the bearer token.
     pub tcp: Option<TcpApiConfig>,
     pub max_body_bytes: u64,
+    /// Applied to the Unix socket and to the TCP listener, each with its
+    /// own connection count.
+    pub limits: ConnLimits,
 }
 
 impl Default for ApiConfig {
@@ -54,6 +58,7 @@ impl Default for ApiConfig {
             socket_path: PathBuf::from(DEFAULT_SOCKET_PATH),
             tcp: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            limits: ConnLimits::default(),
         }
     }
 }
@@ -61,7 +66,8 @@ impl Default for ApiConfig {
 #[derive(Debug, Clone)]
 pub struct TcpApiConfig {
     pub addr: SocketAddr,
-    /// Holds the bearer token; surrounding whitespace is ignored.
+    /// Holds the bearer token; surrounding whitespace is ignored. It must
+    /// be a regular file that neither group nor others can read or write.
     pub token_file: PathBuf,
 }
 
@@ -79,11 +85,23 @@ pub enum ServeError {
     BindUnix { path: PathBuf, source: io::Error },
     #[error("binding TCP {addr}: {source}")]
     BindTcp { addr: SocketAddr, source: io::Error },
-    #[error("reading API token file {path}: {source}")]
-    TokenFile { path: PathBuf, source: io::Error },
+    #[error("cannot read API token file {path}: {error}")]
+    TokenFile { path: PathBuf, error: io::Error },
     #[error("API token file {path} is empty: refusing to serve TCP without a token")]
     TokenEmpty { path: PathBuf },
+    #[error(
+        "API token file {path} has mode {mode:04o}: group and others must not read or write it \
+         (chmod 600 {path})"
+    )]
+    TokenFileMode { path: PathBuf, mode: u32 },
+    #[error("API token file {path} is not a regular file")]
+    TokenNotAFile { path: PathBuf },
+    #[error("API token file {path} is larger than {limit} bytes")]
+    TokenTooLarge { path: PathBuf, limit: u64 },
 }
+
+/// A token is a line of text; anything larger is not a token file.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
 /// A bearer token, compared in constant time and never printed.
 #[derive(Clone)]
@@ -96,11 +114,39 @@ impl std::fmt::Debug for BearerToken {
 }
 
 impl BearerToken {
+    /// Reads the token, refusing a file that others could read (the token
+    /// would be theirs) or write (the token would be theirs to choose).
+    /// Mode and content come from the same open file, so a swap between
+    /// the check and the read cannot slip past.
     pub fn from_file(path: &Path) -> Result<Self, ServeError> {
-        let raw = fs::read(path).map_err(|source| ServeError::TokenFile {
+        let read_err = |error| ServeError::TokenFile {
             path: path.to_path_buf(),
-            source,
-        })?;
+            error,
+        };
+        let file = fs::File::open(path).map_err(read_err)?;
+        let md = file.metadata().map_err(read_err)?;
+        if !md.is_file() {
+            return Err(ServeError::TokenNotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+        let mode = md.mode() & 0o7777;
+        if mode & 0o066 != 0 {
+            return Err(ServeError::TokenFileMode {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+        let mut raw = Vec::new();
+        file.take(MAX_TOKEN_FILE_BYTES + 1)
+            .read_to_end(&mut raw)
+            .map_err(read_err)?;
+        if raw.len() as u64 > MAX_TOKEN_FILE_BYTES {
+            return Err(ServeError::TokenTooLarge {
+                path: path.to_path_buf(),
+                limit: MAX_TOKEN_FILE_BYTES,
+            });
+        }
         let token = raw.trim_ascii();
         if token.is_empty() {
             return Err(ServeError::TokenEmpty {
@@ -130,11 +176,17 @@ impl BearerToken {
 pub struct ServerHandle {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    counts: Vec<ConnCount>,
     tcp_addr: Option<SocketAddr>,
     socket_path: Option<PathBuf>,
 }
 
 impl ServerHandle {
+    /// Connections open now, over all of this handle's listeners.
+    pub fn open_connections(&self) -> usize {
+        self.counts.iter().map(ConnCount::open).sum()
+    }
+
     /// The bound TCP address (useful with port 0).
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp_addr
@@ -149,14 +201,6 @@ impl ServerHandle {
         for task in self.tasks {
             let _ = task.await;
         }
-    }
-}
-
-fn stop_signal(rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send {
-    let mut rx = rx;
-    async move {
-        // An error means the handle was dropped: stop as well.
-        let _ = rx.wait_for(|stop| *stop).await;
     }
 }
 
@@ -192,16 +236,14 @@ pub async fn serve_api<S: ApiState>(
 
     let (stop, rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    let mut counts = Vec::new();
 
     let routes = api_routes(state.clone(), config.max_body_bytes);
+    let (unix_task, count) = listener::spawn(unix, routes, config.limits, rx.clone(), "unix");
+    counts.push(count);
     let socket_path = config.socket_path.clone();
-    let unix_rx = rx.clone();
     tasks.push(tokio::spawn(async move {
-        warp::serve(routes)
-            .incoming(unix)
-            .graceful(stop_signal(unix_rx))
-            .run()
-            .await;
+        let _ = unix_task.await;
         remove_socket_if_ours(&socket_path, identity);
     }));
 
@@ -213,29 +255,41 @@ pub async fn serve_api<S: ApiState>(
             .recover(recover)
             .unify()
             .boxed();
-        tasks.push(tokio::spawn(async move {
-            warp::serve(routes)
-                .incoming(listener)
-                .graceful(stop_signal(rx))
-                .run()
-                .await;
-        }));
+        let (task, count) = listener::spawn(listener, routes, config.limits, rx, "tcp");
+        tasks.push(task);
+        counts.push(count);
     }
-    tracing::info!(socket = %config.socket_path.display(), tcp = ?tcp_addr, "API listening");
+    tracing::info!(
+        socket = %config.socket_path.display(),
+        tcp = ?tcp_addr,
+        limits = ?config.limits,
+        "API listening"
+    );
 
     Ok(ServerHandle {
         stop,
         tasks,
+        counts,
         tcp_addr,
         socket_path: Some(config.socket_path),
     })
 }
 
 /// Serves `GET /metrics` on its own TCP address, without authentication
-/// (as Prometheus scrapes expect); keep it on a trusted network.
+/// (as Prometheus scrapes expect); keep it on a trusted network. Limits
+/// are [`ConnLimits::METRICS`].
 pub async fn serve_metrics<S: ApiState>(
     addr: SocketAddr,
     state: Arc<S>,
+) -> Result<ServerHandle, ServeError> {
+    serve_metrics_with(addr, state, ConnLimits::METRICS).await
+}
+
+/// [`serve_metrics`] with other limits.
+pub async fn serve_metrics_with<S: ApiState>(
+    addr: SocketAddr,
+    state: Arc<S>,
+    limits: ConnLimits,
 ) -> Result<ServerHandle, ServeError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -244,18 +298,12 @@ pub async fn serve_metrics<S: ApiState>(
         .local_addr()
         .map_err(|source| ServeError::BindTcp { addr, source })?;
     let (stop, rx) = watch::channel(false);
-    let routes = metrics_routes(state);
-    let task = tokio::spawn(async move {
-        warp::serve(routes)
-            .incoming(listener)
-            .graceful(stop_signal(rx))
-            .run()
-            .await;
-    });
-    tracing::info!(addr = %bound, "metrics listening");
+    let (task, count) = listener::spawn(listener, metrics_routes(state), limits, rx, "metrics");
+    tracing::info!(addr = %bound, ?limits, "metrics listening");
     Ok(ServerHandle {
         stop,
         tasks: vec![task],
+        counts: vec![count],
         tcp_addr: Some(bound),
         socket_path: None,
     })
@@ -401,14 +449,24 @@ fn authenticated(token: BearerToken) -> impl Filter<Extract = (), Error = Reject
             async move {
                 let presented = headers
                     .get(header::AUTHORIZATION)
-                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+                    .and_then(|v| bearer_credentials(v.as_bytes()));
                 match presented {
-                    Some(t) if token.matches(t.trim_ascii()) => Ok(()),
+                    Some(t) if token.matches(t) => Ok(()),
                     _ => Err(reject(ApiRequestError::Unauthorized)),
                 }
             }
         })
         .untuple_one()
+}
+
+/// The token in an `Authorization` value: the scheme is case-insensitive
+/// and followed by one or more spaces (RFC 7235 section 2.1).
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| rest.trim_ascii())
 }
 
 /// Reads the body up to `limit` bytes. A declared length over the limit is
@@ -632,11 +690,73 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("t");
         fs::write(&p, "  abc\n").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
         assert!(BearerToken::from_file(&p).unwrap().matches(b"abc"));
         fs::write(&p, "\n\t ").unwrap();
         assert!(matches!(
             BearerToken::from_file(&p),
             Err(ServeError::TokenEmpty { .. })
         ));
+    }
+
+    #[test]
+    fn token_file_readable_by_others_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("token");
+        fs::write(&p, "abc\n").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602, 0o660] {
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+            let err = BearerToken::from_file(&p).unwrap_err();
+            assert!(
+                matches!(err, ServeError::TokenFileMode { mode: m, .. } if m == mode),
+                "{mode:o}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(&p.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("{mode:04o}")), "{msg}");
+        }
+        for mode in [0o600, 0o400] {
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+            assert!(
+                BearerToken::from_file(&p).unwrap().matches(b"abc"),
+                "{mode:o}"
+            );
+        }
+    }
+
+    #[test]
+    fn token_file_must_be_a_small_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            BearerToken::from_file(dir.path()),
+            Err(ServeError::TokenNotAFile { .. })
+        ));
+        let p = dir.path().join("big");
+        fs::write(&p, "x".repeat(MAX_TOKEN_FILE_BYTES as usize + 1)).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(
+            BearerToken::from_file(&p),
+            Err(ServeError::TokenTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for (value, want) in [
+            (&b"Bearer abc"[..], Some(&b"abc"[..])),
+            (b"bearer abc", Some(b"abc")),
+            (b"BEARER   abc ", Some(b"abc")),
+            (b"Bearer", None),
+            (b"Bearerabc", None),
+            (b"Basic abc", None),
+            (b"Bearer ", Some(b"")),
+        ] {
+            assert_eq!(
+                bearer_credentials(value),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
     }
 }

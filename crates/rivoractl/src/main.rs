@@ -32,6 +32,9 @@ struct Cli {
     /// File holding the bearer token for --address.
     #[arg(long, global = true, value_name = "FILE", requires = "address")]
     token_file: Option<PathBuf>,
+    /// Seconds to wait for rivorad to answer each request.
+    #[arg(long, global = true, value_name = "S", default_value = "30", value_parser = parse_interval)]
+    timeout: Duration,
     /// Output format: aligned tables, or the API's JSON for scripts.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -134,14 +137,15 @@ fn main() -> ExitCode {
 }
 
 fn client(cli: &Cli) -> anyhow::Result<Client> {
-    Ok(match (&cli.address, &cli.token_file) {
+    let client = match (&cli.address, &cli.token_file) {
         (Some(addr), Some(token)) => Client::tcp_with_token_file(addr.clone(), token)?,
         _ => Client::unix(
             cli.socket
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET_PATH)),
         ),
-    })
+    };
+    Ok(client.with_timeout(cli.timeout))
 }
 
 fn print_json(body: &[u8]) -> anyhow::Result<()> {
