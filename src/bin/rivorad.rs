@@ -164,7 +164,7 @@ fn main() -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
         let metrics = metrics.clone();
-        Arc::new(move |_key, obs| metrics.observe_probe(obs.success(), obs.latency_secs()))
+        Arc::new(move |_key, obs| metrics.observe_probe(obs.verdict(), obs.latency_secs()))
     };
     let d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
