@@ -26,6 +26,7 @@ use prometheus_client::registry::Registry;
 use thiserror::Error;
 
 use crate::api::BackendHealth;
+use crate::healthcheck::Verdict;
 
 /// The `Content-Type` of what [`Metrics::encode`] returns.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -78,6 +79,9 @@ pub enum MetricsError {
 type ProbeLabels = [(&'static str, &'static str); 1];
 const PROBE_SUCCESS: ProbeLabels = [("result", "success")];
 const PROBE_FAILURE: ProbeLabels = [("result", "failure")];
+/// Probes this node could not run (out of descriptors, memory, ports):
+/// apart from failures, since they say nothing about the backend.
+const PROBE_UNKNOWN: ProbeLabels = [("result", "unknown")];
 
 fn probe_histogram() -> Histogram {
     Histogram::new(PROBE_DURATION_BUCKETS.iter().copied())
@@ -116,7 +120,7 @@ impl Metrics {
         );
         // Both series exist from the first scrape, all buckets at zero, so a
         // rate over them never starts from a missing series.
-        for labels in [&PROBE_SUCCESS, &PROBE_FAILURE] {
+        for labels in [&PROBE_SUCCESS, &PROBE_FAILURE, &PROBE_UNKNOWN] {
             drop(probes.get_or_create(labels));
         }
         // The registry appends the full stop.
@@ -144,11 +148,11 @@ impl Metrics {
     }
 
     /// Records one finished health probe.
-    pub fn observe_probe(&self, success: bool, seconds: f64) {
-        let labels = if success {
-            &PROBE_SUCCESS
-        } else {
-            &PROBE_FAILURE
+    pub fn observe_probe(&self, verdict: Verdict, seconds: f64) {
+        let labels = match verdict {
+            Verdict::Up => &PROBE_SUCCESS,
+            Verdict::Down => &PROBE_FAILURE,
+            Verdict::Unknown => &PROBE_UNKNOWN,
         };
         self.probes.get_or_create(labels).observe(seconds);
     }
@@ -493,9 +497,10 @@ mod tests {
     fn snapshot_exposition() {
         let m = Metrics::new();
         for v in [0.005, 0.01, 0.05] {
-            m.observe_probe(true, v);
+            m.observe_probe(Verdict::Up, v);
         }
-        m.observe_probe(false, 2.0);
+        m.observe_probe(Verdict::Down, 2.0);
+        m.observe_probe(Verdict::Unknown, 0.0001);
         let text = m.encode(snapshot()).unwrap();
         let p = parse(&text);
         assert_families(&p);
@@ -565,10 +570,15 @@ mod tests {
             p.value(&format!("{h}_count"), &[("result", "failure")]),
             1.0
         );
+        assert_eq!(bucket("unknown", "0.0005"), 1.0);
+        assert_eq!(
+            p.value(&format!("{h}_count"), &[("result", "unknown")]),
+            1.0
+        );
 
         // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2 + the
         // two gauges, and per result the 14 bounds, +Inf, _sum and _count.
-        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 + 2 * 17);
+        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 + 3 * 17);
         assert_eq!(
             m.encode(snapshot()).unwrap(),
             text,
@@ -582,9 +592,9 @@ mod tests {
         assert_families(&p);
         assert_eq!(p.count("rivora_vip_packets_total"), 0);
         assert_eq!(p.count("rivora_drops_total"), 0);
-        // Both probe results from the first scrape, every bucket present.
+        // Every probe result from the first scrape, every bucket present.
         let h = "rivora_health_probe_duration_seconds_bucket";
-        for result in ["success", "failure"] {
+        for result in ["success", "failure", "unknown"] {
             let les: Vec<String> = p
                 .samples
                 .iter()
@@ -652,7 +662,7 @@ mod tests {
     fn buckets_are_cumulative_and_le_inclusive() {
         let m = Metrics::new();
         for v in [0.01, 0.0100001, 0.1, 0.5, 1.0, 1.5, 100.0, 0.0] {
-            m.observe_probe(true, v);
+            m.observe_probe(Verdict::Up, v);
         }
         let p = parse(&m.encode(MetricsSnapshot::default()).unwrap());
         let h = "rivora_health_probe_duration_seconds";

@@ -1336,6 +1336,296 @@ fn invalid_config_at_start_changes_nothing() {
     }
 }
 
+/// Every pinned map's entries as raw bytes (per-CPU values for each CPU),
+/// by pin name: equal means byte-identical. A map that cannot be read
+/// whole is recorded as its error, so a difference there shows too.
+type RawMaps = BTreeMap<String, Result<Vec<(Vec<u8>, Vec<Vec<u8>>)>, String>>;
+
+fn raw_maps(pins: &Path) -> RawMaps {
+    use libbpf_rs::{MapCore, MapFlags, MapHandle};
+    let mut out = BTreeMap::new();
+    for e in fs::read_dir(pins)
+        .expect("reading the pin directory")
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.path().is_dir() {
+            continue;
+        }
+        let entries = MapHandle::from_pinned_path(e.path())
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                m.keys()
+                    .map(|k| {
+                        let v = if m.map_type().is_percpu() {
+                            m.lookup_percpu(&k, MapFlags::ANY)
+                        } else {
+                            m.lookup(&k, MapFlags::ANY).map(|v| v.map(|v| vec![v]))
+                        };
+                        v.map(|v| (k, v.unwrap_or_default()))
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Result<Vec<_>, String>>()
+            });
+        out.insert(name, entries);
+    }
+    out
+}
+
+/// A port nothing listens on in `ns` (bound, noted, closed).
+fn free_port(ns: &Netns) -> u16 {
+    ns.run(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    })
+}
+
+/// One thing the node lacks, for [`start_refused_changes_nothing`].
+struct NodeCase {
+    what: &'static str,
+    /// The `interfaces:` list, and extra `api:` and top-level lines.
+    interfaces: String,
+    api: String,
+    metrics: String,
+    /// Every one must be in rivorad's output.
+    says: Vec<String>,
+}
+
+const V0: &str = "  - name: v0\n";
+
+impl NodeCase {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            interfaces: V0.into(),
+            api: String::new(),
+            metrics: String::new(),
+            says: vec![],
+        }
+    }
+
+    /// The file: this case's node settings and one VIP (two with
+    /// `new_vip`).
+    fn yaml(&self, home: &Home, new_vip: bool) -> String {
+        let mut y = format!(
+            "interfaces:\n{}api:\n  socket: {}\n{}{}vips:\n  - name: web\n    \
+             address: 10.9.0.1\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends:\n      \
+             - {{ address: 10.9.1.1, port: 8080 }}\n",
+            self.interfaces,
+            home.socket().display(),
+            self.api,
+            self.metrics
+        );
+        if new_vip {
+            y.push_str(
+                "  - name: new\n    address: 10.9.0.2\n    port: 80\n    protocol: tcp\n    \
+                 mode: nat\n    backends:\n      - { address: 10.9.1.2, port: 8080 }\n",
+            );
+        }
+        y
+    }
+}
+
+/// The API's TCP listener on a free port of `ns`, with `home`'s token.
+fn api_with_token(ns: &Netns, home: &Home, what: &'static str) -> NodeCase {
+    let token = home.path("token");
+    NodeCase {
+        api: format!(
+            "  listen: 127.0.0.1:{}\n  tokenFile: {}\n",
+            free_port(ns),
+            token.display()
+        ),
+        says: vec![token.display().to_string()],
+        ..NodeCase::new(what)
+    }
+}
+
+/// The case `make` builds for a home, refused on a first start and on a
+/// start over the maps a valid start pinned, with a new VIP in the file:
+/// a non-zero exit whose message says every `says`, the pinned maps
+/// absent or byte-identical, no socket, nothing attached.
+fn start_refused_changes_nothing(ns: &Netns, make: &dyn Fn(&Home) -> NodeCase) {
+    let refused = |rd: &mut Rivorad, c: &NodeCase, when: &str| {
+        rd.spawn(&common::rivorad::rivorad_bin(), &[]);
+        let status = rd.wait_exit(Duration::from_secs(10));
+        let text = rd.log_text();
+        assert!(
+            !status.success(),
+            "{} ({when}): rivorad exited {status}:\n{text}",
+            c.what
+        );
+        for s in &c.says {
+            assert!(
+                text.contains(s.as_str()),
+                "{} ({when}): the error names {s:?}:\n{text}",
+                c.what
+            );
+        }
+        assert!(
+            !rd.home.socket().exists(),
+            "{} ({when}): rivorad created its socket",
+            c.what
+        );
+        assert_eq!(
+            attached(ns, "v0"),
+            (false, 0),
+            "{} ({when}): something attached to v0",
+            c.what
+        );
+    };
+
+    // A first start: nothing pinned.
+    let home = Home::new();
+    let c = make(&home);
+    fs::write(home.config(), c.yaml(&home, false)).expect("writing the config");
+    let mut rd = Rivorad::new(ns, home);
+    refused(&mut rd, &c, "first start");
+    assert!(
+        !rd.home.pin_dir().exists(),
+        "{} (first start): rivorad created its pin directory",
+        c.what
+    );
+    drop(rd);
+
+    // Over the maps a valid start pinned, with a new VIP in the file.
+    let home = Home::new();
+    let good = NodeCase::new("valid").yaml(&home, false);
+    let mut rd = Rivorad::start(ns, home, &good, &[]);
+    let c = make(&rd.home);
+    assert!(rd.stop().success(), "{}: the valid start", c.what);
+    let before = raw_maps(rd.home.pin_dir());
+    assert!(
+        before
+            .get("vip_map")
+            .is_some_and(|m| m.as_ref().is_ok_and(|m| !m.is_empty())),
+        "{}: the valid start pinned its VIP: {:?}",
+        c.what,
+        before.keys()
+    );
+    fs::write(rd.home.config(), c.yaml(&rd.home, true)).expect("writing the config");
+    refused(&mut rd, &c, "over pinned maps");
+    assert!(
+        raw_maps(rd.home.pin_dir()) == before,
+        "{} (over pinned maps): the maps changed",
+        c.what
+    );
+}
+
+/// What the node must provide is checked at start before any map or
+/// link is touched: the token file (present), the listeners (bindable),
+/// the interfaces (present). A missing token file once exited only after
+/// a new VIP was in the pinned maps and the programs attached.
+#[test]
+fn unusable_node_settings_at_start_change_nothing() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-node-");
+    start_refused_changes_nothing(&ns, &|home| api_with_token(&ns, home, "missing token file"));
+
+    // Held until the cases ran: the metrics address taken.
+    let taken = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
+    let addr = taken.local_addr().expect("addr");
+    start_refused_changes_nothing(&ns, &|_| NodeCase {
+        metrics: format!("metrics:\n  listen: {addr}\n"),
+        says: vec![addr.to_string(), "in use".into()],
+        ..NodeCase::new("metrics address in use")
+    });
+    // The API's TCP listener on the same taken address.
+    start_refused_changes_nothing(&ns, &|home| {
+        fs::write(home.path("token"), "s3cret\n").expect("writing the token");
+        fs::set_permissions(home.path("token"), fs::Permissions::from_mode(0o600)).expect("chmod");
+        NodeCase {
+            api: format!(
+                "  listen: {addr}\n  tokenFile: {}\n",
+                home.path("token").display()
+            ),
+            says: vec![addr.to_string(), "in use".into()],
+            ..NodeCase::new("API address in use")
+        }
+    });
+    drop(taken);
+
+    start_refused_changes_nothing(&ns, &|_| NodeCase {
+        interfaces: format!("{V0}  - name: rvnosuch0\n"),
+        says: vec!["interface rvnosuch0: no such interface".into()],
+        ..NodeCase::new("no such interface")
+    });
+}
+
+/// A token file others can read is refused at start (by the API's token
+/// loader, which start-up calls before touching anything), and nothing
+/// changes.
+#[test]
+fn world_readable_token_at_start_changes_nothing() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-tok-");
+    start_refused_changes_nothing(&ns, &|home| {
+        let token = home.path("token");
+        fs::write(&token, "s3cret\n").expect("writing the token");
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o644)).expect("chmod");
+        let mut c = api_with_token(&ns, home, "world-readable token file");
+        c.says.push("0644".into());
+        c
+    });
+}
+
+/// Settings a reload cannot change (what is attached and listened on) are
+/// not ignored silently: the reload's answer, the status and the log name
+/// each, with both values, and say it takes effect at the next restart.
+#[test]
+fn reload_names_settings_only_a_restart_applies() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-rst-");
+    let home = Home::new();
+    let started = NodeCase::new("started").yaml(&home, false);
+    let rd = Rivorad::start(&ns, home, &started, &[]);
+    let port = free_port(&ns);
+    let changed = NodeCase {
+        interfaces: format!("{V0}  - name: v1\n"),
+        metrics: format!("metrics:\n  listen: 127.0.0.1:{port}\n"),
+        ..NodeCase::new("changed")
+    }
+    .yaml(&rd.home, false);
+    fs::write(rd.home.config(), &changed).expect("writing the config");
+    let out = rd.ctl_ok(&["reload"]);
+    let want = [
+        "interfaces changed from [v0 (xdpMode auto)] to [v0 (xdpMode auto), v1 (xdpMode auto)]: \
+         it takes effect at the next restart"
+            .to_string(),
+        format!(
+            "metrics.listen changed from none to 127.0.0.1:{port}: it takes effect at the next restart"
+        ),
+    ];
+    for w in &want {
+        assert!(
+            out.contains(&format!("warning: {w}")),
+            "rivoractl reload: {out}"
+        );
+        assert!(rd.log_text().contains(w.as_str()), "the log names {w:?}");
+    }
+    assert_eq!(
+        rd.status()["last_reload"]["warnings"],
+        Value::from(want.to_vec()),
+        "the status"
+    );
+    // Indeed not applied: nothing listens there, nothing is on v1.
+    assert!(
+        ns.run(move || TcpStream::connect(("127.0.0.1", port)).is_err()),
+        "metrics listening after a reload"
+    );
+    assert_eq!(attached(&ns, "v1"), (false, 0));
+
+    // The file as started: nothing pending any more.
+    fs::write(rd.home.config(), &started).expect("writing the config");
+    let out = rd.ctl_ok(&["reload"]);
+    assert!(!out.contains("warning"), "rivoractl reload: {out}");
+    assert_eq!(
+        rd.status()["last_reload"]["warnings"],
+        Value::from(Vec::<String>::new())
+    );
+}
+
 // ---------------------------------------------------------------------
 // 8. Restart: -persist-datapath forwards while rivorad is down; the next
 //    start adopts (IDs kept) and removes what the file no longer lists

@@ -644,3 +644,147 @@ async fn drop_stops_probing() {
     let late = server.accepted.load(Ordering::Relaxed) - accepted;
     assert!(late <= 1, "{late} connections accepted after the drop");
 }
+
+/// Set in the child process [`own_fd_exhaustion_never_takes_a_backend_down`]
+/// runs this test binary as.
+const EXHAUSTION_CHILD: &str = "RIVORA_HC_EXHAUSTION_CHILD";
+
+/// When this node runs out of file descriptors (1,000 idle connections to
+/// a listener did it), a probe fails at `socket()`: that says nothing
+/// about the backend, which must stay healthy. The descriptors are used
+/// up in a child process (this binary again, running only
+/// [`fd_exhaustion_child`]), so that no other test meets the limit.
+#[test]
+fn own_fd_exhaustion_never_takes_a_backend_down() {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "fd_exhaustion_child",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(EXHAUSTION_CHILD, "1")
+        .output()
+        .expect("running the child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    // A filter that matched nothing would pass too.
+    assert!(
+        text.contains("1 passed"),
+        "the child test did not run:\n{text}"
+    );
+}
+
+/// The child's part of [`own_fd_exhaustion_never_takes_a_backend_down`];
+/// outside that child it does nothing.
+#[test]
+#[ignore = "run by own_fd_exhaustion_never_takes_a_backend_down, in a process of its own"]
+fn fd_exhaustion_child() {
+    if std::env::var_os(EXHAUSTION_CHILD).is_none() {
+        return;
+    }
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    // A low soft limit, so that using it up takes few files.
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, 256.min(hard), hard).expect("setrlimit");
+
+    // The live backend: a plain thread accepting and closing, which waits
+    // out its own EMFILE rather than spinning on it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let live = listener.local_addr().expect("local addr");
+    std::thread::spawn(move || loop {
+        match listener.accept() {
+            Ok((s, _)) => drop(s),
+            Err(_) => std::thread::sleep(ms(5)),
+        }
+    });
+    // A port nothing listens on: a real failure, once probes run again.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (interval, fall) = (30, 2);
+        let spec = tcp_spec(interval, 20, 2, fall);
+        let (mut hc, mut rx) = HealthChecker::new(tokio::runtime::Handle::current());
+        hc.set_targets(vec![ProbeTarget::new(live, spec.clone())])
+            .expect("valid targets");
+        let t0 = Instant::now();
+        while probes_of(&hc, live) < 3 {
+            assert!(t0.elapsed() < ms(2000), "no probes");
+            tokio::time::sleep(ms(10)).await;
+        }
+
+        // Use up every descriptor.
+        let mut hoard = Vec::new();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => hoard.push(f),
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                Err(e) => panic!("opening /dev/null: {e}"),
+            }
+        }
+        // A target added now cannot even be probed once: it must not go
+        // down either, though nothing listens on it.
+        hc.set_targets(vec![
+            ProbeTarget::new(live, spec.clone()),
+            ProbeTarget::new(dead, spec.clone()),
+        ])
+        .expect("valid targets");
+        let unknown_of = |hc: &HealthChecker, key| {
+            let s = hc
+                .status()
+                .into_iter()
+                .find(|s| s.key == key)
+                .expect("a target");
+            (s.unknown, s.failures, s.last)
+        };
+        // Far more than `fall` probes go unrun.
+        no_event(&mut rx, ms(12 * interval), "out of descriptors").await;
+        for key in [live, dead] {
+            let (unknown, failures, last) = unknown_of(&hc, key);
+            assert!(unknown > 2 * u64::from(fall), "{key}: {unknown} unknown");
+            assert_eq!(failures, 0, "{key}");
+            assert!(
+                matches!(
+                    last.map(|o| o.result),
+                    Some(Err(ProbeError::LocalExhaustion { .. }))
+                ),
+                "{key}"
+            );
+            assert_eq!(hc.state(&key), Some(HealthState::Healthy), "{key}");
+        }
+
+        // Descriptors back: probes run again, and a real failure counts.
+        drop(hoard);
+        let ev = next_event(&mut rx, ms(3 * interval) * fall + SLACK, "dead, probed").await;
+        assert_eq!((ev.key, ev.state), (dead, HealthState::Down));
+        assert!(
+            matches!(ev.detail, Err(ProbeError::Connect { .. })),
+            "{:?}",
+            ev.detail
+        );
+        assert_eq!(hc.state(&live), Some(HealthState::Healthy));
+        let before = probes_of(&hc, live);
+        tokio::time::sleep(ms(4 * interval)).await;
+        let (unknown, failures, last) = unknown_of(&hc, live);
+        assert!(probes_of(&hc, live) > before, "live probed again");
+        assert_eq!(failures, 0);
+        assert!(unknown > 0);
+        assert!(
+            matches!(last.map(|o| o.result), Some(Ok(ProbeOk { .. }))),
+            "live answers again"
+        );
+    });
+}

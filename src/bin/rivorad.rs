@@ -164,9 +164,9 @@ fn main() -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
         let metrics = metrics.clone();
-        Arc::new(move |_key, obs| metrics.observe_probe(obs.success(), obs.latency_secs()))
+        Arc::new(move |_key, obs| metrics.observe_probe(obs.verdict(), obs.latency_secs()))
     };
-    let d = Daemon::start(opts, runtime.handle().clone(), observer)
+    let mut d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
     let api_conf = d.node.api.clone();
     let metrics_addr = d.node.metrics.listen;
@@ -178,6 +178,9 @@ fn main() -> Result<()> {
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
     });
+    // Checked and held since before the datapath was touched; the
+    // server binds its own listeners on the same addresses.
+    d.release_listeners();
     let api = runtime
         .block_on(serve_api(
             ApiConfig {

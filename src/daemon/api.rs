@@ -229,6 +229,7 @@ impl ApiState for DaemonApi {
                 ok: file.last_error.is_none(),
                 at: file.last_at,
                 error: file.last_error.clone(),
+                warnings: self.file.pending_restart(),
             },
             interfaces: st
                 .interfaces
@@ -305,12 +306,13 @@ impl ApiState for DaemonApi {
 
     async fn reload(&self) -> Result<ReloadResult, ApiRequestError> {
         match self.file.reload().await {
-            Ok(()) => Ok(ReloadResult {
+            Ok(warnings) => Ok(ReloadResult {
                 ok: true,
                 at: Self::file_status(&self.status.current())
                     .last_at
                     .max(now_secs()),
                 error: None,
+                warnings,
             }),
             Err(e @ ReloadError::Invalid(_)) => Err(ApiRequestError::ConfigInvalid {
                 error: e.to_string(),

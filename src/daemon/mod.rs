@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod net;
+pub mod preflight;
 pub mod state;
 
 use std::collections::BTreeSet;
@@ -35,6 +36,8 @@ pub enum DaemonError {
     Dataplane(#[from] DataplaneError),
     #[error(transparent)]
     Net(#[from] net::NetError),
+    #[error(transparent)]
+    Listener(#[from] crate::api::ServeError),
     #[error("{0}")]
     Apply(String),
     #[error(transparent)]
@@ -75,12 +78,16 @@ pub struct Daemon {
     status: StatusReader,
     file: Arc<FileSource>,
     reconciler: Option<std::thread::JoinHandle<()>>,
+    /// The listeners checked at start, until the API server takes over.
+    reserved: Option<preflight::Reserved>,
 }
 
 impl Daemon {
-    /// Load the configuration (an invalid file is an error, nothing is
+    /// Load the configuration and check what the node must provide for
+    /// it (see [`preflight`]; a failure is an error and nothing is
     /// touched), the BPF objects and the pinned maps (adopting what they
     /// hold), apply the file, attach, and start probing and reconciling.
+    /// The listeners stay reserved until [`Daemon::release_listeners`].
     pub fn start(
         opts: Options,
         runtime: tokio::runtime::Handle,
@@ -103,7 +110,16 @@ impl Daemon {
         // only what no VIP can reach). Loading over existing pins creates
         // and writes nothing. On a first start the file is checked first,
         // so that an invalid one pins nothing.
-        let (cfg, config_ms, dp, load_ms, writer, adopt_ms) =
+        // Read before anything is written, like the checks below.
+        let drain_store = DrainStore::new(&opts.state_dir);
+        let stored_drains = drain_store.load()?;
+        // Interfaces, token and listeners, checked before the first map
+        // is created or written: the adoption below may repair entries.
+        let check = |cfg: &config::Config| {
+            let _in = runtime.enter();
+            preflight::check(&cfg.node_settings())
+        };
+        let (cfg, reserved, config_ms, dp, load_ms, writer, adopt_ms) =
             if opts.pin_dir.join("meta_map").exists() {
                 Datapath::preflight(&load_opts)?;
                 std::thread::scope(|s| -> Result<_, DaemonError> {
@@ -114,6 +130,7 @@ impl Daemon {
                     // An early return here still joins the loader (the
                     // scope does).
                     let cfg = config::load_with(&opts.config, &capacity)?;
+                    let reserved = check(&cfg)?;
                     let config_ms = ms(t0);
                     let t = std::time::Instant::now();
                     let writer = Writer::open_pinned(&opts.pin_dir)?;
@@ -121,22 +138,22 @@ impl Daemon {
                     let (dp, load_ms) = loader
                         .join()
                         .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-                    Ok((cfg, config_ms, dp, load_ms, writer, adopt_ms))
+                    Ok((cfg, reserved, config_ms, dp, load_ms, writer, adopt_ms))
                 })?
             } else {
                 let cfg = config::load_with(&opts.config, &capacity)?;
+                let reserved = check(&cfg)?;
                 let config_ms = ms(t0);
                 let t = std::time::Instant::now();
                 let dp = Datapath::load(&load_opts)?;
                 let load_ms = ms(t);
                 let t = std::time::Instant::now();
                 let writer = Writer::open_pinned(&opts.pin_dir)?;
-                (cfg, config_ms, dp, load_ms, writer, ms(t))
+                (cfg, reserved, config_ms, dp, load_ms, writer, ms(t))
             };
         let mut writer = writer;
         let adopted = writer.vips().len();
-        let drain_store = DrainStore::new(&opts.state_dir);
-        let drains = match drain_store.load()? {
+        let drains = match stored_drains {
             Some(d) => d,
             None => {
                 // No file yet (first start, or an upgrade from a binary
@@ -216,6 +233,7 @@ impl Daemon {
             status,
             file: Arc::new(FileSource::new(PathBuf::new(), mpsc::channel().0, &cfg)),
             reconciler: None,
+            reserved: Some(reserved),
         };
         d.attach()?;
         rec.set_attached(
@@ -251,6 +269,14 @@ impl Daemon {
             }
         });
         Ok(d)
+    }
+
+    /// Close the listeners reserved at start, for the API server to bind
+    /// them now.
+    pub fn release_listeners(&mut self) {
+        if let Some(r) = self.reserved.take() {
+            r.release();
+        }
     }
 
     /// Where commands for the reconciler go (drains).

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::probe::{Observation, ProbeResult, Prober};
+use super::probe::{Observation, ProbeResult, Prober, Verdict};
 use super::spec::{HealthCheckSpec, SpecError};
 use super::state::{HealthState, RiseFall};
 
@@ -87,6 +87,10 @@ pub struct TargetStatus<K = SocketAddr> {
     pub streak: u32,
     pub probes: u64,
     pub failures: u64,
+    /// Probes this node could not run (its own descriptors, memory or
+    /// ports ran out): counted in `probes`, not in `failures`, and never
+    /// towards `fall` or `rise`.
+    pub unknown: u64,
     pub last: Option<Observation>,
 }
 
@@ -150,6 +154,7 @@ struct Cell {
     sm: RiseFall,
     probes: u64,
     failures: u64,
+    unknown: u64,
     last: Option<Observation>,
 }
 
@@ -264,6 +269,7 @@ impl<K: TargetKey> HealthChecker<K> {
                         sm: RiseFall::new(t.initial, t.spec.rise, t.spec.fall),
                         probes: 0,
                         failures: 0,
+                        unknown: 0,
                         last: None,
                     }));
                     let task = spawn_target(
@@ -307,6 +313,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     streak: c.sm.streak(),
                     probes: c.probes,
                     failures: c.failures,
+                    unknown: c.unknown,
                     last: c.last.clone(),
                 }
             })
@@ -401,10 +408,22 @@ fn spawn_target<K: TargetKey>(
                 return;
             }
             c.probes += 1;
-            if !obs.success() {
-                c.failures += 1;
-            }
-            if let Some(state) = c.sm.observe(obs.success()) {
+            let success = match obs.verdict() {
+                Verdict::Up => true,
+                Verdict::Down => {
+                    c.failures += 1;
+                    false
+                }
+                Verdict::Unknown => {
+                    c.unknown += 1;
+                    if let Err(e) = &obs.result {
+                        exhaustion_log(&key, prober.addr(), e);
+                    }
+                    c.last = Some(obs);
+                    continue;
+                }
+            };
+            if let Some(state) = c.sm.observe(success) {
                 match &obs.result {
                     Ok(_) => tracing::info!(target_key = ?key, addr = %prober.addr(), ?state, "health changed"),
                     Err(e) => tracing::info!(target_key = ?key, addr = %prober.addr(), ?state, error = %e, "health changed"),
@@ -421,6 +440,37 @@ fn spawn_target<K: TargetKey>(
             c.last = Some(obs);
         }
     })
+}
+
+/// How often at most the checker says that probes could not run: when
+/// the node is out of descriptors every target's probe says so, and a
+/// line per probe would add to the trouble.
+const EXHAUSTION_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// When the last such line was written, and the probes left unsaid since.
+static EXHAUSTION_LOG: Mutex<(Option<std::time::Instant>, u64)> = Mutex::new((None, 0));
+
+fn exhaustion_log<K: fmt::Debug>(key: &K, addr: SocketAddr, e: &super::probe::ProbeError) {
+    let mut log = EXHAUSTION_LOG
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let now = std::time::Instant::now();
+    if log
+        .0
+        .is_some_and(|last| now.duration_since(last) < EXHAUSTION_LOG_EVERY)
+    {
+        log.1 += 1;
+        return;
+    }
+    let unsaid = std::mem::take(&mut log.1);
+    log.0 = Some(now);
+    tracing::warn!(
+        target_key = ?key,
+        %addr,
+        error = %e,
+        unsaid,
+        "health probe not run for lack of this node's resources: the result is unknown and the backend keeps its state"
+    );
 }
 
 #[cfg(test)]

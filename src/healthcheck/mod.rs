@@ -46,7 +46,7 @@ pub use checker::{
     first_probe_at, probe_phase, CheckerError, HealthChecker, HealthEvent, Observer, ProbeTarget,
     TargetDiff, TargetKey, TargetStatus, PROBE_SLOT,
 };
-pub use probe::{Observation, ProbeError, ProbeOk, ProbeResult, Prober};
+pub use probe::{Observation, ProbeError, ProbeOk, ProbeResult, Prober, Verdict};
 pub use spec::{
     format_duration, parse_duration, resolve, DurationError, HealthCheckOverride, HealthCheckSpec,
     ProbeKind, SpecError, StatusRange, StatusRangeError,

@@ -44,6 +44,74 @@ pub enum ProbeError {
     MalformedStatusLine { line: String },
     #[error("status {code} is not an expected status")]
     UnexpectedStatus { code: u16 },
+    /// This node, not the backend, could not run the probe: out of file
+    /// descriptors, memory, socket buffers or local ports. It says
+    /// nothing about the backend (see [`Verdict::Unknown`]).
+    #[error("not probed: this node is out of {resource} ({message})")]
+    LocalExhaustion {
+        resource: &'static str,
+        message: String,
+    },
+}
+
+/// What one probe says about the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    Up,
+    Down,
+    /// The probe could not be run for a reason of this node's own (see
+    /// [`ProbeError::LocalExhaustion`]). It counts neither way: when 1,000
+    /// idle connections to a listener used up rivorad's descriptors,
+    /// every probe failed at `socket()` and healthy backends were taken
+    /// out of the datapath, an outage caused by the checker itself.
+    Unknown,
+}
+
+impl ProbeError {
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Self::LocalExhaustion { .. } => Verdict::Unknown,
+            _ => Verdict::Down,
+        }
+    }
+}
+
+/// The resource an errno says this node ran out of, if it says so.
+/// EADDRNOTAVAIL from connect() on Linux means no free local port (the
+/// ephemeral range is used up), not anything about the peer.
+fn exhausted_resource(e: &io::Error) -> Option<&'static str> {
+    match e.raw_os_error()? {
+        libc::EMFILE => Some("file descriptors (EMFILE)"),
+        libc::ENFILE => Some("file descriptors system-wide (ENFILE)"),
+        libc::ENOMEM => Some("memory (ENOMEM)"),
+        libc::ENOBUFS => Some("socket buffers (ENOBUFS)"),
+        libc::EADDRNOTAVAIL => Some("local ports (EADDRNOTAVAIL)"),
+        _ => None,
+    }
+}
+
+/// A probe step's I/O error: the node's own exhaustion, or `step`'s
+/// failure (which is the backend's).
+fn io_error(e: io::Error, step: fn(io::ErrorKind, String) -> ProbeError) -> ProbeError {
+    match exhausted_resource(&e) {
+        Some(resource) => ProbeError::LocalExhaustion {
+            resource,
+            message: e.to_string(),
+        },
+        None => step(e.kind(), e.to_string()),
+    }
+}
+
+fn connect_error(kind: io::ErrorKind, message: String) -> ProbeError {
+    ProbeError::Connect { kind, message }
+}
+
+fn send_error(kind: io::ErrorKind, message: String) -> ProbeError {
+    ProbeError::Send { kind, message }
+}
+
+fn receive_error(kind: io::ErrorKind, message: String) -> ProbeError {
+    ProbeError::Receive { kind, message }
 }
 
 /// What a successful probe saw.
@@ -66,6 +134,13 @@ pub struct Observation {
 impl Observation {
     pub fn success(&self) -> bool {
         self.result.is_ok()
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        match &self.result {
+            Ok(_) => Verdict::Up,
+            Err(e) => e.verdict(),
+        }
     }
 
     /// Latency in seconds, the Prometheus base unit.
@@ -142,10 +217,7 @@ impl Prober {
         stream
             .write_all(request)
             .await
-            .map_err(|e| ProbeError::Send {
-                kind: e.kind(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| io_error(e, send_error))?;
         let code = read_status(&mut stream).await?;
         if self.spec.status_ok(code) {
             Ok(ProbeOk { status: Some(code) })
@@ -156,10 +228,7 @@ impl Prober {
 }
 
 async fn connect(addr: SocketAddr) -> Result<TcpStream, ProbeError> {
-    let err = |e: io::Error| ProbeError::Connect {
-        kind: e.kind(),
-        message: e.to_string(),
-    };
+    let err = |e: io::Error| io_error(e, connect_error);
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4(),
         SocketAddr::V6(_) => TcpSocket::new_v6(),
@@ -181,10 +250,7 @@ async fn read_status(stream: &mut TcpStream) -> Result<u16, ProbeError> {
         let n = stream
             .read(&mut buf[len..])
             .await
-            .map_err(|e| ProbeError::Receive {
-                kind: e.kind(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| io_error(e, receive_error))?;
         len += n;
         let eol = buf[..len].iter().position(|&b| b == b'\n');
         if let Some(eol) = eol {
@@ -251,6 +317,60 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn the_nodes_own_exhaustion_is_unknown_not_down() {
+        for (errno, resource) in [
+            (libc::EMFILE, "EMFILE"),
+            (libc::ENFILE, "ENFILE"),
+            (libc::ENOMEM, "ENOMEM"),
+            (libc::ENOBUFS, "ENOBUFS"),
+            (libc::EADDRNOTAVAIL, "EADDRNOTAVAIL"),
+        ] {
+            for step in [connect_error, send_error, receive_error] {
+                let e = io_error(io::Error::from_raw_os_error(errno), step);
+                assert_eq!(e.verdict(), Verdict::Unknown, "{resource}: {e:?}");
+                let text = e.to_string();
+                assert!(
+                    text.starts_with("not probed: this node is out of") && text.contains(resource),
+                    "{text}"
+                );
+            }
+        }
+        // The backend's doing, or the path's: down.
+        for errno in [
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::ETIMEDOUT,
+            libc::EPIPE,
+        ] {
+            let e = io_error(io::Error::from_raw_os_error(errno), connect_error);
+            assert!(matches!(e, ProbeError::Connect { .. }), "{e:?}");
+            assert_eq!(e.verdict(), Verdict::Down, "{e:?}");
+        }
+        // No errno at all (a timeout, a bad status): down.
+        let e = io_error(io::Error::other("no errno"), receive_error);
+        assert_eq!(e.verdict(), Verdict::Down);
+        assert_eq!(
+            ProbeError::UnexpectedStatus { code: 500 }.verdict(),
+            Verdict::Down
+        );
+        let obs = |result| Observation {
+            result,
+            latency: Duration::ZERO,
+        };
+        assert_eq!(obs(Ok(ProbeOk { status: None })).verdict(), Verdict::Up);
+        assert_eq!(
+            obs(Err(io_error(
+                io::Error::from_raw_os_error(libc::EMFILE),
+                connect_error
+            )))
+            .verdict(),
+            Verdict::Unknown
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
-use crate::config::{self, Config, ConfigError};
+use crate::config::{self, Config, ConfigError, NodeRuntime};
 use crate::desired::{self, DesiredVip, Owner, SourceKind};
 use crate::reconciler::{Applied, Command, NodeConf, Sender};
 
@@ -55,11 +55,60 @@ pub fn commands(cfg: &Config, ack: Option<oneshot::Sender<Applied>>) -> Vec<Comm
     ]
 }
 
+/// The settings of `now` that differ from those rivorad `started` with
+/// and that a reload cannot change (what is attached, bound, and read
+/// once at start): one sentence each, naming the setting and both values.
+pub fn restart_only_changes(started: &NodeRuntime, now: &NodeRuntime) -> Vec<String> {
+    fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+        v.as_ref()
+            .map_or_else(|| "none".to_string(), |v| v.to_string())
+    }
+    fn interfaces(n: &NodeRuntime) -> String {
+        let names: Vec<String> = n
+            .interfaces
+            .iter()
+            .map(|i| {
+                let mode = format!("{:?}", i.xdp_mode).to_lowercase();
+                format!("{} (xdpMode {mode})", i.name)
+            })
+            .collect();
+        format!("[{}]", names.join(", "))
+    }
+    let mut changed = Vec::new();
+    let mut note = |setting: &str, was: String, is: String| {
+        if was != is {
+            changed.push(format!(
+                "{setting} changed from {was} to {is}: it takes effect at the next restart"
+            ));
+        }
+    };
+    note("interfaces", interfaces(started), interfaces(now));
+    note(
+        "api.socket",
+        started.api.socket.display().to_string(),
+        now.api.socket.display().to_string(),
+    );
+    note("api.listen", opt(&started.api.listen), opt(&now.api.listen));
+    note(
+        "api.tokenFile",
+        opt(&started.api.token_file.as_ref().map(|p| p.display())),
+        opt(&now.api.token_file.as_ref().map(|p| p.display())),
+    );
+    note(
+        "metrics.listen",
+        opt(&started.metrics.listen),
+        opt(&now.metrics.listen),
+    );
+    changed
+}
+
 pub struct FileSource {
     path: PathBuf,
     tx: Mutex<Sender>,
-    /// The interfaces attached at start (they change at a restart only).
-    interfaces: Vec<String>,
+    /// What rivorad attached to and listens on: a reload cannot change it.
+    started: NodeRuntime,
+    /// What the last valid file asked that only a restart applies.
+    pending_restart: Mutex<Vec<String>>,
     /// What a reload must fit: the datapath's, as checked at start.
     capacity: config::Capacity,
     /// One reload at a time, so their answers come in order.
@@ -113,7 +162,8 @@ impl FileSource {
             loaded,
             path,
             tx: Mutex::new(tx),
-            interfaces: node_conf(started_with).interfaces,
+            started: started_with.node_settings(),
+            pending_restart: Mutex::new(Vec::new()),
             capacity: started_with.capacity,
             reloading: tokio::sync::Mutex::new(()),
         }
@@ -131,9 +181,19 @@ impl FileSource {
             .map_err(|_| ReloadError::Stopped)
     }
 
+    /// The settings the last valid file changed that take effect at the
+    /// next restart only (see [`restart_only_changes`]).
+    pub fn pending_restart(&self) -> Vec<String> {
+        self.pending_restart
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default()
+    }
+
     /// Read the file again and apply it. Parsing runs off the async
-    /// workers; the answer comes once the reconciler has applied it.
-    pub async fn reload(&self) -> Result<(), ReloadError> {
+    /// workers; the answer comes once the reconciler has applied it. On
+    /// success, the warnings: settings changed that only a restart applies.
+    pub async fn reload(&self) -> Result<Vec<String>, ReloadError> {
         let _one = self.reloading.lock().await;
         // Taken before reading: a change made while we read is seen anew.
         let seen = stamp(&self.path);
@@ -156,8 +216,12 @@ impl FileSource {
                 return Err(e.into());
             }
         };
-        if node_conf(&cfg).interfaces != self.interfaces {
-            warn!("interface changes take effect at the next restart");
+        let warnings = restart_only_changes(&self.started, &cfg.node_settings());
+        for w in &warnings {
+            warn!(file = %self.path.display(), "{w}");
+        }
+        if let Ok(mut p) = self.pending_restart.lock() {
+            p.clone_from(&warnings);
         }
         let (ack, done) = oneshot::channel();
         for c in commands(&cfg, Some(ack)) {
@@ -166,7 +230,7 @@ impl FileSource {
         let applied = done.await.map_err(|_| ReloadError::Stopped)?;
         if applied.ok() {
             info!(file = %self.path.display(), "reloaded");
-            Ok(())
+            Ok(warnings)
         } else {
             let msg = applied.summary();
             error!(error = %msg, "reload applied in part; the VIPs named keep their previous state");
@@ -194,6 +258,64 @@ impl FileSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{ApiConf, InterfaceConf, MetricsConf};
+    use crate::model::XdpMode;
+
+    fn node(ifs: &[(&str, XdpMode)], api: ApiConf, metrics: Option<&str>) -> NodeRuntime {
+        NodeRuntime {
+            interfaces: ifs
+                .iter()
+                .map(|(name, xdp_mode)| InterfaceConf {
+                    name: name.to_string(),
+                    xdp_mode: *xdp_mode,
+                })
+                .collect(),
+            api,
+            metrics: MetricsConf {
+                listen: metrics.map(|m| m.parse().expect("literal")),
+            },
+        }
+    }
+
+    #[test]
+    fn settings_only_a_restart_applies_are_named_with_both_values() {
+        let api = ApiConf {
+            socket: "/run/rivora/rivorad.sock".into(),
+            listen: None,
+            token_file: None,
+        };
+        let started = node(&[("eth0", XdpMode::Auto)], api.clone(), None);
+        assert_eq!(
+            restart_only_changes(&started, &started),
+            Vec::<String>::new()
+        );
+
+        let now = node(
+            &[("eth0", XdpMode::Generic), ("eth1", XdpMode::Auto)],
+            ApiConf {
+                socket: "/run/other.sock".into(),
+                listen: Some("127.0.0.1:9441".parse().expect("literal")),
+                token_file: Some("/etc/rivora/token".into()),
+            },
+            Some("127.0.0.1:9440"),
+        );
+        assert_eq!(
+            restart_only_changes(&started, &now),
+            [
+                "interfaces changed from [eth0 (xdpMode auto)] to [eth0 (xdpMode generic), \
+                 eth1 (xdpMode auto)]: it takes effect at the next restart",
+                "api.socket changed from /run/rivora/rivorad.sock to /run/other.sock: it takes \
+                 effect at the next restart",
+                "api.listen changed from none to 127.0.0.1:9441: it takes effect at the next restart",
+                "api.tokenFile changed from none to /etc/rivora/token: it takes effect at the next \
+                 restart",
+                "metrics.listen changed from none to 127.0.0.1:9440: it takes effect at the next \
+                 restart",
+            ]
+        );
+        // Back as started: nothing pending.
+        assert!(restart_only_changes(&started, &started.clone()).is_empty());
+    }
 
     fn at(secs: u64, len: u64) -> Option<Stamp> {
         Some((SystemTime::UNIX_EPOCH + Duration::from_secs(secs), len))

@@ -194,6 +194,7 @@ impl ApiState for Fake {
                 ok: false,
                 at: 1_700_000_000,
                 error: Some("rivora.yaml:12: vips[1].port: must be 1-65535".into()),
+                warnings: vec![],
             },
             interfaces: vec![
                 InterfaceStatus {
@@ -291,6 +292,7 @@ impl ApiState for Fake {
             ok: true,
             at: 1_700_000_100,
             error: None,
+            warnings: vec![],
         })
     }
 

@@ -108,12 +108,17 @@ fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_string()
 }
 
+/// The outcome, then one indented line per warning.
 pub fn reload_line(r: &ReloadResult) -> String {
-    match (&r.ok, &r.error) {
+    let mut out = match (&r.ok, &r.error) {
         (true, _) => format!("ok at {}", fmt_unix_utc(r.at)),
         (false, Some(e)) => format!("FAILED at {}: {e}", fmt_unix_utc(r.at)),
         (false, None) => format!("FAILED at {}", fmt_unix_utc(r.at)),
+    };
+    for w in &r.warnings {
+        let _ = write!(out, "\n  warning: {w}");
     }
+    out
 }
 
 pub fn status(s: &Status) -> String {
@@ -315,6 +320,35 @@ pub fn stats(vips: &[VipInfo], drops: &Drops, previous: Option<(&[VipInfo], Dura
 mod tests {
     use super::*;
     use crate::types::{Ports, Proto, VipBackend};
+
+    #[test]
+    fn reload_line_lists_each_warning() {
+        let mut r = ReloadResult {
+            ok: true,
+            at: 0,
+            error: None,
+            warnings: vec![],
+        };
+        assert_eq!(reload_line(&r), format!("ok at {}", fmt_unix_utc(0)));
+        r.warnings = vec![
+            "metrics.listen changed from none to 127.0.0.1:9440: it takes effect at the next restart"
+                .into(),
+            "api.socket changed from /a to /b: it takes effect at the next restart".into(),
+        ];
+        assert_eq!(
+            reload_line(&r),
+            format!(
+                "ok at {}\n  warning: {}\n  warning: {}",
+                fmt_unix_utc(0),
+                r.warnings[0],
+                r.warnings[1]
+            )
+        );
+        // An answer without the field (an older rivorad) reads as none.
+        let old: ReloadResult =
+            serde_json::from_str(r#"{"ok":true,"at":0,"error":null}"#).expect("old answer");
+        assert!(old.warnings.is_empty());
+    }
 
     fn vip(name: &str, packets: u64, bytes: u64) -> VipInfo {
         VipInfo {

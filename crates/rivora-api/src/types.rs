@@ -60,6 +60,11 @@ pub struct ReloadResult {
     /// Always present (null on success) so scripts see a stable shape.
     #[serde(default)]
     pub error: Option<String>,
+    /// Settings the file changed that a reload does not apply (interfaces,
+    /// listeners, the token file): one sentence each. Always present
+    /// (empty when none); absent from an older rivorad's answer.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
