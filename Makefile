@@ -47,7 +47,8 @@ apiserver: deps
 	@scripts/deps.sh $(APISERVER_PKGS)
 	scripts/apiserver.sh build
 
-# Everything, as root: lint, unit and property tests, packet tests, end to end.
+# Everything, as root: lint, unit and property tests, packet tests, end to
+# end (debug build), then one end-to-end test against the release binaries.
 test: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
@@ -59,6 +60,11 @@ test: deps
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --workspace --all-targets --no-fail-fast
 	@# The libFuzzer targets briefly (make fuzz runs them for minutes).
 	$(MAKE) fuzz-libfuzzer FUZZ_SECONDS=10
+	@# One end-to-end pass against the release binaries, built as `make`
+	@# builds them: what is installed is what was tested, not only the
+	@# debug build (overflow checks and debug assertions off, optimised).
+	$(CARGO) build --workspace --release --bins
+	RIVORA_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --test e2e_rivorad -- --exact nat_traffic
 
 test-unit: deps
 	$(CARGO) test --workspace --lib --bins

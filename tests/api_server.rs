@@ -134,8 +134,11 @@ async fn one_vip_by_encoded_or_plain_name() {
     }
 }
 
+/// The routes hand the state's outcome through (changed or not, the VIPs)
+/// and the read side shows the drain. Whether the daemon's drains are
+/// idempotent is its own test: `e2e_rivorad::drain_and_undrain_are_idempotent`.
 #[tokio::test]
-async fn drain_and_undrain_apply_and_are_idempotent() {
+async fn drain_and_undrain_routes_carry_the_outcome() {
     let fake = Arc::new(Fake::default());
     let body = format!(r#"{{"target":"{B1}","vip":"{VIP4}"}}"#);
 
@@ -148,10 +151,11 @@ async fn drain_and_undrain_apply_and_are_idempotent() {
         .drained()
         .contains(&(B1.parse().unwrap(), VIP4.to_string())));
 
-    let (_, out) = send(&fake, post("/v1/drain", &body)).await;
+    let (s, out) = send(&fake, post("/v1/drain", &body)).await;
+    assert_eq!(s, StatusCode::OK);
     assert!(
         !json::<DrainOutcome>(&out).changed,
-        "second drain is a no-op"
+        "the state's changed=false reaches the caller"
     );
 
     // The read side shows it.

@@ -32,6 +32,9 @@
 //!   written before the maps (a read-only state directory refuses a drain
 //!   and changes nothing); drains survive `rivorad -cleanup` then a start;
 //!   at start the file wins over the maps (`drains_persist_in_the_state_dir`).
+//! - drain and undrain are idempotent in the daemon: a second call in a
+//!   row reports unchanged and leaves the maps, the drain file and the API
+//!   as they were (`drain_and_undrain_are_idempotent`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! work directory removed; its log printed if the test panics), every wait
@@ -1989,6 +1992,158 @@ fn drains_persist_in_the_state_dir() {
         "b1 undrained"
     );
     assert!(slots_of(&img, vip2, t[2]) > 0, "b3 serves {n2} again");
+    assert!(rd.stop().success());
+    rd.home.assert_no_leftovers(&ns);
+}
+
+// ---------------------------------------------------------------------
+// 10. Drain and undrain are idempotent in the daemon itself
+// ---------------------------------------------------------------------
+
+/// `rivoractl -o json VERB ARGS` for a drain or undrain: (changed, the
+/// VIPs it applied to).
+fn drain_call(rd: &Rivorad, verb: &str, args: &[&str]) -> (bool, BTreeSet<String>) {
+    let mut all = vec![verb];
+    all.extend_from_slice(args);
+    let v = rd.ctl_json(&all);
+    let changed = v["changed"]
+        .as_bool()
+        .unwrap_or_else(|| panic!("{all:?}: no changed: {v}"));
+    let vips = serde_json::from_value(v["vips"].clone())
+        .unwrap_or_else(|e| panic!("{all:?}: vips: {e}: {v}"));
+    (changed, vips)
+}
+
+/// Each drain and undrain twice in a row against rivorad: the first call
+/// reports changed and changes the maps, the drain file and the API's
+/// view; the second reports unchanged and leaves all three exactly as the
+/// first left them. An undrain of what was never drained is unchanged
+/// from the start. (`api_server` checks only that the routes carry the
+/// outcome, against a fake.)
+#[test]
+fn drain_and_undrain_are_idempotent() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-idem-");
+    let home = Home::new();
+    let pins = home.pin_dir().to_path_buf();
+    let (vip1, vip2): (SocketAddr, SocketAddr) = (
+        "10.9.0.1:80".parse().expect("literal"),
+        "10.9.0.2:80".parse().expect("literal"),
+    );
+    let t: Vec<SocketAddr> = (1..=3)
+        .map(|i| format!("10.9.1.{i}:8080").parse().expect("literal"))
+        .collect();
+    // No probes: nothing answers at these addresses, and a probe's verdict
+    // would change the maps between two calls.
+    let mut yaml = format!(
+        "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n",
+        home.socket().display()
+    );
+    for (name, vip) in [("one", vip1), ("two", vip2)] {
+        yaml += &format!(
+            "  - name: {name}\n    address: {}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
+             healthCheck: false\n    backends:\n",
+            vip.ip()
+        );
+        for b in &t {
+            yaml += &format!("      - {{ address: {}, port: 8080 }}\n", b.ip());
+        }
+    }
+    let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
+    let (n1, n2) = (vip_name("tcp", vip1), vip_name("tcp", vip2));
+    let (t1, t2) = (t[0], t[1]);
+    let (b1, b2) = (t1.to_string(), t2.to_string());
+    let both: BTreeSet<String> = [n1.clone(), n2.clone()].into();
+    let one: BTreeSet<String> = [n1.clone()].into();
+    let state = |rd: &Rivorad| (map_image(&pins), drain_file(&rd.home), drained_in_api(rd));
+
+    // Never drained: an undrain changes nothing, not even the file.
+    let before = state(&rd);
+    assert_eq!(before.1, None, "no drain file yet");
+    assert_eq!(
+        drain_call(&rd, "undrain", &[&b1]),
+        (false, both.clone()),
+        "an undrain of a backend never drained"
+    );
+    assert_eq!(state(&rd), before, "nothing changed by a no-op undrain");
+
+    struct Step<'a> {
+        verb: &'a str,
+        args: Vec<&'a str>,
+        vips: &'a BTreeSet<String>,
+        /// What the first call must have done to the maps.
+        effect: &'a str,
+        applied: Box<dyn Fn(&MapImage) -> bool>,
+    }
+    let steps = [
+        Step {
+            verb: "drain",
+            args: vec![&b1],
+            vips: &both,
+            effect: "b1 draining",
+            applied: Box::new(move |img| health_in_maps(img, t1) == [Health::Draining]),
+        },
+        Step {
+            verb: "drain",
+            args: vec![&b2, "--vip", &n1],
+            vips: &one,
+            effect: "b2 out of one's slice only",
+            applied: Box::new(move |img| {
+                slots_of(img, vip1, t2) == 0 && slots_of(img, vip2, t2) > 0
+            }),
+        },
+        Step {
+            verb: "undrain",
+            args: vec![&b2, "--vip", &n1],
+            vips: &one,
+            effect: "b2 back in one's slice",
+            applied: Box::new(move |img| slots_of(img, vip1, t2) > 0),
+        },
+        Step {
+            verb: "undrain",
+            args: vec![&b1],
+            vips: &both,
+            effect: "b1 healthy",
+            applied: Box::new(move |img| health_in_maps(img, t1) == [Health::Healthy]),
+        },
+    ];
+    let mut prev = before;
+    for Step {
+        verb,
+        args,
+        vips,
+        effect,
+        applied,
+    } in steps
+    {
+        let what = format!("{verb} {args:?}");
+        assert_eq!(
+            drain_call(&rd, verb, &args),
+            (true, vips.clone()),
+            "{what}, the first time"
+        );
+        let after = state(&rd);
+        assert_ne!(after, prev, "{what} changed something");
+        assert!(applied(&after.0), "{what}: {effect} in the maps");
+        assert_eq!(
+            drain_call(&rd, verb, &args),
+            (false, vips.clone()),
+            "{what}, the second time"
+        );
+        assert_eq!(
+            state(&rd),
+            after,
+            "{what} again: maps, drain file and API as the first left them"
+        );
+        prev = after;
+    }
+    assert!(
+        prev.2.is_empty(),
+        "nothing drained at the end: {:?}",
+        prev.2
+    );
+    assert_eq!(prev.1, Some(BTreeSet::new()), "an empty drain file");
+
     assert!(rd.stop().success());
     rd.home.assert_no_leftovers(&ns);
 }

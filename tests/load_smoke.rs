@@ -1,22 +1,175 @@
-//! The objects load, every map is pinned by name, and the pins carry BTF:
+//! The objects load, every map is pinned by name and both programs use the
+//! pinned maps, and the pins carry BTF:
 //! `bpftool map dump pinned` prints field names, not hex. The flow tables
 //! take their size at load, and pins of another size are refused.
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
 use std::process::Command;
 
 use common::{TestDp, PROTO_TCP};
-use libbpf_rs::MapCore;
+use libbpf_rs::skel::Skel;
+use libbpf_rs::{MapCore, MapFlags, MapHandle, Program};
 use rivora::abi::*;
+use rivora::dataplane::maps::{bytes_of, from_bytes};
 use rivora::dataplane::{Datapath, LoadOptions, Maps, FLOW_TABLES};
 
+/// The id of the map pinned at `pin`.
+fn pinned_id(pin: &Path) -> u32 {
+    MapHandle::from_pinned_path(pin)
+        .and_then(|m| m.info())
+        .unwrap_or_else(|e| panic!("{}: {e}", pin.display()))
+        .info
+        .id
+}
+
+/// The ids of the maps a loaded program uses, as the verifier recorded
+/// them: what the program's instructions really reach.
+fn prog_map_ids(prog: &Program<'_>) -> BTreeSet<u32> {
+    let fd = prog.as_fd().as_raw_fd();
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: a valid program fd, info buffer and length; no arrays asked
+    // for, so the kernel fills only the counts.
+    let rc = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
+    assert_eq!(rc, 0, "bpf_prog_get_info_by_fd");
+    let mut ids = vec![0u32; info.nr_map_ids as usize];
+    let mut again = libbpf_sys::bpf_prog_info {
+        nr_map_ids: info.nr_map_ids,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: as above; `map_ids` points at `nr_map_ids` u32s that outlive
+    // the call.
+    let rc = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut again, &mut len) };
+    assert_eq!(rc, 0, "bpf_prog_get_info_by_fd (map ids)");
+    assert_eq!(again.nr_map_ids, info.nr_map_ids, "map count changed");
+    ids.into_iter().collect()
+}
+
+/// Every map is pinned by name, and both objects use the pinned maps
+/// themselves, not copies: each object's map of a name is the pinned map
+/// (same kernel id), every map either program really uses is a pinned one
+/// or its own object's private data, the NAT reverse maps that xdp_ingress
+/// writes and tc_nat reads are used by both programs, and an entry
+/// written through one object's handle is there through the other's.
+/// (A packet through both, sharing an entry, is
+/// `packets_modes::nat_forward_and_tc_nat_reply`.)
 #[test]
 fn programs_load_and_share_pinned_maps() {
     let t = TestDp::new();
-    for name in Maps::NAMES {
-        assert!(t.pin_dir.join(name).exists(), "{name} pinned");
+    let pinned: BTreeMap<u32, &str> = Maps::NAMES
+        .iter()
+        .map(|&name| {
+            let pin = t.pin_dir.join(name);
+            assert!(pin.exists(), "{name} pinned");
+            (pinned_id(&pin), name)
+        })
+        .collect();
+    assert_eq!(pinned.len(), Maps::NAMES.len(), "one map behind each pin");
+
+    let objects = [
+        (
+            "xdp_ingress",
+            t.dp.xdp().object(),
+            &t.dp.xdp().progs.xdp_ingress,
+        ),
+        ("tc_nat", t.dp.tc().object(), &t.dp.tc().progs.tc_nat),
+    ];
+    let mut used = Vec::new();
+    for (what, object, prog) in objects {
+        let mut private = BTreeSet::new();
+        let mut shared = 0;
+        for m in object.maps() {
+            let name = m.name().to_string_lossy().into_owned();
+            let id = m.info().expect("map info").info.id;
+            // .rodata and friends belong to the object alone.
+            if name.contains('.') {
+                private.insert(id);
+                continue;
+            }
+            assert_eq!(
+                pinned.get(&id),
+                Some(&name.as_str()),
+                "{what}'s {name} (map id {id}) is the map pinned as {name}"
+            );
+            shared += 1;
+        }
+        assert!(shared > 0, "{what} has pinned maps");
+        let mut names = BTreeSet::new();
+        for id in prog_map_ids(prog) {
+            match pinned.get(&id) {
+                Some(name) => {
+                    names.insert(*name);
+                }
+                None => assert!(
+                    private.contains(&id),
+                    "{what} uses map id {id}, neither pinned nor its own"
+                ),
+            }
+        }
+        used.push(names);
     }
+    let both: BTreeSet<&str> = used[0].intersection(&used[1]).copied().collect();
+    for name in ["nat_reverse_map", "nat_reverse_map6"] {
+        assert!(
+            both.contains(name),
+            "{name} used by both programs; xdp_ingress uses {:?}, tc_nat {:?}",
+            used[0],
+            used[1]
+        );
+    }
+
+    // Written through xdp_ingress's handle, read through tc_nat's and the
+    // pin; deleted through tc_nat's, gone for xdp_ingress.
+    let key = rv_nat_key {
+        backend_addr: be32("10.1.0.2".parse().unwrap()),
+        client_addr: be32("192.0.2.1".parse().unwrap()),
+        backend_port: be16(8080),
+        client_port: be16(40_000),
+        proto: PROTO_TCP,
+        ..Default::default()
+    };
+    let value = rv_nat_value {
+        vip_addr: be32("10.0.0.1".parse().unwrap()),
+        vip_port: be16(80),
+        svc_id: 7,
+        ..Default::default()
+    };
+    let (xdp_map, tc_map) = (
+        &t.dp.xdp().maps.nat_reverse_map,
+        &t.dp.tc().maps.nat_reverse_map,
+    );
+    xdp_map
+        .update(bytes_of(&key), bytes_of(&value), MapFlags::NO_EXIST)
+        .expect("writing through xdp_ingress's map");
+    let seen = tc_map
+        .lookup(bytes_of(&key), MapFlags::ANY)
+        .expect("reading through tc_nat's map")
+        .and_then(|b| from_bytes::<rv_nat_value>(&b));
+    assert_eq!(
+        seen.map(|v| (v.vip_addr, v.vip_port, v.svc_id)),
+        Some((value.vip_addr, value.vip_port, 7)),
+        "tc_nat sees xdp_ingress's entry"
+    );
+    let pinned_value: Option<rv_nat_value> = t.maps.nat_reverse_map.get(&key).unwrap();
+    assert_eq!(
+        pinned_value.map(|v| v.svc_id),
+        Some(7),
+        "and so does the pin"
+    );
+    tc_map
+        .delete(bytes_of(&key))
+        .expect("deleting through tc_nat's map");
+    assert_eq!(
+        xdp_map.lookup(bytes_of(&key), MapFlags::ANY).unwrap(),
+        None,
+        "xdp_ingress sees tc_nat's delete"
+    );
 }
 
 #[test]

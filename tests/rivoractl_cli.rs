@@ -3,6 +3,7 @@
 mod api_support;
 mod bins;
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -325,19 +326,57 @@ fn tcp_with_token_file() {
     );
 }
 
+/// One `--watch` sample's VIP table: per VIP, column name -> value.
+fn watch_sample(lines: &[String]) -> BTreeMap<String, BTreeMap<String, String>> {
+    let header = lines
+        .iter()
+        .find(|l| l.starts_with("VIP "))
+        .unwrap_or_else(|| panic!("no VIP table in {lines:?}"));
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    lines
+        .iter()
+        .filter(|l| l.starts_with(VIP4) || l.starts_with(VIP6))
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(cells.len(), cols.len(), "{header}\n{l}");
+            let row = cols
+                .iter()
+                .zip(&cells)
+                .map(|(c, v)| (c.to_string(), v.to_string()))
+                .collect();
+            (cells[0].to_string(), row)
+        })
+        .collect()
+}
+
+/// `stats --watch` reads the counters again at every interval, and its
+/// rates are the change between successive samples over the time between
+/// them. The fake advances VIP4 by a known step at each read and VIP6 not
+/// at all; the time between two samples is at least the interval (rivoractl
+/// sleeps that long between them) and at most the time this test has been
+/// waiting, so each rate is bounded on both sides, and the packet and byte
+/// rates, divided by the same time, must agree with the steps' ratio.
 #[test]
 fn stats_watch_repeats_with_rates() {
+    use api_support::{STEP_BYTES, STEP_PACKETS};
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
+
+    const INTERVAL: f64 = 0.2;
+    const SAMPLES: usize = 3;
     let s = Server::start(None);
+    s.fake.advance.store(true, SeqCst);
+    let spawned = Instant::now();
     let mut child = Command::new(bins::rivoractl())
         .arg("--socket")
         .arg(&s.socket)
-        .args(["stats", "--watch", "--interval", "0.2"])
+        .args(["stats", "--watch", "--interval", &INTERVAL.to_string()])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Read samples as they come until the second one has shown its rates,
-    // or a deadline far above the 0.4 s that takes: a loaded machine only
-    // makes it slower, not wrong.
+    // Read lines as they come until SAMPLES samples are complete (the
+    // next one has begun), or a deadline far above the 0.6 s that takes:
+    // a loaded machine only makes it slower, not wrong.
     let (tx, rx) = std::sync::mpsc::channel();
     let stdout = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -349,23 +388,80 @@ fn stats_watch_repeats_with_rates() {
             }
         }
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut out = String::new();
-    while out.matches("--- ").count() < 2 || !out.contains("PKT/S") {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut samples: Vec<Vec<String>> = Vec::new();
+    while samples.len() <= SAMPLES {
+        let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
-            Ok(line) => {
-                out += &line;
-                out.push('\n');
-            }
+            Ok(line) if line.starts_with("--- ") => samples.push(vec![line]),
+            Ok(line) => match samples.last_mut() {
+                Some(cur) => cur.push(line),
+                None => panic!("output before the first sample's header: {line}"),
+            },
             Err(_) => break,
         }
     }
+    let waited = spawned.elapsed().as_secs_f64();
     child.kill().unwrap();
     child.wait().unwrap();
     reader.join().unwrap();
-    assert!(out.matches("--- ").count() >= 2, "two samples: {out}");
-    assert!(out.contains("PKT/S"), "later samples show rates: {out}");
+    assert!(
+        samples.len() > SAMPLES,
+        "{SAMPLES} complete samples within the deadline: {samples:#?}"
+    );
+
+    let tables: Vec<_> = samples[..SAMPLES]
+        .iter()
+        .map(|l| watch_sample(l.as_slice()))
+        .collect();
+    let num = |i: usize, vip: &str, col: &str| -> u64 {
+        let v = tables[i]
+            .get(vip)
+            .and_then(|row| row.get(col))
+            .unwrap_or_else(|| panic!("sample {i}: no {col} for {vip}: {:?}", samples[i]));
+        v.parse()
+            .unwrap_or_else(|_| panic!("sample {i}: {vip} {col} = {v:?}"))
+    };
+    assert!(
+        !tables[0][VIP4].contains_key("PKT/S"),
+        "no rate without an earlier sample: {:?}",
+        samples[0]
+    );
+    for (i, at) in samples.iter().enumerate().take(SAMPLES).skip(1) {
+        // Repeats: every sample is a new read, one step on.
+        assert_eq!(
+            num(i, VIP4, "PACKETS"),
+            num(i - 1, VIP4, "PACKETS") + STEP_PACKETS,
+            "{at:?}"
+        );
+        assert_eq!(
+            num(i, VIP4, "BYTES"),
+            num(i - 1, VIP4, "BYTES") + STEP_BYTES,
+            "{at:?}"
+        );
+        assert_eq!(num(i, VIP6, "PACKETS"), num(i - 1, VIP6, "PACKETS"));
+
+        // Rates: step / t with INTERVAL <= t <= waited, rounded.
+        let (pps, bps) = (num(i, VIP4, "PKT/S"), num(i, VIP4, "BYTES/S"));
+        let most = (STEP_PACKETS as f64 / INTERVAL).round() as u64;
+        let least = (STEP_PACKETS as f64 / waited).floor() as u64;
+        assert!(
+            (least..=most).contains(&pps),
+            "PKT/S {pps}: {STEP_PACKETS} packets over {INTERVAL} s to {waited:.2} s \
+             gives {least} to {most}: {at:?}"
+        );
+        // Both rounded from step / t with the same t.
+        let ratio = (STEP_BYTES / STEP_PACKETS) as f64;
+        assert!(
+            (bps as f64 / ratio - pps as f64).abs() <= 0.51,
+            "BYTES/S {bps} and PKT/S {pps} are not over the same time: {at:?}"
+        );
+        assert_eq!(
+            (num(i, VIP6, "PKT/S"), num(i, VIP6, "BYTES/S")),
+            (0, 0),
+            "VIP6's counters stand still: {at:?}"
+        );
+    }
 }
 
 /// The validator's newer refusals reach `config validate` as one short

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rivora::api::{
@@ -21,6 +21,12 @@ pub const B1: &str = "10.0.1.1:8080";
 pub const B2: &str = "10.0.1.2:8080";
 pub const B6: &str = "[2001:db8::10]:53";
 
+/// With [`Fake::advance`] set, what each `vips` read adds to VIP4's
+/// counters (VIP6's stay): a watch's rate is then known up to the time
+/// between its samples.
+pub const STEP_PACKETS: u64 = 1000;
+pub const STEP_BYTES: u64 = 64_000;
+
 #[derive(Default)]
 pub struct Fake {
     /// Every write method call that reached the state, in order.
@@ -29,6 +35,10 @@ pub struct Fake {
     pub drained: Mutex<BTreeSet<(SocketAddr, String)>>,
     pub fail_reload: AtomicBool,
     pub fail_reads: AtomicBool,
+    /// Each `vips` call advances VIP4's counters by one step.
+    pub advance: AtomicBool,
+    /// `vips` calls made while `advance` was set.
+    pub steps: AtomicU64,
 }
 
 impl Fake {
@@ -62,6 +72,7 @@ impl Fake {
     }
 
     pub fn all_vips(&self) -> Vec<VipInfo> {
+        let steps = self.steps.load(Ordering::SeqCst);
         let backend = |t: &str, id, weight, health| {
             let target: SocketAddr = t.parse().unwrap();
             VipBackend {
@@ -89,8 +100,8 @@ impl Fake {
                 backend(B1, 1, 1, BackendHealth::Healthy),
                 backend(B2, 2, 2, BackendHealth::Down),
             ],
-            packets: 1500,
-            bytes: 96000,
+            packets: 1500 + steps * STEP_PACKETS,
+            bytes: 96000 + steps * STEP_BYTES,
             rate_limited: 4,
             no_backend: 0,
         };
@@ -224,6 +235,9 @@ impl ApiState for Fake {
 
     async fn vips(&self) -> Result<Vec<VipInfo>, ApiRequestError> {
         self.read_guard()?;
+        if self.advance.load(Ordering::SeqCst) {
+            self.steps.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(self.all_vips())
     }
 

@@ -25,14 +25,29 @@ mod bins;
 /// rivorad must log "ready" within this unless the test says otherwise.
 pub const READY: Duration = Duration::from_secs(30);
 
-/// The rivorad and rivoractl of this build.
-pub fn rivorad_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rivorad"))
+/// Where `RIVORA_BIN_DIR` says the binaries under test are: `make test`
+/// runs one pass against target/release, what `make` builds and installs.
+fn from_bin_dir(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("RIVORA_BIN_DIR").filter(|d| !d.is_empty())?;
+    let bin = PathBuf::from(dir).join(name);
+    // A wrong directory must not quietly test another build.
+    assert!(
+        bin.is_file(),
+        "RIVORA_BIN_DIR names {}, which does not exist",
+        bin.display()
+    );
+    Some(bin)
 }
 
-/// rivoractl is a package of its own: see `tests/bins`.
+/// The rivorad under test: this build's, or `RIVORA_BIN_DIR`'s.
+pub fn rivorad_bin() -> PathBuf {
+    from_bin_dir("rivorad").unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_rivorad")))
+}
+
+/// The rivoractl under test: `RIVORA_BIN_DIR`'s, or the one beside this
+/// build (a package of its own: see `tests/bins`).
 pub fn rivoractl_bin() -> PathBuf {
-    bins::rivoractl()
+    from_bin_dir("rivoractl").unwrap_or_else(bins::rivoractl)
 }
 
 /// One rivorad installation's files, private to the test: nothing is
