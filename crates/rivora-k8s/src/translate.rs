@@ -1,0 +1,4 @@
+pub struct TranslateOptions;
+pub struct Translation;
+pub struct Warning;
+pub fn service_vips() {}
