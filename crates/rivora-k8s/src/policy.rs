@@ -549,3 +549,252 @@ pub fn merge_condition(conditions: &mut Vec<Condition>, new: Condition) {
         None => conditions.push(new),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pol(ns: &str, name: &str, created: Option<&str>, spec: serde_json::Value) -> ServicePolicy {
+        let mut p = ServicePolicy::new(name, serde_json::from_value(spec).expect("a spec"));
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.generation = Some(3);
+        p.metadata.creation_timestamp =
+            created.map(|t| serde_json::from_value(json!(t)).expect("a time"));
+        p
+    }
+
+    fn at(t: &str) -> Time {
+        serde_json::from_value(json!(t)).expect("a time")
+    }
+
+    fn r(ns: &str, name: &str) -> ObjectRef {
+        ObjectRef::new(ns, name)
+    }
+
+    #[test]
+    fn the_oldest_policy_wins_each_service() {
+        let old = pol(
+            "shop",
+            "z-old",
+            Some("2026-01-01T00:00:00Z"),
+            json!({"services": ["web", "api"]}),
+        );
+        let new = pol(
+            "shop",
+            "a-new",
+            Some("2026-02-01T00:00:00Z"),
+            json!({"services": ["web", "db"]}),
+        );
+        // Same second: the name decides, so every node agrees.
+        let twin = pol(
+            "shop",
+            "b-twin",
+            Some("2026-02-01T00:00:00Z"),
+            json!({"services": ["db"]}),
+        );
+        let unsaved = pol("shop", "0-unsaved", None, json!({"services": ["api"]}));
+        let elsewhere = pol(
+            "other",
+            "late",
+            Some("2026-03-01T00:00:00Z"),
+            json!({"services": ["web"]}),
+        );
+        // Input order does not matter.
+        let choice = choose_policies([&unsaved, &twin, &new, &elsewhere, &old]);
+        assert_eq!(
+            choice.policy_for(&r("shop", "web")),
+            Some(&r("shop", "z-old"))
+        );
+        assert_eq!(
+            choice.policy_for(&r("shop", "api")),
+            Some(&r("shop", "z-old"))
+        );
+        assert_eq!(
+            choice.policy_for(&r("shop", "db")),
+            Some(&r("shop", "a-new"))
+        );
+        assert_eq!(
+            choice.policy_for(&r("other", "web")),
+            Some(&r("other", "late"))
+        );
+        assert_eq!(choice.policy_for(&r("shop", "cart")), None);
+        assert_eq!(
+            choice.lost,
+            BTreeMap::from([
+                (r("shop", "a-new"), vec![("web".into(), "z-old".into())]),
+                (r("shop", "b-twin"), vec![("db".into(), "a-new".into())]),
+                (r("shop", "0-unsaved"), vec![("api".into(), "z-old".into())]),
+            ])
+        );
+    }
+
+    #[test]
+    fn conditions_say_accepted_conflicted_or_why_not() {
+        let now = at("2026-04-01T00:00:00Z");
+        let old = pol(
+            "shop",
+            "old",
+            Some("2026-01-01T00:00:00Z"),
+            json!({"services": ["web"]}),
+        );
+        let partial = pol(
+            "shop",
+            "partial",
+            Some("2026-02-01T00:00:00Z"),
+            json!({"services": ["web", "api"]}),
+        );
+        let shut_out = pol(
+            "shop",
+            "shut-out",
+            Some("2026-03-01T00:00:00Z"),
+            json!({"services": ["web"]}),
+        );
+        let choice = choose_policies([&old, &partial, &shut_out]);
+        let show = |cs: Vec<Condition>| {
+            cs.into_iter()
+                .map(|c| {
+                    assert_eq!(c.observed_generation, Some(3));
+                    assert_eq!(c.last_transition_time, now);
+                    format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            show(policy_conditions(&old, &choice, None, &now)),
+            [
+                "Accepted=True Accepted: the policy is valid and applied",
+                "Conflicted=False NoConflict: no older policy names these Services",
+            ]
+        );
+        assert_eq!(
+            show(policy_conditions(&partial, &choice, None, &now)),
+            [
+                "Accepted=True Accepted: the policy is valid and applied",
+                "Conflicted=True Conflicted: Service web is governed by the older ServicePolicy old",
+            ]
+        );
+        assert_eq!(
+            show(policy_conditions(&shut_out, &choice, None, &now)),
+            [
+                "Accepted=False Conflicted: Service web is governed by the older ServicePolicy old",
+                "Conflicted=True Conflicted: Service web is governed by the older ServicePolicy old",
+            ]
+        );
+        let issue = PolicyIssue::new(REASON_INVALID_SELECTOR, "weights[0].selector: bad");
+        assert_eq!(
+            show(policy_conditions(&old, &choice, Some(&issue), &now))[0],
+            "Accepted=False InvalidSelector: weights[0].selector: bad"
+        );
+    }
+
+    #[test]
+    fn merging_a_condition_keeps_its_transition_time_while_the_status_holds() {
+        let p = pol("shop", "p", None, json!({"services": ["web"]}));
+        let choice = choose_policies([&p]);
+        let mut conds = policy_conditions(&p, &choice, None, &at("2026-01-01T00:00:00Z"));
+        for c in policy_conditions(&p, &choice, None, &at("2026-02-01T00:00:00Z")) {
+            merge_condition(&mut conds, c);
+        }
+        assert_eq!(conds[0].last_transition_time, at("2026-01-01T00:00:00Z"));
+        let issue = PolicyIssue::new(REASON_INVALID_VALUE, "x");
+        for c in policy_conditions(&p, &choice, Some(&issue), &at("2026-03-01T00:00:00Z")) {
+            merge_condition(&mut conds, c);
+        }
+        assert_eq!(conds.len(), 2);
+        assert_eq!(
+            (conds[0].status.as_str(), conds[0].reason.as_str()),
+            ("False", "InvalidValue")
+        );
+        assert_eq!(conds[0].last_transition_time, at("2026-03-01T00:00:00Z"));
+        assert_eq!(conds[1].last_transition_time, at("2026-01-01T00:00:00Z"));
+    }
+
+    /// What the schema cannot say (or a policy stored past it), one row
+    /// each: refused with its reason and the field in the message.
+    #[test]
+    fn check_policy_refuses_what_the_schema_lets_through() {
+        let rows: Vec<(serde_json::Value, &str, &str)> = vec![
+            (
+                json!({"healthCheck": {"interval": "1s", "timeout": "1s"}}),
+                REASON_INVALID_HEALTH_CHECK,
+                "timeout",
+            ),
+            (
+                json!({"healthCheck": {"path": "/x"}}),
+                REASON_INVALID_HEALTH_CHECK,
+                "path",
+            ),
+            (
+                json!({"healthCheck": {"interval": "soon"}}),
+                REASON_INVALID_HEALTH_CHECK,
+                "healthCheck",
+            ),
+            (
+                json!({"healthCheck": {"type": "http", "expectedStatus": [700]}}),
+                REASON_INVALID_HEALTH_CHECK,
+                "expectedStatus",
+            ),
+            (
+                json!({"weights": [{"selector": {}, "weight": 1}]}),
+                REASON_INVALID_SELECTOR,
+                "weights[0]",
+            ),
+            (
+                json!({"weights": [{"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}, "weight": 1}]}),
+                REASON_INVALID_SELECTOR,
+                "weights[0]",
+            ),
+            (
+                json!({"weights": [{"selector": {"matchLabels": {"a": "b"}}, "weight": 2_000_000}]}),
+                REASON_INVALID_VALUE,
+                "weights[0].weight",
+            ),
+            (
+                json!({"synRateLimit": {"ratePerSec": 0, "burst": 1}}),
+                REASON_INVALID_VALUE,
+                "synRateLimit",
+            ),
+            (
+                json!({"affinity": {"type": "clientIP", "timeoutSeconds": 0}}),
+                REASON_INVALID_VALUE,
+                "affinity.timeoutSeconds",
+            ),
+        ];
+        for (patch, reason, field) in rows {
+            let mut spec = json!({"services": ["web"]});
+            spec.as_object_mut()
+                .expect("object")
+                .extend(patch.as_object().expect("object").clone());
+            let spec: ServicePolicySpec = serde_json::from_value(spec.clone()).expect("parses");
+            let err = check_policy(&spec).expect_err(&spec_text(&spec));
+            assert_eq!(err.reason, reason, "{err}");
+            assert!(err.message.contains(field), "{err} does not name {field}");
+        }
+        let ok: ServicePolicySpec = serde_json::from_value(json!({
+            "services": ["web"], "mode": "l3dsr",
+            "synRateLimit": {"ratePerSec": 100, "burst": 10},
+            "affinity": {"type": "clientIP"},
+            "healthCheck": {"type": "tcp", "port": 9000},
+            "weights": [{"selector": {"matchLabels": {"a": "b"}}, "weight": 0}]
+        }))
+        .expect("parses");
+        let e = check_policy(&ok).expect("valid");
+        assert_eq!(e.mode, Some(Mode::L3Dsr));
+        assert_eq!(
+            e.affinity,
+            Some(Affinity::ClientIp {
+                timeout_s: DEFAULT_AFFINITY_TIMEOUT_S
+            })
+        );
+        assert_eq!(e.health.as_deref().and_then(|h| h.port), Some(9000));
+        let labels = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert_eq!(e.weight(&labels("a", "b")), 0);
+        assert_eq!(e.weight(&labels("a", "c")), 1);
+    }
+
+    fn spec_text(s: &ServicePolicySpec) -> String {
+        serde_json::to_string(s).unwrap_or_default()
+    }
+}
