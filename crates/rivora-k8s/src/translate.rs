@@ -1,0 +1,477 @@
+//! A Service, its EndpointSlices and its ServicePolicy to the VIPs one
+//! node forwards. Pure: the watchers hand in what their stores hold, the
+//! result goes to the reconciler as `SetDesired { owner: service ns/name }`
+//! (an empty set withdraws the Service), and the warnings become Events on
+//! the Service.
+//!
+//! The rules, each a row of the tests below:
+//! - Only `type: LoadBalancer` Services whose `loadBalancerClass` is
+//!   Rivora's ([`TranslateOptions::class`]), or unset when
+//!   [`TranslateOptions::accept_unset_class`] says so.
+//! - One VIP per (`status.loadBalancer.ingress[].ip`, port, protocol): a
+//!   dual-stack Service with an IPv4 and an IPv6 ingress address gets one
+//!   VIP of each family. TCP and UDP; any other protocol is a warning and
+//!   nothing is programmed for that port.
+//! - Backends come from the EndpointSlices labelled
+//!   `kubernetes.io/service-name: <name>` in the Service's namespace, of
+//!   the VIP's address family only. A slice port serves a Service port
+//!   when name and protocol are equal; the backend port is the slice's.
+//! - Ready endpoints are backends; terminating-but-serving ones drain:
+//!   they stay with weight 0, which the dataplane reads as "no new flows"
+//!   (no Maglev slots) while established flows keep their backend through
+//!   the affinity table, as an operator drain does; not-ready ones are
+//!   left out. A Service with no usable endpoint keeps its VIPs with no
+//!   backend (the dataplane counts `no_healthy_backend`).
+//! - `externalTrafficPolicy: Local`: only endpoints whose `nodeName` is
+//!   this node. `sessionAffinity: ClientIP` is clientIP affinity with its
+//!   `timeoutSeconds` (default 10800).
+//! - A [`ServicePolicy`] overrides mode, SYN limit, affinity, adds an
+//!   active health check and weights endpoints by label. One that is
+//!   invalid, or whose DSR mode cannot serve a port that remaps (DSR
+//!   keeps the destination port), is not applied at all and is reported
+//!   in [`Translation::policy`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
+use kube::ResourceExt;
+use rivora_model::desired::{DesiredVip, Owner, SourceKind};
+use rivora_model::health::HealthCheckSpec;
+use rivora_model::model::{Affinity, Backend, Mode, Ports, Protocol, Vip, MAX_AFFINITY_TIMEOUT_S};
+
+use crate::policy::{
+    check_policy, EffectivePolicy, PolicyIssue, ServicePolicy, DEFAULT_AFFINITY_TIMEOUT_S,
+    REASON_MODE_NOT_APPLICABLE,
+};
+
+/// Rivora's `spec.loadBalancerClass`.
+pub const RIVORA_LB_CLASS: &str = "rivora.io/lb";
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The label an endpoint's `nodeName` is seen under by weight selectors.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// The label an endpoint's `zone` is seen under by weight selectors.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Event reasons of the warnings.
+pub const WARN_UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
+pub const WARN_INVALID_ADDRESS: &str = "InvalidAddress";
+pub const WARN_INVALID_PORT: &str = "InvalidPort";
+pub const WARN_INVALID_POLICY: &str = "InvalidPolicy";
+pub const WARN_INVALID_AFFINITY: &str = "InvalidSessionAffinity";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslateOptions {
+    /// The `spec.loadBalancerClass` this node serves.
+    pub class: String,
+    /// Also serve LoadBalancer Services without a class (a cluster where
+    /// Rivora is the only load balancer).
+    pub accept_unset_class: bool,
+}
+
+impl Default for TranslateOptions {
+    fn default() -> Self {
+        Self {
+            class: RIVORA_LB_CLASS.into(),
+            accept_unset_class: true,
+        }
+    }
+}
+
+/// Something the Service's owner must fix, for an Event on the Service.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Warning {
+    /// CamelCase, the Event's reason.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+/// What became of the policy handed in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PolicyUse {
+    /// None was given, or it does not name this Service.
+    #[default]
+    None,
+    Applied,
+    /// Not applied at all; the reason is for its `Accepted=False`.
+    Rejected(PolicyIssue),
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Translation {
+    /// What the Service wants; empty when it is not Rivora's.
+    pub vips: Vec<DesiredVip>,
+    /// Sorted and without repeats.
+    pub warnings: Vec<Warning>,
+    pub policy: PolicyUse,
+}
+
+/// The owner a Service's VIPs are claimed under.
+pub fn owner(svc: &Service) -> Owner {
+    Owner::new(
+        SourceKind::Service,
+        format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any()),
+    )
+}
+
+/// Whether this node serves the Service at all (type and class).
+pub fn is_ours(svc: &Service, opts: &TranslateOptions) -> bool {
+    let Some(spec) = &svc.spec else {
+        return false;
+    };
+    if spec.type_.as_deref() != Some("LoadBalancer") {
+        return false;
+    }
+    match &spec.load_balancer_class {
+        Some(c) => *c == opts.class,
+        None => opts.accept_unset_class,
+    }
+}
+
+/// See the module documentation for the rules.
+pub fn service_vips(
+    svc: &Service,
+    slices: &[EndpointSlice],
+    policy: Option<&ServicePolicy>,
+    node: &str,
+    opts: &TranslateOptions,
+) -> Translation {
+    if !is_ours(svc, opts) {
+        return Translation::default();
+    }
+    let mut warnings = BTreeSet::new();
+    let namespace = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let policy = policy.filter(|p| {
+        p.namespace().unwrap_or_default() == namespace && p.spec.services.contains(&name)
+    });
+    let (effective, mut used) = match policy.map(|p| check_policy(&p.spec)) {
+        None => (None, PolicyUse::None),
+        Some(Ok(e)) => (Some(e), PolicyUse::Applied),
+        Some(Err(issue)) => (None, PolicyUse::Rejected(issue)),
+    };
+    let vips = match translate(svc, slices, effective.as_ref(), node, &mut warnings) {
+        Ok(v) => v,
+        Err(issue) => {
+            used = PolicyUse::Rejected(issue);
+            let mut again = BTreeSet::new();
+            let v = translate(svc, slices, None, node, &mut again)
+                .unwrap_or_else(|_| unreachable!("NAT serves every port"));
+            warnings = again;
+            v
+        }
+    };
+    if let (PolicyUse::Rejected(issue), Some(p)) = (&used, policy) {
+        warnings.insert(Warning {
+            reason: WARN_INVALID_POLICY,
+            message: format!(
+                "ServicePolicy {} is not applied ({}): {}",
+                p.name_any(),
+                issue.reason,
+                issue.message
+            ),
+        });
+    }
+    Translation {
+        vips,
+        warnings: warnings.into_iter().collect(),
+        policy: used,
+    }
+}
+
+/// What an endpoint's conditions make of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum EndpointState {
+    /// Takes no new flows, keeps its established ones.
+    Draining,
+    Ready,
+}
+
+/// The API's reading of unset conditions: ready unknown is ready,
+/// terminating unknown is not terminating, serving unknown is as ready
+/// (what a controller older than `serving` meant).
+fn endpoint_state(c: Option<&EndpointConditions>) -> Option<EndpointState> {
+    let ready = c.and_then(|c| c.ready).unwrap_or(true);
+    let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+    let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+    if ready {
+        Some(EndpointState::Ready)
+    } else if terminating && serving {
+        Some(EndpointState::Draining)
+    } else {
+        None
+    }
+}
+
+fn protocol(p: Option<&str>) -> Result<Protocol, &str> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        other => Err(other),
+    }
+}
+
+fn port_label(p: &ServicePort) -> String {
+    match p.name.as_deref() {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => p.port.to_string(),
+    }
+}
+
+/// The VIP-independent part of the work: ingress addresses, ports,
+/// affinity. Err only when the policy's mode cannot serve a port.
+fn translate(
+    svc: &Service,
+    slices: &[EndpointSlice],
+    policy: Option<&EffectivePolicy>,
+    node: &str,
+    warnings: &mut BTreeSet<Warning>,
+) -> Result<Vec<DesiredVip>, PolicyIssue> {
+    let namespace = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let Some(spec) = &svc.spec else {
+        return Ok(Vec::new());
+    };
+    let mut warn = |reason, message: String| {
+        warnings.insert(Warning { reason, message });
+    };
+
+    let mut addrs: Vec<IpAddr> = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or(&[]);
+    for ip in ingress.iter().filter_map(|i| i.ip.as_deref()) {
+        match ip.parse::<IpAddr>() {
+            Ok(a) => {
+                // The address checks of the model, with no port or
+                // backend to fail on.
+                let probe = Vip {
+                    addr: a,
+                    ports: Ports::One(1),
+                    proto: Protocol::Tcp,
+                    mode: Mode::Nat,
+                    affinity: Affinity::None,
+                    rate_limit: None,
+                    backends: Vec::new(),
+                };
+                if let Err(e) = probe.validate() {
+                    warn(
+                        WARN_INVALID_ADDRESS,
+                        format!("ingress address {ip} cannot be a VIP: {e}"),
+                    );
+                } else if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
+            }
+            Err(_) => warn(
+                WARN_INVALID_ADDRESS,
+                format!("ingress address {ip:?} is not an IP address"),
+            ),
+        }
+    }
+
+    let mode = policy.and_then(|p| p.mode).unwrap_or(Mode::Nat);
+    let affinity = match policy.and_then(|p| p.affinity) {
+        Some(a) => a,
+        None if spec.session_affinity.as_deref() == Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let timeout_s = match t {
+                None => DEFAULT_AFFINITY_TIMEOUT_S,
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => t,
+                    _ => {
+                        warn(
+                            WARN_INVALID_AFFINITY,
+                            format!(
+                                "sessionAffinityConfig.clientIP.timeoutSeconds {t} is not 1-{MAX_AFFINITY_TIMEOUT_S}: using {DEFAULT_AFFINITY_TIMEOUT_S}"
+                            ),
+                        );
+                        DEFAULT_AFFINITY_TIMEOUT_S
+                    }
+                },
+            };
+            Affinity::ClientIp { timeout_s }
+        }
+        None => Affinity::None,
+    };
+    let local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let health = policy.and_then(|p| p.health.clone());
+
+    let ours: Vec<&EndpointSlice> = slices
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .namespace
+                .as_deref()
+                .is_none_or(|n| n == namespace)
+                && s.labels().get(SERVICE_NAME_LABEL) == Some(&name)
+        })
+        .collect();
+
+    let mut out = Vec::new();
+    let mut keys = BTreeSet::new();
+    for sp in spec.ports.as_deref().unwrap_or(&[]) {
+        let proto = match protocol(sp.protocol.as_deref()) {
+            Ok(p) => p,
+            Err(other) => {
+                warn(
+                    WARN_UNSUPPORTED_PROTOCOL,
+                    format!(
+                        "port {} uses {other}: Rivora balances TCP and UDP only, nothing is programmed for it",
+                        port_label(sp)
+                    ),
+                );
+                continue;
+            }
+        };
+        let port = match u16::try_from(sp.port) {
+            Ok(p) if p != 0 => p,
+            _ => {
+                warn(
+                    WARN_INVALID_PORT,
+                    format!("port {} is not 1-65535", sp.port),
+                );
+                continue;
+            }
+        };
+        let port_name = sp.name.as_deref().unwrap_or("");
+        for &addr in &addrs {
+            if !keys.insert((addr, port, proto)) {
+                continue;
+            }
+            let backends = backends(&ours, addr, port_name, proto, local.then_some(node), policy);
+            if mode != Mode::Nat {
+                if let Some(b) = backends.iter().find(|b| b.port != port) {
+                    return Err(PolicyIssue {
+                        reason: REASON_MODE_NOT_APPLICABLE,
+                        message: format!(
+                            "mode {mode} keeps the destination port, but Service {namespace}/{name} port {} sends to {} port {}",
+                            port_label(sp),
+                            b.addr,
+                            b.port
+                        ),
+                    });
+                }
+            }
+            let checks: Vec<Option<Arc<HealthCheckSpec>>> = vec![health.clone(); backends.len()];
+            let vip = Vip {
+                addr,
+                ports: Ports::One(port),
+                proto,
+                mode,
+                affinity,
+                rate_limit: policy.and_then(|p| p.rate_limit),
+                backends,
+            };
+            out.push(DesiredVip {
+                name: format!("{namespace}/{name}:{}", port_label(sp)),
+                health: checks,
+                vip,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The backends of one VIP, ordered by address and port. An endpoint
+/// listed twice (slices overlap while the controller moves endpoints) is
+/// one backend, ready if either copy is.
+fn backends(
+    slices: &[&EndpointSlice],
+    vip: IpAddr,
+    port_name: &str,
+    proto: Protocol,
+    only_node: Option<&str>,
+    policy: Option<&EffectivePolicy>,
+) -> Vec<Backend> {
+    let family = if vip.is_ipv4() { "IPv4" } else { "IPv6" };
+    let mut found: BTreeMap<(IpAddr, u16), (EndpointState, u32)> = BTreeMap::new();
+    for slice in slices {
+        if slice.address_type != family {
+            continue;
+        }
+        let port = slice.ports.as_deref().unwrap_or(&[]).iter().find_map(|p| {
+            let same = p.name.as_deref().unwrap_or("") == port_name
+                && protocol(p.protocol.as_deref()) == Ok(proto);
+            same.then_some(p.port)
+                .flatten()
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n != 0)
+        });
+        let Some(port) = port else {
+            continue;
+        };
+        for ep in slice.endpoints.iter().flatten() {
+            if let Some(node) = only_node {
+                if ep.node_name.as_deref() != Some(node) {
+                    continue;
+                }
+            }
+            let Some(state) = endpoint_state(ep.conditions.as_ref()) else {
+                continue;
+            };
+            // Every address of an endpoint is the same Pod: the first
+            // stands for it, as kube-proxy reads it.
+            let Some(addr) = ep.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            if addr.is_ipv4() != vip.is_ipv4() || !usable_backend(addr, vip) {
+                continue;
+            }
+            let weight = match state {
+                EndpointState::Draining => 0,
+                EndpointState::Ready => policy.map_or(1, |p| {
+                    let mut labels = slice.labels().clone();
+                    if let Some(n) = &ep.node_name {
+                        labels.insert(HOSTNAME_LABEL.into(), n.clone());
+                    }
+                    if let Some(z) = &ep.zone {
+                        labels.insert(ZONE_LABEL.into(), z.clone());
+                    }
+                    p.weight(&labels)
+                }),
+            };
+            let e = found.entry((addr, port)).or_insert((state, weight));
+            if state > e.0 {
+                *e = (state, weight);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|((addr, port), (_, weight))| Backend {
+            addr,
+            port,
+            weight,
+            mac: None,
+        })
+        .collect()
+}
+
+/// What the model refuses as a backend of `vip`: an endpoint address
+/// no packet can be forwarded to.
+fn usable_backend(addr: IpAddr, vip: IpAddr) -> bool {
+    !(addr.is_unspecified()
+        || addr.is_multicast()
+        || addr == IpAddr::V4(std::net::Ipv4Addr::BROADCAST)
+        || addr == vip)
+}
+
+#[cfg(test)]
+mod tests;
