@@ -137,12 +137,19 @@ mod tests {
             .release();
     }
 
+    /// A token file rivorad accepts: its owner's alone.
+    fn write_token(path: &std::path::Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, "t").expect("token");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+
     #[test]
     fn the_api_and_metrics_on_one_address_are_refused() {
         let rt = runtime();
         let _in = rt.enter();
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("token"), "t").expect("token");
+        write_token(&dir.path().join("token"));
         let free = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
