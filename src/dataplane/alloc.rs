@@ -465,6 +465,13 @@ impl BackendRegistry {
             .collect()
     }
 
+    /// Whether some backend id has this address and port. The health
+    /// map holds an entry exactly while one does (acquire adds it, the
+    /// last release removes it): a lookup, not a scan of every id.
+    pub fn knows_target(&self, t: &BackendTarget) -> bool {
+        self.health.contains_key(t)
+    }
+
     pub fn health_inputs(&self, t: &BackendTarget) -> HealthInputs {
         self.health.get(t).copied().unwrap_or_default()
     }

