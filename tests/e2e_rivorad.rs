@@ -1816,12 +1816,9 @@ impl Drop for ReadOnly {
     }
 }
 
-#[test]
-fn drains_persist_in_the_state_dir() {
-    common::require::root_and_tools("e2e_rivorad");
-    let ns = small_ns("rvd-drain-");
-    let home = Home::new();
-    let pins = home.pin_dir().to_path_buf();
+/// Two NAT VIPs sharing three backends, probes off (nothing answers at
+/// these addresses), for the drain tests.
+fn two_vips_three_backends(home: &Home) -> (SocketAddr, SocketAddr, Vec<SocketAddr>, String) {
     let (vip1, vip2): (SocketAddr, SocketAddr) = (
         "10.9.0.1:80".parse().expect("literal"),
         "10.9.0.2:80".parse().expect("literal"),
@@ -1829,8 +1826,6 @@ fn drains_persist_in_the_state_dir() {
     let t: Vec<SocketAddr> = (1..=3)
         .map(|i| format!("10.9.1.{i}:8080").parse().expect("literal"))
         .collect();
-    // No probes: nothing answers at these addresses, and a failed probe
-    // would hide a drain (down wins).
     let mut yaml = format!(
         "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n",
         home.socket().display()
@@ -1845,6 +1840,17 @@ fn drains_persist_in_the_state_dir() {
             yaml += &format!("      - {{ address: {}, port: 8080 }}\n", b.ip());
         }
     }
+    (vip1, vip2, t, yaml)
+}
+
+#[test]
+fn drains_persist_in_the_state_dir() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-drain-");
+    let home = Home::new();
+    let pins = home.pin_dir().to_path_buf();
+    // No probes: a failed probe would hide a drain (down wins).
+    let (vip1, vip2, t, yaml) = two_vips_three_backends(&home);
     let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
     let (n1, n2) = (vip_name("tcp", vip1), vip_name("tcp", vip2));
     let s = |x: &SocketAddr| x.to_string();
@@ -2026,29 +2032,8 @@ fn drain_and_undrain_are_idempotent() {
     let ns = small_ns("rvd-idem-");
     let home = Home::new();
     let pins = home.pin_dir().to_path_buf();
-    let (vip1, vip2): (SocketAddr, SocketAddr) = (
-        "10.9.0.1:80".parse().expect("literal"),
-        "10.9.0.2:80".parse().expect("literal"),
-    );
-    let t: Vec<SocketAddr> = (1..=3)
-        .map(|i| format!("10.9.1.{i}:8080").parse().expect("literal"))
-        .collect();
-    // No probes: nothing answers at these addresses, and a probe's verdict
-    // would change the maps between two calls.
-    let mut yaml = format!(
-        "interfaces:\n  - name: v0\napi:\n  socket: {}\nvips:\n",
-        home.socket().display()
-    );
-    for (name, vip) in [("one", vip1), ("two", vip2)] {
-        yaml += &format!(
-            "  - name: {name}\n    address: {}\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
-             healthCheck: false\n    backends:\n",
-            vip.ip()
-        );
-        for b in &t {
-            yaml += &format!("      - {{ address: {}, port: 8080 }}\n", b.ip());
-        }
-    }
+    // No probes: a verdict would change the maps between two calls.
+    let (vip1, vip2, t, yaml) = two_vips_three_backends(&home);
     let mut rd = Rivorad::start(&ns, home, &yaml, &[]);
     let (n1, n2) = (vip_name("tcp", vip1), vip_name("tcp", vip2));
     let (t1, t2) = (t[0], t[1]);
