@@ -31,6 +31,7 @@
 //!   keeps the destination port), is not applied at all and is reported
 //!   in [`Translation::policy`].
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -138,9 +139,9 @@ pub fn is_ours(svc: &Service, opts: &TranslateOptions) -> bool {
 }
 
 /// See the module documentation for the rules.
-pub fn service_vips(
+pub fn service_vips<S: Borrow<EndpointSlice>>(
     svc: &Service,
-    slices: &[EndpointSlice],
+    slices: &[S],
     policy: Option<&ServicePolicy>,
     node: &str,
     opts: &TranslateOptions,
@@ -229,9 +230,9 @@ fn port_label(p: &ServicePort) -> String {
 
 /// The VIP-independent part of the work: ingress addresses, ports,
 /// affinity. Err only when the policy's mode cannot serve a port.
-fn translate(
+fn translate<S: Borrow<EndpointSlice>>(
     svc: &Service,
-    slices: &[EndpointSlice],
+    slices: &[S],
     policy: Option<&EffectivePolicy>,
     node: &str,
     warnings: &mut BTreeSet<Warning>,
@@ -315,6 +316,7 @@ fn translate(
 
     let ours: Vec<&EndpointSlice> = slices
         .iter()
+        .map(Borrow::borrow)
         .filter(|s| {
             s.metadata
                 .namespace
