@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod fixture;
+pub mod k8s;
 pub mod lab;
 pub mod netns;
 pub mod require;

@@ -6,6 +6,7 @@
 //! SIGKILL), prints its log if the test is failing, and removes the pins.
 
 use std::fs::{self, File};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -92,6 +93,18 @@ impl Home {
         &self.pins
     }
 
+    /// A config of node settings alone (no `vips`), what `rivorad
+    /// -kubernetes` takes: attach to `iface`, the API on [`Home::socket`],
+    /// L3 DSR's tunnel sources.
+    pub fn node_config(&self, iface: &str, tunnel4: Ipv4Addr, tunnel6: Ipv6Addr) -> String {
+        format!(
+            "interfaces:\n  - name: {iface}\n    xdpMode: native\n\
+             node:\n  tunnelSource: {{ ipv4: {tunnel4}, ipv6: \"{tunnel6}\" }}\n\
+             api:\n  socket: {}\n",
+            self.socket().display()
+        )
+    }
+
     /// Uninstall as an operator would (`rivorad -cleanup`, in `ns`), then
     /// check nothing is left: no pin directory, and in the state directory
     /// nothing but the drain file (no half-written temporary).
@@ -138,6 +151,8 @@ pub struct Rivorad {
     started: Instant,
     runs: usize,
     ns: String,
+    /// Flags every run gets, before each run's own (`-kubernetes ...`).
+    args: Vec<String>,
     pub home: Home,
 }
 
@@ -151,8 +166,40 @@ impl Rivorad {
             started: Instant::now(),
             runs: 0,
             ns: ns.path(),
+            args: Vec::new(),
             home,
         }
+    }
+
+    /// Flags every later run gets, before its own.
+    pub fn with_args(mut self, args: &[&str]) -> Self {
+        self.args = args.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// `rivorad -kubernetes`: `node_yaml` (node settings only, see
+    /// [`Home::node_config`]) as the config, the API server and identity
+    /// of `kubeconfig`, this node's name; `extra` for this run only.
+    /// Waits until it is ready (not until it has synced).
+    pub fn start_kubernetes(
+        ns: &Netns,
+        home: Home,
+        node_yaml: &str,
+        kubeconfig: &Path,
+        node_name: &str,
+        extra: &[&str],
+    ) -> Self {
+        fs::write(home.config(), node_yaml).expect("writing the node config");
+        let kubeconfig = kubeconfig.display().to_string();
+        let mut rd = Self::new(ns, home).with_args(&[
+            "-kubernetes",
+            "-kubeconfig",
+            &kubeconfig,
+            "-node-name",
+            node_name,
+        ]);
+        rd.restart(extra);
+        rd
     }
 
     /// Write `yaml` as the config, start this build's rivorad in `ns`
@@ -202,6 +249,7 @@ impl Rivorad {
             .arg("-state-dir")
             .arg(self.home.state_dir())
             .args(["-log-format", "json"])
+            .args(&self.args)
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -1,0 +1,1206 @@
+//! End to end with `rivorad -kubernetes`: a real kube-apiserver and etcd
+//! (one per test process, shared: `common::k8s::shared`), the real rivorad
+//! in the node namespace of a lab (`common::topology`: client, node, three
+//! backends on one switch), reaching the API server through a proxy in
+//! that namespace (`common::k8s::ApiProxy`), which a test can hang or take
+//! down for its own rivorad alone. The tests write what the cluster's
+//! controllers would: `status.loadBalancer.ingress` through the status
+//! subresource (rivora-controller's job; rivorad never writes it) and the
+//! EndpointSlices (the EndpointSlice controller's; no controller-manager
+//! runs). Nothing fills a map on the node: what forwards is what rivorad
+//! made of the API's objects.
+//!
+//! Scenarios, one test each so that they run in parallel, each in its own
+//! Kubernetes namespace (emptied and deleted at the end, so that the other
+//! tests' rivorads, which watch every namespace, stop programming it) and
+//! its own network namespaces:
+//! - a LoadBalancer Service with a TCP and a UDP port and an EndpointSlice
+//!   of three ready endpoints: `vip list` shows both VIPs, NAT, the three
+//!   backends; TCP and UDP through the VIP reach every backend
+//!   (`service_tcp_and_udp_reach_every_backend`);
+//! - endpoints scaled up and down under a loop of new connections: none
+//!   fails, the added backend takes connections, the removed one none after
+//!   it went (`scaling_endpoints_under_traffic_fails_no_connection`);
+//! - an endpoint marked terminating (serving): its long-lived connection
+//!   goes on exchanging data after the change, new connections go to the
+//!   others (`terminating_endpoint_keeps_its_connection`);
+//! - a deleted Service: its VIPs leave `vip list` and are no longer
+//!   answered (`deleted_service_loses_its_vips`);
+//! - a ServicePolicy switches a Service from NAT to DSR: `vip list` says
+//!   dsr and the backends now see the requests addressed to the VIP
+//!   (`service_policy_switches_the_service_to_dsr`); policies the CRD
+//!   schema refuses are refused by the API server with its message
+//!   (`invalid_service_policies_are_refused_by_the_api_server`);
+//! - restarts (with -persist-datapath) while the API server is stopped
+//!   (hung) or dead (resets): nothing pruned, the adopted VIPs forward;
+//!   then a start with the API reachable but the ServicePolicy watch
+//!   forbidden (RBAC): the Services are reconciled, the leftover VIP of a
+//!   Service deleted meanwhile still forwards; once the policies can be
+//!   listed, the leftover is pruned; the Service's VIP forwards throughout
+//!   (`restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass`);
+//! - a dual-stack Service: an IPv4 and an IPv6 VIP per port, traffic on
+//!   both (`dual_stack_service_gets_a_vip_per_family`);
+//! - externalTrafficPolicy Local: only this node's endpoints
+//!   (`local_traffic_policy_keeps_this_nodes_endpoints`);
+//! - `-config` with VIPs and `-kubernetes`: refused at start
+//!   (`static_vips_and_kubernetes_are_refused_together`).
+//!
+//! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
+//! files removed; its log printed if the test panics), every wait has a
+//! deadline, every client step a timeout. Needs root.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::k8s::{
+    endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig, ApiProxy, ApiState, Ep,
+    Identity, Kube, Rbac, SvcPort, TestNs,
+};
+use common::netns::{spawn_in, Netns};
+use common::rivorad::{rivorad_bin, Home, Rivorad};
+use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
+use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Hit, Proto, Servers};
+use common::unique;
+use serde_json::{json, Value};
+
+/// Connections (TCP) or exchanges (UDP) per spread measurement.
+const FLOWS: usize = 120;
+/// A broken path fails within this per step (connect, reply).
+const STEP: Duration = Duration::from_secs(2);
+/// Each serving backend takes at least this share: with a fair 1-in-3
+/// split of 120 flows, a count is Binomial(120, 1/3), mean 40, standard
+/// deviation 5.2; 15% is 18, 4.3 deviations under the mean (P = 1.6e-6 per
+/// check).
+const MIN_SHARE: f64 = 0.15;
+/// An API change to the maps: a watch event, the translation, the write;
+/// on two cores shared with the other tests and the API server.
+const PROGRAMMED: Duration = Duration::from_secs(20);
+/// How long a test watches for something that must not happen (a prune).
+const HOLD: Duration = Duration::from_secs(4);
+
+// ---------------------------------------------------------------------
+// One test's world
+// ---------------------------------------------------------------------
+
+/// A lab, its backends' servers, a Kubernetes namespace, the proxy to the
+/// API server in the node and rivorad -kubernetes there. Dropped in
+/// declaration order: rivorad first (its log shown if the test failed),
+/// then the proxy, the Kubernetes objects, the servers, the namespaces.
+struct World {
+    rd: Rivorad,
+    proxy: ApiProxy,
+    k8s: TestNs,
+    _servers: Servers,
+    topo: Topology,
+    /// rivorad's -node-name.
+    node: String,
+}
+
+impl World {
+    /// rivorad -kubernetes as the admin, with `extra` flags on its first
+    /// run.
+    fn new(topo: Topology, servers: Servers, extra: &[&str]) -> Self {
+        Self::as_identity(topo, servers, None, extra)
+    }
+
+    /// With `who` (a certificate in the home, made by the caller) instead
+    /// of the admin.
+    fn as_identity(
+        topo: Topology,
+        servers: Servers,
+        who: Option<(Home, Identity)>,
+        extra: &[&str],
+    ) -> Self {
+        let kube = Kube::admin();
+        let k8s = kube.namespace("e2ek-");
+        let proxy = ApiProxy::start(&topo.node, shared().addr);
+        let (home, id) = match who {
+            Some((h, id)) => (h, id),
+            None => (Home::new(), Identity::admin()),
+        };
+        let kubeconfig = home.path("kubeconfig");
+        write_kubeconfig(&kubeconfig, &proxy.url(), &id);
+        let node = unique("node-");
+        let yaml = home.node_config("n0", topo.node_v4, topo.node_v6);
+        let rd = Rivorad::start_kubernetes(&topo.node, home, &yaml, &kubeconfig, &node, extra);
+        Self {
+            rd,
+            proxy,
+            k8s,
+            _servers: servers,
+            topo,
+            node,
+        }
+    }
+
+    /// Service `name` on `vips` (its ingress addresses) with `ports`, and
+    /// one EndpointSlice per family holding `backends` (indexes into the
+    /// lab's), ready and on this node.
+    fn service(&self, name: &str, vips: &[IpAddr], ports: &[SvcPort], backends: &[usize]) {
+        self.k8s.create_service(&lb_service(name, ports, json!({})));
+        self.k8s.set_ingress(name, vips);
+        self.slices(name, vips, ports, backends, &[]);
+    }
+
+    /// Write Service `name`'s EndpointSlices (one per family of `vips`):
+    /// `ready` endpoints ready, `terminating` ones terminating.
+    fn slices(
+        &self,
+        name: &str,
+        vips: &[IpAddr],
+        ports: &[SvcPort],
+        ready: &[usize],
+        terminating: &[usize],
+    ) {
+        for v6 in [false, true] {
+            if !vips.iter().any(|v| v.is_ipv6() == v6) {
+                continue;
+            }
+            let addr = |i: usize| -> IpAddr {
+                let b = &self.topo.backends[i];
+                if v6 {
+                    b.v6.into()
+                } else {
+                    b.v4.into()
+                }
+            };
+            let mut eps: Vec<Ep> = ready.iter().map(|&i| Ep::ready(addr(i))).collect();
+            eps.extend(terminating.iter().map(|&i| Ep::terminating(addr(i))));
+            let eps: Vec<Ep> = eps.into_iter().map(|e| e.on(&self.node)).collect();
+            let slice = format!("{name}-v{}", if v6 { 6 } else { 4 });
+            self.k8s
+                .apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
+        }
+    }
+
+    /// Backend `i`'s target under NAT: its address and the NAT port.
+    fn target(&self, i: usize, v6: bool) -> SocketAddr {
+        let b = &self.topo.backends[i];
+        let a: IpAddr = if v6 { b.v6.into() } else { b.v4.into() };
+        SocketAddr::new(a, NAT_BACKEND_PORT)
+    }
+
+    fn targets(&self, idx: &[usize], v6: bool) -> BTreeSet<String> {
+        idx.iter()
+            .map(|&i| self.target(i, v6).to_string())
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------
+// rivorad's VIPs, as `rivoractl vip list` shows them
+// ---------------------------------------------------------------------
+
+/// The API's name of a VIP (`tcp/10.0.0.1:80`).
+fn vip_name(proto: &str, vip: SocketAddr) -> String {
+    format!("{proto}/{vip}")
+}
+
+fn sa(addr: impl Into<IpAddr>) -> SocketAddr {
+    SocketAddr::new(addr.into(), VIP_PORT)
+}
+
+/// The VIPs rivorad shows on `addrs`, by name: every rivorad watches every
+/// namespace, so it also programs the other tests' Services, on their
+/// labs' addresses.
+fn vips_on(rd: &Rivorad, addrs: &[IpAddr]) -> BTreeMap<String, Value> {
+    rd.ctl_json(&["vip", "list"])
+        .as_array()
+        .expect("vip list is an array")
+        .iter()
+        .filter(|v| {
+            v["addr"]
+                .as_str()
+                .and_then(|a| a.parse::<IpAddr>().ok())
+                .is_some_and(|a| addrs.contains(&a))
+        })
+        .map(|v| (v["vip"].as_str().expect("vip name").to_string(), v.clone()))
+        .collect()
+}
+
+/// A VIP's backends: target -> weight.
+fn weights(v: &Value) -> BTreeMap<String, u64> {
+    v["backends"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no backends in {v}"))
+        .iter()
+        .map(|b| {
+            (
+                b["target"].as_str().expect("target").to_string(),
+                b["weight"].as_u64().expect("weight"),
+            )
+        })
+        .collect()
+}
+
+/// Whether `name` is in `vips` with exactly `serving` (weight > 0) and
+/// `draining` (weight 0) as backends.
+fn has(
+    vips: &BTreeMap<String, Value>,
+    name: &str,
+    serving: &BTreeSet<String>,
+    draining: &BTreeSet<String>,
+) -> bool {
+    let Some(v) = vips.get(name) else {
+        return false;
+    };
+    let w = weights(v);
+    let up: BTreeSet<String> = w
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(t, _)| t.clone())
+        .collect();
+    let zero: BTreeSet<String> = w
+        .iter()
+        .filter(|(_, &n)| n == 0)
+        .map(|(t, _)| t.clone())
+        .collect();
+    up == *serving && zero == *draining
+}
+
+/// Poll `vip list` until `ok` holds for the VIPs on `addrs`; returns them
+/// and when it first held. Panics with the last list after `limit`.
+fn wait_vips(
+    rd: &Rivorad,
+    what: &str,
+    addrs: &[IpAddr],
+    limit: Duration,
+    ok: impl Fn(&BTreeMap<String, Value>) -> bool,
+) -> (BTreeMap<String, Value>, Instant) {
+    let t0 = Instant::now();
+    let mut last = BTreeMap::new();
+    let got = wait_for(limit, Duration::from_millis(50), || {
+        last = vips_on(rd, addrs);
+        ok(&last).then(|| (last.clone(), Instant::now()))
+    });
+    got.unwrap_or_else(|| {
+        panic!(
+            "{what}: not so within {limit:?}; vip list on {addrs:?}:\n{}",
+            serde_json::to_string_pretty(&last).unwrap_or_default()
+        )
+    })
+    .tap(|_| eprintln!("{what}: after {:?}", t0.elapsed()))
+}
+
+/// `tap` for a value on its way out.
+trait Tap: Sized {
+    fn tap(self, f: impl FnOnce(&Self)) -> Self {
+        f(&self);
+        self
+    }
+}
+
+impl<T> Tap for T {}
+
+// ---------------------------------------------------------------------
+// The client
+// ---------------------------------------------------------------------
+
+/// `FLOWS` exchanges must all succeed, each backend in `serving` must take
+/// a fair share and every other backend none; the backend must have seen
+/// the client's own address. Returns every answer.
+fn assert_spread(
+    topo: &Topology,
+    what: &str,
+    vip: SocketAddr,
+    proto: Proto,
+    serving: &[usize],
+) -> Vec<Hit> {
+    let t0 = Instant::now();
+    let results = exchanges(&topo.client, vip, proto, FLOWS, STEP);
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{what}: {proto:?} to {vip}: {} of {} failed (after {:?}); first: {:?}",
+        failures.len(),
+        results.len(),
+        t0.elapsed(),
+        &failures[..failures.len().min(3)]
+    );
+    assert_eq!(results.len(), FLOWS, "{what}: every flow ran");
+    let hits: Vec<Hit> = results.into_iter().flatten().collect();
+    let mut counts: BTreeMap<String, usize> =
+        topo.backends.iter().map(|b| (b.name.clone(), 0)).collect();
+    for h in &hits {
+        assert_eq!(
+            h.peer,
+            canonical(h.me),
+            "{what}: backend {} did not see the client's own address",
+            h.backend
+        );
+        *counts
+            .get_mut(&h.backend)
+            .unwrap_or_else(|| panic!("{what}: answer from unknown backend {h:?}")) += 1;
+    }
+    let min = (MIN_SHARE * FLOWS as f64).ceil() as usize;
+    for (i, b) in topo.backends.iter().enumerate() {
+        let n = counts[&b.name];
+        if serving.contains(&i) {
+            assert!(
+                n >= min,
+                "{what}: {proto:?} to {vip}: {} got {n} of {FLOWS}, below {min}; spread {counts:?}",
+                b.name
+            );
+        } else {
+            assert_eq!(
+                n, 0,
+                "{what}: {proto:?} to {vip}: {} is not serving but got {n}; spread {counts:?}",
+                b.name
+            );
+        }
+    }
+    hits
+}
+
+/// Nothing answers `vip` any more: a TCP and a UDP exchange both fail.
+fn assert_unanswered(topo: &Topology, what: &str, vip: SocketAddr, protos: &[Proto]) {
+    for &p in protos {
+        let r = exchanges(&topo.client, vip, p, 1, STEP);
+        assert!(
+            r.iter().all(|r| r.is_err()),
+            "{what}: {p:?} to {vip} still answered: {r:?}"
+        );
+    }
+}
+
+/// One connection of the background load.
+#[derive(Debug)]
+struct Attempt {
+    start: Instant,
+    result: Result<String, String>,
+}
+
+/// New TCP connections to a VIP from the client, one every 10 ms, until
+/// stopped; every attempt recorded.
+struct Load {
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<Attempt>>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(client: &Netns, vip: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+        let handle = {
+            let (stop, log) = (stop.clone(), log.clone());
+            spawn_in(client, move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let result = tcp_once(vip, STEP).map(|h| h.backend);
+                    log.lock()
+                        .expect("attempts")
+                        .push(Attempt { start, result });
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        Self {
+            stop,
+            log,
+            handle: Some(handle),
+        }
+    }
+
+    /// Attempts started at or after `since`: (all, answered by `backend`).
+    fn count(&self, since: Instant, backend: &str) -> (usize, usize) {
+        let log = self.log.lock().expect("attempts");
+        let after: Vec<&Attempt> = log.iter().filter(|a| a.start >= since).collect();
+        let to = after
+            .iter()
+            .filter(|a| a.result.as_deref() == Ok(backend))
+            .count();
+        (after.len(), to)
+    }
+
+    /// Wait until `n` attempts started at or after `since`.
+    fn wait(&self, what: &str, since: Instant, n: usize) {
+        let done = wait_for(Duration::from_secs(30), Duration::from_millis(10), || {
+            (self.count(since, "").0 >= n).then_some(())
+        });
+        assert!(
+            done.is_some(),
+            "{what}: {n} connections did not start within 30 s"
+        );
+    }
+
+    /// Stop, and every attempt made.
+    fn finish(mut self) -> Vec<Attempt> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            h.join().expect("the load thread");
+        }
+        std::mem::take(&mut *self.log.lock().expect("attempts"))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// No attempt failed; the failures listed with their start relative to
+/// `t0` otherwise.
+fn assert_no_failure(what: &str, attempts: &[Attempt], t0: Instant) {
+    let failed: Vec<(Duration, &String)> = attempts
+        .iter()
+        .filter_map(|a| {
+            a.result
+                .as_ref()
+                .err()
+                .map(|e| (a.start.saturating_duration_since(t0), e))
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} connections failed; first (start after the test began, error): {:?}",
+        failed.len(),
+        attempts.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+// ---------------------------------------------------------------------
+// 1. A Service and its endpoints: TCP and UDP reach every backend
+// ---------------------------------------------------------------------
+
+fn nat_ports() -> [SvcPort; 2] {
+    [
+        tcp(VIP_PORT, NAT_BACKEND_PORT),
+        udp(VIP_PORT, NAT_BACKEND_PORT),
+    ]
+}
+
+#[test]
+fn service_tcp_and_udp_reach_every_backend() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("web", &v, &nat_ports(), &[0, 1, 2]);
+    let (tcp4, udp4) = (vip_name("tcp", sa(t.vip4)), vip_name("udp", sa(t.vip4)));
+    let all = w.targets(&[0, 1, 2], false);
+    let none = BTreeSet::new();
+    let (vips, _) = wait_vips(&w.rd, "web programmed", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &all, &none) && has(m, &udp4, &all, &none)
+    });
+    assert_eq!(
+        vips.keys().collect::<Vec<_>>(),
+        [&tcp4, &udp4],
+        "one VIP per (ingress address, port, protocol), nothing else on the address"
+    );
+    for (name, vip) in &vips {
+        assert_eq!(vip["mode"], "nat", "{name}: {vip}");
+        assert_eq!(vip["affinity"], "none", "{name}: {vip}");
+        for b in vip["backends"].as_array().expect("backends") {
+            assert_eq!(b["health"], "healthy", "{name}: {b}");
+            assert_eq!(b["drained"], false, "{name}: {b}");
+        }
+    }
+
+    let all_idx = [0, 1, 2];
+    assert_spread(t, "web", sa(t.vip4), Proto::Tcp, &all_idx);
+    assert_spread(t, "web", sa(t.vip4), Proto::Udp, &all_idx);
+    // rivorad's own counters saw it: every UDP request once.
+    let udp_packets = vips_on(&w.rd, &v)[&udp4]["packets"]
+        .as_u64()
+        .expect("packets");
+    assert_eq!(udp_packets, FLOWS as u64, "UDP packets counted for {udp4}");
+}
+
+// ---------------------------------------------------------------------
+// 2. Scaling under a loop of new connections
+// ---------------------------------------------------------------------
+
+/// Up: an endpoint added to the slice. Down, as the EndpointSlice
+/// controller shows a Pod being deleted: first terminating (still
+/// serving: no new connections, the ones it has go on), then gone from the
+/// slice once the Pod is. Through both, no connection of the loop fails.
+#[test]
+fn scaling_endpoints_under_traffic_fails_no_connection() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let none = BTreeSet::new();
+    w.service("web", &v, &ports, &[0, 1]);
+    wait_vips(&w.rd, "b1 b2", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 1], false), &none)
+    });
+    let (b1, b3) = (t.backends[0].name.clone(), t.backends[2].name.clone());
+
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(t.vip4));
+    load.wait("before scaling", t0, 20);
+
+    // Up: b3 added.
+    w.slices("web", &v, &ports, &[0, 1, 2], &[]);
+    let (_, up) = wait_vips(&w.rd, "scaled up: b1 b2 b3", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 1, 2], false), &none)
+    });
+    let reached = wait_for(Duration::from_secs(20), Duration::from_millis(10), || {
+        (load.count(up, &b3).1 >= 5).then_some(())
+    });
+    assert!(
+        reached.is_some(),
+        "the added backend {b3} took {} of {} connections in 20 s",
+        load.count(up, &b3).1,
+        load.count(up, &b3).0
+    );
+
+    // Down: b1 terminating, then gone.
+    w.slices("web", &v, &ports, &[1, 2], &[0]);
+    let (_, drained) = wait_vips(&w.rd, "b1 terminating", &v, PROGRAMMED, |m| {
+        has(
+            m,
+            &tcp4,
+            &w.targets(&[1, 2], false),
+            &w.targets(&[0], false),
+        )
+    });
+    load.wait("b1 terminating", drained, 30);
+    w.slices("web", &v, &ports, &[1, 2], &[]);
+    let (_, removed) = wait_vips(&w.rd, "scaled down: b2 b3", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[1, 2], false), &none)
+    });
+    load.wait("scaled down", removed, 40);
+    let attempts = load.finish();
+
+    assert_no_failure("scaling up and down", &attempts, t0);
+    let after = |since: Instant, who: &str| {
+        attempts
+            .iter()
+            .filter(|a| a.start >= since && a.result.as_deref() == Ok(who))
+            .count()
+    };
+    assert_eq!(
+        after(drained, &b1),
+        0,
+        "{b1} took new connections after it was terminating in the maps"
+    );
+    let last: Vec<&Attempt> = attempts.iter().filter(|a| a.start >= removed).collect();
+    for i in [1, 2] {
+        let name = &t.backends[i].name;
+        let n = last
+            .iter()
+            .filter(|a| a.result.as_deref() == Ok(name.as_str()))
+            .count();
+        // Binomial(40+, 1/2): under 5 is 4.7 deviations away.
+        assert!(
+            n >= 5,
+            "{name} took {n} of the {} connections after the scale-down",
+            last.len()
+        );
+    }
+    eprintln!("{} connections, none failed", attempts.len());
+}
+
+// ---------------------------------------------------------------------
+// 3. A terminating endpoint keeps its long-lived connection
+// ---------------------------------------------------------------------
+
+#[test]
+fn terminating_endpoint_keeps_its_connection() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let none = BTreeSet::new();
+    w.service("web", &v, &ports, &[0, 1, 2]);
+    wait_vips(&w.rd, "web programmed", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 1, 2], false), &none)
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let echoed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // A line every 20 ms, each echo checked.
+    let ll = long_lived(
+        &t.client,
+        sa(t.vip4),
+        Duration::from_millis(20),
+        STEP,
+        stop.clone(),
+        echoed.clone(),
+    );
+    // Stopped whatever happens below, so the thread ends.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let _stop_guard = StopOnDrop(stop.clone());
+    let first = ll
+        .first
+        .recv_timeout(STEP * 2)
+        .expect("the long-lived connection got no first answer");
+    let x = t
+        .backends
+        .iter()
+        .position(|b| b.name == first)
+        .expect("the long-lived connection's backend");
+    let others: Vec<usize> = (0..3).filter(|i| *i != x).collect();
+    // At least 5 more exchanges (20 ms apart) from `before`.
+    let progress = |phase: &str, before: u64| {
+        let now = wait_for(Duration::from_secs(3), Duration::from_millis(10), || {
+            let now = echoed.load(Ordering::Relaxed);
+            (now >= before + 5).then_some(now)
+        });
+        now.unwrap_or_else(|| {
+            panic!(
+                "{phase}: the long-lived connection stalled after {} exchanges",
+                echoed.load(Ordering::Relaxed) - before
+            )
+        })
+    };
+    let n = progress("before", echoed.load(Ordering::Relaxed));
+
+    // Terminating but serving: drained, weight 0.
+    w.slices("web", &v, &ports, &others, &[x]);
+    let (vips, _) = wait_vips(&w.rd, "terminating", &v, PROGRAMMED, |m| {
+        has(
+            m,
+            &tcp4,
+            &w.targets(&others, false),
+            &w.targets(&[x], false),
+        )
+    });
+    let xt = w.target(x, false).to_string();
+    let shown = vips[&tcp4]["backends"]
+        .as_array()
+        .expect("backends")
+        .iter()
+        .find(|b| b["target"] == xt.as_str())
+        .cloned()
+        .expect("the terminating backend stays listed");
+    assert_ne!(
+        shown["health"], "down",
+        "a terminating endpoint is drained, not down: {shown}"
+    );
+    // Data sent over the connection after the change still arrives and is
+    // answered.
+    let n = progress("terminating", n);
+    assert_spread(t, "terminating", sa(t.vip4), Proto::Tcp, &others);
+    progress("after new connections", n);
+
+    stop.store(true, Ordering::Relaxed);
+    let seen = ll.handle.join().expect("long-lived thread");
+    if let Some(e) = &seen.error {
+        panic!("the long-lived connection broke: {e}");
+    }
+    assert_eq!(
+        seen.backends,
+        BTreeSet::from([first.clone()]),
+        "the long-lived connection stayed on {first}"
+    );
+}
+
+// ---------------------------------------------------------------------
+// 4. A deleted Service loses its VIPs
+// ---------------------------------------------------------------------
+
+#[test]
+fn deleted_service_loses_its_vips() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("web", &v, &nat_ports(), &[0, 1, 2]);
+    let (tcp4, udp4) = (vip_name("tcp", sa(t.vip4)), vip_name("udp", sa(t.vip4)));
+    let all = w.targets(&[0, 1, 2], false);
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "web programmed", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &all, &none) && has(m, &udp4, &all, &none)
+    });
+    assert_spread(t, "before the delete", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
+
+    // The Service alone: its EndpointSlices stay (no garbage collector
+    // runs), and must not keep the VIP.
+    w.k8s.delete_service("web");
+    wait_vips(&w.rd, "web deleted", &v, PROGRAMMED, |m| m.is_empty());
+    assert_unanswered(t, "web deleted", sa(t.vip4), &[Proto::Tcp, Proto::Udp]);
+    let st = w.rd.status();
+    assert_eq!(st["unclaimed_vips"], 0, "{st}");
+}
+
+// ---------------------------------------------------------------------
+// 5. ServicePolicy: NAT to DSR; what the schema refuses
+// ---------------------------------------------------------------------
+
+/// The lab runs NAT with a DSR VIP beside it (`vip(2)` on every backend's
+/// `lo`, replies from it sent straight to the client): the Service on that
+/// address works in both modes. Its ports keep the port (DSR cannot
+/// change it), so the backends listen on the VIP port.
+#[test]
+fn service_policy_switches_the_service_to_dsr() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).dsr_vips_beside_nat().build();
+    let vip4 = topo.vip(2);
+    let mut servers = Servers::new();
+    for b in &topo.backends {
+        // TCP on every address; UDP echoes on the backend's own address
+        // (NAT) and on the VIP (DSR: replies must leave from it).
+        servers.tcp(&b.ns, &b.name, SocketAddr::from(([0u16; 8], VIP_PORT)));
+        servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
+        servers.udp_echo(&b.ns, &b.name, sa(vip4));
+    }
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(vip4)];
+    let ports = [tcp(VIP_PORT, VIP_PORT), udp(VIP_PORT, VIP_PORT)];
+    w.service("web", &v, &ports, &[0, 1, 2]);
+    let (tcp4, udp4) = (vip_name("tcp", sa(vip4)), vip_name("udp", sa(vip4)));
+    let all: BTreeSet<String> = t
+        .backends
+        .iter()
+        .map(|b| SocketAddr::new(b.v4.into(), VIP_PORT).to_string())
+        .collect();
+    let none = BTreeSet::new();
+    let mode_is = |m: &BTreeMap<String, Value>, mode: &str| {
+        has(m, &tcp4, &all, &none)
+            && has(m, &udp4, &all, &none)
+            && m.values().all(|v| v["mode"] == mode)
+    };
+    wait_vips(&w.rd, "web, NAT", &v, PROGRAMMED, |m| mode_is(m, "nat"));
+    // Where the backends saw the requests addressed to: their own address
+    // under NAT, the VIP under DSR.
+    let local_is = |what: &str, hits: &[Hit], dsr: bool| {
+        for h in hits {
+            let b = t
+                .backends
+                .iter()
+                .find(|b| b.name == h.backend)
+                .expect("a known backend");
+            let want = if dsr {
+                sa(vip4)
+            } else {
+                SocketAddr::new(b.v4.into(), VIP_PORT)
+            };
+            assert_eq!(
+                canonical(h.local),
+                want,
+                "{what}: where {} saw the request addressed to",
+                b.name
+            );
+        }
+    };
+    for p in [Proto::Tcp, Proto::Udp] {
+        let hits = assert_spread(t, "NAT", sa(vip4), p, &[0, 1, 2]);
+        local_is("NAT", &hits, false);
+    }
+
+    w.k8s
+        .create_policy("web-dsr", json!({ "services": ["web"], "mode": "dsr" }))
+        .unwrap_or_else(|e| panic!("creating ServicePolicy web-dsr: {e}"));
+    wait_vips(&w.rd, "web, DSR by policy", &v, PROGRAMMED, |m| {
+        mode_is(m, "dsr")
+    });
+    for p in [Proto::Tcp, Proto::Udp] {
+        let hits = assert_spread(t, "DSR", sa(vip4), p, &[0, 1, 2]);
+        local_is("DSR", &hits, true);
+    }
+}
+
+/// The API server refuses what the CRD's schema refuses (OpenAPI and CEL
+/// rules), with its message, and stores nothing.
+#[test]
+fn invalid_service_policies_are_refused_by_the_api_server() {
+    let kube = Kube::admin();
+    let k8s = kube.namespace("e2ek-pol-");
+    let cases = [
+        (
+            "bad-mode",
+            json!({ "services": ["web"], "mode": "bogus" }),
+            vec!["spec.mode", "Unsupported value", "\"bogus\""],
+        ),
+        (
+            "bad-timeout",
+            json!({ "services": ["web"], "healthCheck": { "interval": "1s", "timeout": "2s" } }),
+            vec!["spec.healthCheck", "timeout must be less than interval"],
+        ),
+        (
+            "no-services",
+            json!({ "services": [], "mode": "dsr" }),
+            vec!["spec.services"],
+        ),
+        (
+            "bad-rate",
+            json!({ "services": ["web"], "synRateLimit": { "ratePerSec": 0, "burst": 10 } }),
+            vec!["spec.synRateLimit.ratePerSec"],
+        ),
+    ];
+    for (name, spec, want) in cases {
+        match k8s.create_policy(name, spec.clone()) {
+            Ok(()) => panic!("ServicePolicy {name} ({spec}) was accepted"),
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422, "{name}: {s:?}");
+                assert_eq!(s.reason, "Invalid", "{name}: {s:?}");
+                for w in want {
+                    assert!(
+                        s.message.contains(w),
+                        "{name}: the refusal does not say {w:?}: {}",
+                        s.message
+                    );
+                }
+                eprintln!("{name}: refused: {}", s.message);
+            }
+            Err(e) => panic!("{name}: not a refusal by the API server: {e}"),
+        }
+        assert!(k8s.policy(name).is_none(), "{name} was stored");
+    }
+    // And a valid one is taken, so the refusals were about the values.
+    k8s.create_policy("fine", json!({ "services": ["web"], "mode": "dsr" }))
+        .unwrap_or_else(|e| panic!("a valid ServicePolicy was refused: {e}"));
+    assert!(k8s.policy("fine").is_some(), "the valid policy is stored");
+}
+
+// ---------------------------------------------------------------------
+// 6. Restarts without the API server, leftovers after the first pass
+// ---------------------------------------------------------------------
+
+/// What rivorad -kubernetes reads, for a user whose rights the test
+/// changes. Events are what it writes on Services.
+fn rivorad_rules() -> Value {
+    json!([
+        { "apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+    ])
+}
+
+fn policy_rules() -> Value {
+    json!([
+        { "apiGroups": ["rivora.io"], "resources": ["servicepolicies"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["rivora.io"], "resources": ["servicepolicies/status"], "verbs": ["get", "patch", "update"] },
+    ])
+}
+
+/// Two Services: `keep` (vip(1)) and `gone` (vip(2)), with -persist-datapath
+/// so that the datapath forwards while rivorad is down. A loop of new
+/// connections to `keep` runs from the first restart to the end: none may
+/// fail.
+///
+/// 1. The API server hung (accepts, never answers: SIGSTOP), rivorad
+///    restarted, then `gone` deleted behind its back: both VIPs adopted,
+///    unclaimed, nothing pruned, both forward.
+/// 2. The API server dead (connections reset), rivorad restarted: the
+///    same.
+/// 3. The API server reachable, but this rivorad's user may not list
+///    ServicePolicies (RBAC), and `keep` got a third endpoint while rivorad
+///    was down: Services and EndpointSlices sync (`keep` reprogrammed with
+///    three backends), the ServicePolicy watch cannot finish its first
+///    list, so `gone`'s leftover VIP still forwards. Once the user may
+///    list them: `gone` pruned, `keep` untouched.
+#[test]
+fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).ipv4_only().build();
+    let servers = Servers::for_topology(&topo, false);
+    let kube = Kube::admin();
+    let home = Home::new();
+    let id_dir = home.path("identity");
+    std::fs::create_dir(&id_dir).expect("creating the identity dir");
+    let user = unique("rivorad-e2e-");
+    let id = Identity::user(&id_dir, &user);
+    let rbac = Rbac::new(&kube, &user);
+    rbac.grant("watch", rivorad_rules());
+    rbac.grant("policies", policy_rules());
+    let allowed_policies = || rbac.allowed("list", "rivora.io", "servicepolicies");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            allowed_policies().then_some(())
+        })
+        .is_some(),
+        "the user may not list servicepolicies after the grant"
+    );
+    let persist = ["-persist-datapath"];
+    let mut w = World::as_identity(topo, servers, Some((home, id)), &persist);
+    let t = &w.topo;
+    let (keep, gone) = (t.vip(1), t.vip(2));
+    let v = [IpAddr::V4(keep), IpAddr::V4(gone)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.service("keep", &[keep.into()], &ports, &[0, 1]);
+    w.service("gone", &[gone.into()], &ports, &[0, 1, 2]);
+    let (nk, ng) = (vip_name("tcp", sa(keep)), vip_name("tcp", sa(gone)));
+    let none = BTreeSet::new();
+    let (k2, k3) = (w.targets(&[0, 1], false), w.targets(&[0, 1, 2], false));
+    let both = |m: &BTreeMap<String, Value>| has(m, &nk, &k2, &none) && has(m, &ng, &k3, &none);
+    wait_vips(&w.rd, "keep and gone programmed", &v, PROGRAMMED, both);
+    assert_spread(t, "first run", sa(gone), Proto::Tcp, &[0, 1, 2]);
+
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(keep));
+    load.wait("first run", t0, 10);
+
+    // Nothing pruned, however long: checked for HOLD, every 100 ms; and
+    // `gone` still answers.
+    let hold = |w: &World, what: &str| {
+        let deadline = Instant::now() + HOLD;
+        while Instant::now() < deadline {
+            let m = vips_on(&w.rd, &v);
+            assert!(
+                both(&m),
+                "{what}: an adopted VIP changed or went: {}",
+                serde_json::to_string_pretty(&m).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let st = w.rd.status();
+        assert!(
+            st["unclaimed_vips"].as_u64().is_some_and(|n| n >= 2),
+            "{what}: keep and gone are adopted and unclaimed: {st}"
+        );
+        assert_spread(&w.topo, what, sa(gone), Proto::Tcp, &[0, 1, 2]);
+    };
+
+    // 1. Hung.
+    w.proxy.set(ApiState::Hung);
+    let st = w.rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    w.k8s.delete_service("gone");
+    w.rd.restart(&persist);
+    hold(&w, "restarted, API server hung");
+    assert!(
+        w.proxy.accepted() > 0,
+        "rivorad never tried to reach the API server"
+    );
+
+    // 2. Dead.
+    w.proxy.set(ApiState::Down);
+    let st = w.rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    w.rd.restart(&persist);
+    hold(&w, "restarted, API server dead");
+
+    // 3. Reachable, ServicePolicies forbidden; keep scaled up meanwhile.
+    let st = w.rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    rbac.revoke("policies");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            (!allowed_policies()).then_some(())
+        })
+        .is_some(),
+        "the user may still list servicepolicies after the revoke"
+    );
+    w.slices("keep", &[keep.into()], &ports, &[0, 1, 2], &[]);
+    w.proxy.set(ApiState::Up);
+    w.rd.restart(&persist);
+    // Services and EndpointSlices listed: keep reconciled.
+    wait_vips(&w.rd, "keep reconciled", &v, PROGRAMMED, |m| {
+        has(m, &nk, &k3, &none)
+    });
+    let deadline = Instant::now() + HOLD;
+    while Instant::now() < deadline {
+        let m = vips_on(&w.rd, &v);
+        assert!(
+            has(&m, &ng, &k3, &none),
+            "gone's leftover VIP changed or went before the ServicePolicy watch synced: {}",
+            serde_json::to_string_pretty(&m).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_spread(t, "policies unsynced", sa(gone), Proto::Tcp, &[0, 1, 2]);
+
+    // The policies watch can list: the first pass completes, gone goes.
+    rbac.grant("policies", policy_rules());
+    let (m, pruned) = wait_vips(
+        &w.rd,
+        "the leftover pruned after the first pass",
+        &v,
+        Duration::from_secs(60),
+        |m| !m.contains_key(&ng),
+    );
+    assert!(has(&m, &nk, &k3, &none), "keep after the prune: {m:?}");
+    assert_unanswered(t, "gone pruned", sa(gone), &[Proto::Tcp]);
+    let st = w.rd.status();
+    assert_eq!(st["unclaimed_vips"], 0, "after the first pass: {st}");
+    load.wait("after the prune", pruned, 20);
+    let attempts = load.finish();
+    assert_no_failure("keep, through every restart", &attempts, t0);
+    eprintln!(
+        "{} connections to keep through three restarts, none failed",
+        attempts.len()
+    );
+    drop(rbac);
+}
+
+// ---------------------------------------------------------------------
+// 7. Dual stack
+// ---------------------------------------------------------------------
+
+#[test]
+fn dual_stack_service_gets_a_vip_per_family() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
+    // The API server runs single-stack (no IPv6 service range): the
+    // Service asks for dual stack where available; its ingress holds both.
+    w.k8s.create_service(&lb_service(
+        "web",
+        &nat_ports(),
+        json!({ "ipFamilyPolicy": "PreferDualStack" }),
+    ));
+    w.k8s.set_ingress("web", &v);
+    w.slices("web", &v, &nat_ports(), &[0, 1, 2], &[]);
+    let none = BTreeSet::new();
+    let names: Vec<(String, bool)> = [false, true]
+        .into_iter()
+        .flat_map(|v6| {
+            let vip = if v6 { sa(t.vip6) } else { sa(t.vip4) };
+            ["tcp", "udp"].map(|p| (vip_name(p, vip), v6))
+        })
+        .collect();
+    let (vips, _) = wait_vips(&w.rd, "dual stack programmed", &v, PROGRAMMED, |m| {
+        names
+            .iter()
+            .all(|(n, v6)| has(m, n, &w.targets(&[0, 1, 2], *v6), &none))
+    });
+    assert_eq!(vips.len(), 4, "two VIPs per family: {:?}", vips.keys());
+    for vip in [sa(t.vip4), sa(t.vip6)] {
+        for p in [Proto::Tcp, Proto::Udp] {
+            assert_spread(t, "dual stack", vip, p, &[0, 1, 2]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// 8. externalTrafficPolicy: Local
+// ---------------------------------------------------------------------
+
+#[test]
+fn local_traffic_policy_keeps_this_nodes_endpoints() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).ipv4_only().build();
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.k8s.create_service(&lb_service(
+        "local",
+        &ports,
+        json!({ "externalTrafficPolicy": "Local" }),
+    ));
+    w.k8s.set_ingress("local", &v);
+    // b1 and b3 on this node, b2 on another.
+    let eps: Vec<Ep> = t
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let node = if i == 1 { "another-node" } else { &w.node };
+            Ep::ready(b.v4).on(node)
+        })
+        .collect();
+    w.k8s
+        .apply_slice(&endpoint_slice("local-v4", "local", false, &ports, &eps));
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "local programmed", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 2], false), &none)
+    });
+    assert_spread(t, "Local", sa(t.vip4), Proto::Tcp, &[0, 2]);
+}
+
+// ---------------------------------------------------------------------
+// 9. Static VIPs and Kubernetes VIPs, never both
+// ---------------------------------------------------------------------
+
+#[test]
+fn static_vips_and_kubernetes_are_refused_together() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let node = Netns::new(&unique("rvk8s-both-"));
+    node.exec("ip link add n0 type veth peer name n1 && ip link set n0 up && ip link set n1 up");
+    let home = Home::new();
+    let yaml = format!(
+        "interfaces:\n  - name: n0\n    xdpMode: native\napi:\n  socket: {}\nvips:\n  \
+         - address: 10.9.100.1\n    port: 80\n    protocol: tcp\n    mode: nat\n    \
+         healthCheck: false\n    backends:\n      - {{ address: 10.9.2.11, port: 8080 }}\n",
+        home.socket().display()
+    );
+    std::fs::write(home.config(), yaml).expect("writing the config");
+    // An API server nobody listens for: the refusal must come first.
+    let kubeconfig = home.path("kubeconfig");
+    let id = Identity {
+        cert: PathBuf::from("/nonexistent/client.crt"),
+        key: PathBuf::from("/nonexistent/client.key"),
+    };
+    write_kubeconfig_unchecked(&kubeconfig, "https://127.0.0.1:1", &id);
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", node.path()))
+        .arg(rivorad_bin())
+        .arg("-config")
+        .arg(home.config())
+        .arg("-pin-dir")
+        .arg(home.pin_dir())
+        .arg("-state-dir")
+        .arg(home.state_dir())
+        .args(["-kubernetes", "-kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["-node-name", "node-both"])
+        .output()
+        .expect("running rivorad");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "rivorad started with static VIPs and -kubernetes: {text}"
+    );
+    let lower = text.to_lowercase();
+    for w in ["static", "kubernetes", "never both"] {
+        assert!(
+            lower.contains(w),
+            "the refusal does not say {w:?} (static VIPs or Kubernetes VIPs, never both): {text}"
+        );
+    }
+    assert!(
+        !home.pin_dir().exists(),
+        "a refused start pinned something at {}",
+        home.pin_dir().display()
+    );
+    assert!(!home.socket().exists(), "a refused start opened its API");
+}
+
+/// A kubeconfig that names files which need not exist (no shared API
+/// server is started for it).
+fn write_kubeconfig_unchecked(path: &std::path::Path, server: &str, who: &Identity) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    \
+         insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    \
+         client-key: {}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+        who.cert.display(),
+        who.key.display()
+    );
+    std::fs::write(path, text).expect("writing the kubeconfig");
+}
