@@ -356,6 +356,46 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_flags_need_kubernetes_and_crds_is_a_subcommand() {
+        let a = parse(&[
+            "-kubernetes",
+            "-kubeconfig",
+            "/k",
+            "-node-name",
+            "n1",
+            "-require-class",
+        ])
+        .unwrap();
+        assert!(a.kubernetes && a.require_class);
+        assert_eq!(a.kubeconfig.as_deref(), Some(Path::new("/k")));
+        assert_eq!(a.node_name.as_deref(), Some("n1"));
+        assert_eq!(a.load_balancer_class, "rivora.io/lb");
+        for alone in [["-kubeconfig", "/k"], ["-node-name", "n1"]] {
+            let e = parse(&alone).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+            assert!(e.to_string().contains("--kubernetes"), "{e}");
+        }
+        let c = Args::try_parse_from(normalise(["rivorad", "crds"].iter().map(|s| s.to_string())))
+            .unwrap();
+        assert!(matches!(c.command, Some(Sub::Crds)));
+    }
+
+    #[test]
+    fn node_name_is_the_flag_then_node_name_then_the_hostname() {
+        assert_eq!(node_name(Some("given".into())).unwrap(), "given");
+        // $NODE_NAME is read, not set, here: the process may have it.
+        let fallback = node_name(None).unwrap();
+        match std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+            Some(n) => assert_eq!(fallback, n),
+            None => assert_eq!(
+                fallback,
+                nix::unistd::gethostname().unwrap().into_string().unwrap()
+            ),
+        }
+        assert_eq!(node_name(Some(String::new())).unwrap(), fallback);
+    }
+
+    #[test]
     fn flow_table_size_defaults_to_the_abi_size() {
         let a = parse(&[]).unwrap();
         assert_eq!(a.flow_table_size, abi::FLOW_TABLE_DEFAULT_SIZE);

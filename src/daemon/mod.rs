@@ -126,7 +126,7 @@ impl Daemon {
                 file_source::check_node_only(cfg)?;
             }
             let _in = runtime.enter();
-            Ok(preflight::check(&cfg.node_settings())?)
+            preflight::check(&cfg.node_settings())
         };
         let (cfg, reserved, config_ms, dp, load_ms, writer, adopt_ms) =
             if opts.pin_dir.join("meta_map").exists() {

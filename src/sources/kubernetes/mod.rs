@@ -155,7 +155,9 @@ impl KubeOutputs {
     }
 }
 
-/// One event of one watch.
+/// One event of one watch. Each is moved once, from the stream to
+/// [`State::handle`]: boxing would cost more than the copy.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Service(watcher::Result<Event<Service>>),
     Slice(watcher::Result<Event<EndpointSlice>>),
@@ -381,8 +383,9 @@ impl State {
                             svcs.insert(svc);
                         }
                     }
+                    // A list is a reading, not a change: not timed.
                     for svc in svcs {
-                        self.touch(svc, Some(now));
+                        self.touch(svc, None);
                     }
                 }
             },
@@ -465,16 +468,51 @@ fn is_not_found(e: &watcher::Error) -> bool {
     }
 }
 
-/// Warning Events on Services, each (Service, reason, message) at most
-/// once per [`EVENT_REPEAT`]. Shared by the pass and the tasks that wait
-/// for the reconciler's answers.
+/// Where a warning goes once it passed the rate limit: an Event on the
+/// Service (a test collects them instead).
+type WarnSink = Arc<dyn Fn(Arc<Service>, &'static str, String) + Send + Sync>;
+
+/// When each (Service, reason, message) was last published.
+type Warned = HashMap<(ObjectRef, &'static str, String), Instant>;
+
+/// Warnings on Services, each (Service, reason, message) at most once
+/// per [`EVENT_REPEAT`]. Shared by the pass and the tasks that wait for
+/// the reconciler's answers.
 #[derive(Clone)]
 struct Warner {
-    recorder: Recorder,
-    warned: Arc<std::sync::Mutex<HashMap<(ObjectRef, &'static str, String), Instant>>>,
+    sink: WarnSink,
+    warned: Arc<std::sync::Mutex<Warned>>,
 }
 
 impl Warner {
+    fn new(sink: WarnSink) -> Self {
+        Self {
+            sink,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Warning Events published by `recorder`, off the caller's task.
+    fn events(recorder: Recorder) -> Self {
+        Self::new(Arc::new(
+            move |svc: Arc<Service>, reason: &'static str, message: String| {
+                let recorder = recorder.clone();
+                tokio::spawn(async move {
+                    let ev = KubeEvent {
+                        type_: EventType::Warning,
+                        reason: reason.into(),
+                        note: Some(message),
+                        action: "Program".into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder.publish(&ev, &svc.object_ref(&())).await {
+                        debug!(error = %e, service = %svc.name_any(), "publishing an Event");
+                    }
+                });
+            },
+        ))
+    }
+
     fn warn(&self, svc: &Arc<Service>, reason: &'static str, message: String) {
         let now = Instant::now();
         {
@@ -488,20 +526,7 @@ impl Warner {
             }
             warned.insert(key, now);
         }
-        let recorder = self.recorder.clone();
-        let svc = svc.clone();
-        tokio::spawn(async move {
-            let ev = KubeEvent {
-                type_: EventType::Warning,
-                reason: reason.into(),
-                note: Some(message),
-                action: "Program".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&ev, &svc.object_ref(&())).await {
-                debug!(error = %e, service = %svc.name_any(), "publishing an Event");
-            }
-        });
+        (self.sink)(svc.clone(), reason, message);
     }
 }
 
@@ -531,16 +556,13 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
     .map(Msg::Policy)
     .boxed();
     let mut events = futures::stream::select_all([services, slices, policies]);
-    let warner = Warner {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "rivorad".into(),
-                instance: Some(opts.node_name.clone()),
-            },
-        ),
-        warned: Arc::default(),
-    };
+    let warner = Warner::events(Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "rivorad".into(),
+            instance: Some(opts.node_name.clone()),
+        },
+    ));
     let mut state = State::new(opts);
     info!(node = %state.opts.node_name, "watching Services, EndpointSlices and ServicePolicies");
     while let Some(first) = events.next().await {
@@ -556,27 +578,33 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
                 _ => break,
             }
         }
-        if state.all_listed() {
-            if flush(&mut state, &tx, &out, &warner).is_none() {
-                return;
-            }
-            if state.policies_dirty {
-                state.policies_dirty = false;
-                write_policy_status(&client, &state);
-            }
-            if !state.synced_sent {
-                if tx.send(Command::Synced(SourceKind::Service)).is_err() {
-                    return;
-                }
-                state.synced_sent = true;
-                info!(
-                    services = state.sent.len(),
-                    "Kubernetes: first full pass sent; leftovers may now be pruned"
-                );
-            }
+        match step(&mut state, &tx, &out, &warner) {
+            None => return,
+            Some(true) => write_policy_status(&client, &state),
+            Some(false) => {}
         }
         out.watches.send_replace(state.watches.clone());
     }
+}
+
+/// After a batch of events: once every watch has listed, send what
+/// changed, and after the first such pass say the source is synced.
+/// Some(true) when the policies' conditions may need writing; None when
+/// the reconciler is gone.
+fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> Option<bool> {
+    if !state.all_listed() {
+        return Some(false);
+    }
+    flush(state, tx, out, warner)?;
+    if !state.synced_sent {
+        tx.send(Command::Synced(SourceKind::Service)).ok()?;
+        state.synced_sent = true;
+        info!(
+            services = state.sent.len(),
+            "Kubernetes: first full pass sent; leftovers may now be pruned"
+        );
+    }
+    Some(std::mem::take(&mut state.policies_dirty))
 }
 
 /// Send every dirty Service whose VIPs changed. None when the reconciler
@@ -664,14 +692,14 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
     }
 }
 
-/// Bring every policy's `Accepted` and `Conflicted` conditions up to
-/// date, writing only those that differ.
-fn write_policy_status(client: &Client, state: &State) {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
+/// The policies whose `Accepted` and `Conflicted` conditions differ from
+/// what the objects say, with the status they should have.
+fn policy_status_updates(state: &State, now: &Time) -> Vec<(ObjectRef, ServicePolicyStatus)> {
     let mut issues: BTreeMap<&ObjectRef, &PolicyIssue> = BTreeMap::new();
     for (policy, issue) in state.rejected.values() {
         issues.entry(policy).or_insert(issue);
     }
+    let mut out = Vec::new();
     for (key, p) in &state.policies.items {
         let checked = check_policy(&p.spec).err();
         let issue = checked.as_ref().or_else(|| issues.get(key).copied());
@@ -680,24 +708,36 @@ fn write_policy_status(client: &Client, state: &State) {
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
-        for c in policy_conditions(p, &state.choice, issue, &now) {
+        for c in policy_conditions(p, &state.choice, issue, now) {
             merge_condition(&mut conditions, c);
         }
-        let current = p.status.clone().unwrap_or_default();
         let wanted = ServicePolicyStatus { conditions };
-        if current == wanted {
-            continue;
+        if p.status.as_ref() != Some(&wanted) {
+            out.push((key.clone(), wanted));
         }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Write the policies' conditions that changed, off the caller's task.
+/// Every node computes the same; a node that finds them written already
+/// writes nothing.
+fn write_policy_status(client: &Client, state: &State) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    for (key, wanted) in policy_status_updates(state, &now) {
         let api: Api<ServicePolicy> = Api::namespaced(client.clone(), &key.namespace);
-        let name = key.name.clone();
         tokio::spawn(async move {
             let patch = serde_json::json!({ "status": wanted });
             if let Err(e) = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                debug!(error = %e, policy = %name, "writing the ServicePolicy status");
+                warn!(error = %e, policy = %key, "writing the ServicePolicy status");
             }
         });
     }
 }
+
+#[cfg(test)]
+mod tests;
