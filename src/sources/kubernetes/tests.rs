@@ -54,6 +54,9 @@ fn not_found() -> watcher::Error {
     )))
 }
 
+/// A warning as published: Service, reason, message.
+type Warned = (String, &'static str, String);
+
 /// A source with its commands and warnings captured.
 struct Harness {
     state: State,
@@ -61,7 +64,7 @@ struct Harness {
     rx: mpsc::Receiver<Command>,
     out: KubeOutputs,
     warner: Warner,
-    warnings: Arc<Mutex<Vec<(String, &'static str, String)>>>,
+    warnings: Arc<Mutex<Vec<Warned>>>,
 }
 
 /// What one step sent: Service owner -> the VIP keys it wants (empty:
@@ -75,7 +78,7 @@ struct Sent {
 impl Harness {
     fn new() -> Self {
         let (tx, rx) = mpsc::channel();
-        let warnings: Arc<Mutex<Vec<(String, &'static str, String)>>> = Arc::default();
+        let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
         let w = warnings.clone();
         let warner = Warner::new(Arc::new(move |s: Arc<Service>, reason, msg| {
             w.lock()
