@@ -546,6 +546,7 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
         watcher::Config::default().labels(SERVICE_NAME_LABEL),
     )
     .default_backoff()
+    .modify(|o: &mut EndpointSlice| o.managed_fields_mut().clear())
     .map(Msg::Slice)
     .boxed();
     let policies = watcher(
@@ -553,6 +554,7 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
         watcher::Config::default(),
     )
     .default_backoff()
+    .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
     .map(Msg::Policy)
     .boxed();
     let mut events = futures::stream::select_all([services, slices, policies]);
