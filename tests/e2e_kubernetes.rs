@@ -34,9 +34,10 @@
 //! - restarts (with -persist-datapath) while the API server is stopped
 //!   (hung) or dead (resets): nothing pruned, the adopted VIPs forward;
 //!   then a start with the API reachable but the ServicePolicy watch
-//!   forbidden (RBAC): the Services are reconciled, the leftover VIP of a
-//!   Service deleted meanwhile still forwards; once the policies can be
-//!   listed, the leftover is pruned; the Service's VIP forwards throughout
+//!   forbidden (RBAC): no first pass, so nothing is sent or pruned and the
+//!   leftover VIP of a Service deleted meanwhile still forwards; once the
+//!   policies can be listed, the pass reconciles the Service and prunes
+//!   the leftover; the Service's VIP forwards throughout
 //!   (`restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass`);
 //! - a dual-stack Service: an IPv4 and an IPv6 VIP per port, traffic on
 //!   both (`dual_stack_service_gets_a_vip_per_family`);
@@ -53,7 +54,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,6 +70,8 @@ use common::rivorad::{rivorad_bin, Home, Rivorad};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
 use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Hit, Proto, Servers};
 use common::unique;
+use rivora::dataplane::render::MatchKey;
+use rivora::dataplane::{MapStore, Maps};
 use serde_json::{json, Value};
 
 /// Connections (TCP) or exchanges (UDP) per spread measurement.
@@ -239,6 +242,30 @@ fn weights(v: &Value) -> BTreeMap<String, u64> {
             )
         })
         .collect()
+}
+
+/// The backends (`addr:port`) in the Maglev slice of TCP VIP `vip` as
+/// the pinned maps hold it; None when the maps hold no such VIP. Read from
+/// the maps, not the API: an adopted VIP no source has claimed forwards
+/// but is not in `vip list`.
+fn tcp_in_maps(pins: &Path, vip: SocketAddr) -> Option<BTreeSet<String>> {
+    let img = Maps::open(pins)
+        .and_then(|m| m.read())
+        .expect("reading the pinned maps");
+    let key = MatchKey::Exact {
+        addr: vip.ip(),
+        port: vip.port(),
+        proto: libc::IPPROTO_TCP as u8,
+    };
+    let svc = img.matches.get(&key)?;
+    let entry = img.services.get(svc)?;
+    Some(
+        img.slice_of(entry)
+            .iter()
+            .filter_map(|id| img.backends.get(id))
+            .map(|b| SocketAddr::new(b.addr, b.port).to_string())
+            .collect(),
+    )
 }
 
 /// Whether `name` is in `vips` with exactly `serving` (weight > 0) and
@@ -823,6 +850,72 @@ fn service_policy_switches_the_service_to_dsr() {
         let hits = assert_spread(t, "DSR", sa(vip4), p, &[0, 1, 2]);
         local_is("DSR", &hits, true);
     }
+    // rivorad says so on the policy.
+    wait_condition(&w.k8s, "web-dsr", "Accepted", "True", "Accepted");
+
+    // What the schema cannot refuse: DSR for a Service whose port remaps
+    // (80 to 8080; DSR keeps the destination port). Not applied: the
+    // Service stays NAT, the policy says why, the Service gets an Event.
+    let remap = t.vip(3);
+    let rv = [IpAddr::V4(remap)];
+    w.service("remap", &rv, &[tcp(VIP_PORT, NAT_BACKEND_PORT)], &[0, 1, 2]);
+    w.k8s
+        .create_policy("remap-dsr", json!({ "services": ["remap"], "mode": "dsr" }))
+        .unwrap_or_else(|e| panic!("creating ServicePolicy remap-dsr: {e}"));
+    let nr = vip_name("tcp", sa(remap));
+    let remapped = w.targets(&[0, 1, 2], false);
+    wait_condition(
+        &w.k8s,
+        "remap-dsr",
+        "Accepted",
+        "False",
+        "ModeNotApplicable",
+    );
+    let (m, _) = wait_vips(
+        &w.rd,
+        "remap, NAT despite its policy",
+        &rv,
+        PROGRAMMED,
+        |m| has(m, &nr, &remapped, &none),
+    );
+    assert_eq!(m[&nr]["mode"], "nat", "{}", m[&nr]);
+    let warned = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let evs = w.k8s.events_about("remap");
+        evs.iter()
+            .any(|(ty, reason, note)| {
+                ty == "Warning" && reason == "InvalidPolicy" && note.contains("remap-dsr")
+            })
+            .then_some(evs)
+    });
+    assert!(
+        warned.is_some(),
+        "no Warning InvalidPolicy Event on Service remap naming remap-dsr: {:?}",
+        w.k8s.events_about("remap")
+    );
+    // The good policy is untouched by the bad one.
+    wait_condition(&w.k8s, "web-dsr", "Accepted", "True", "Accepted");
+    let m = vips_on(&w.rd, &v);
+    assert!(m.values().all(|v| v["mode"] == "dsr"), "web: {m:?}");
+}
+
+/// Wait until ServicePolicy `name` has condition `type_` with `status`
+/// and `reason` (rivorad writes them).
+fn wait_condition(k8s: &TestNs, name: &str, type_: &str, status: &str, reason: &str) {
+    let mut last = Value::Null;
+    let got = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        last = k8s.policy(name).unwrap_or(Value::Null);
+        last["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == type_ && c["status"] == status && c["reason"] == reason)
+            .then_some(())
+    });
+    assert!(
+        got.is_some(),
+        "ServicePolicy {name}: no condition {type_}={status} ({reason}) within {PROGRAMMED:?}: {}",
+        last["status"]
+    );
 }
 
 /// The API server refuses what the CRD's schema refuses (OpenAPI and CEL
@@ -911,10 +1004,11 @@ fn policy_rules() -> Value {
 ///    same.
 /// 3. The API server reachable, but this rivorad's user may not list
 ///    ServicePolicies (RBAC), and `keep` got a third endpoint while rivorad
-///    was down: Services and EndpointSlices sync (`keep` reprogrammed with
-///    three backends), the ServicePolicy watch cannot finish its first
-///    list, so `gone`'s leftover VIP still forwards. Once the user may
-///    list them: `gone` pruned, `keep` untouched.
+///    was down: Services and EndpointSlices list, the ServicePolicy watch
+///    cannot finish its first list, so there is no pass: nothing is sent
+///    (`keep` forwards as adopted, with two backends) and `gone`'s
+///    leftover VIP still forwards. Once the user may list them: the first
+///    pass programs `keep` with three backends and prunes `gone`.
 #[test]
 fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass() {
     common::require::root_and_tools("e2e_kubernetes");
@@ -956,23 +1050,31 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     let load = Load::start(&t.client, sa(keep));
     load.wait("first run", t0, 10);
 
-    // Nothing pruned, however long: checked for HOLD, every 100 ms; and
-    // `gone` still answers.
+    // Nothing pruned or changed, however long: the maps checked for HOLD,
+    // every 100 ms; both adopted and unclaimed; and `gone` still answers.
+    let pins = w.rd.home.pin_dir().to_path_buf();
+    let as_first = |what: &str| {
+        let (k, g) = (tcp_in_maps(&pins, sa(keep)), tcp_in_maps(&pins, sa(gone)));
+        assert!(
+            k.as_ref() == Some(&k2) && g.as_ref() == Some(&k3),
+            "{what}: an adopted VIP changed or went: keep {k:?}, gone {g:?}"
+        );
+    };
     let hold = |w: &World, what: &str| {
         let deadline = Instant::now() + HOLD;
         while Instant::now() < deadline {
-            let m = vips_on(&w.rd, &v);
-            assert!(
-                both(&m),
-                "{what}: an adopted VIP changed or went: {}",
-                serde_json::to_string_pretty(&m).unwrap_or_default()
-            );
+            as_first(what);
             std::thread::sleep(Duration::from_millis(100));
         }
         let st = w.rd.status();
         assert!(
             st["unclaimed_vips"].as_u64().is_some_and(|n| n >= 2),
             "{what}: keep and gone are adopted and unclaimed: {st}"
+        );
+        assert!(
+            !w.rd.log_text().contains("pruned adopted VIPs"),
+            "{what}: rivorad pruned:\n{}",
+            w.rd.log_text()
         );
         assert_spread(&w.topo, what, sa(gone), Proto::Tcp, &[0, 1, 2]);
     };
@@ -982,11 +1084,12 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     let st = w.rd.stop();
     assert!(st.success(), "rivorad exited with {st} on SIGTERM");
     w.k8s.delete_service("gone");
+    let tried = w.proxy.accepted();
     w.rd.restart(&persist);
     hold(&w, "restarted, API server hung");
     assert!(
-        w.proxy.accepted() > 0,
-        "rivorad never tried to reach the API server"
+        w.proxy.accepted() > tried,
+        "rivorad never tried to reach the hung API server"
     );
 
     // 2. Dead.
@@ -995,6 +1098,12 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     assert!(st.success(), "rivorad exited with {st} on SIGTERM");
     w.rd.restart(&persist);
     hold(&w, "restarted, API server dead");
+    // It did try, and failed: the watches say so and retry.
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("watch failed; retrying"),
+        "no failed watch in rivorad's log with the API server dead:\n{log}"
+    );
 
     // 3. Reachable, ServicePolicies forbidden; keep scaled up meanwhile.
     let st = w.rd.stop();
@@ -1010,32 +1119,51 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     w.slices("keep", &[keep.into()], &ports, &[0, 1, 2], &[]);
     w.proxy.set(ApiState::Up);
     w.rd.restart(&persist);
-    // Services and EndpointSlices listed: keep reconciled.
-    wait_vips(&w.rd, "keep reconciled", &v, PROGRAMMED, |m| {
-        has(m, &nk, &k3, &none)
+    // Services and EndpointSlices list, ServicePolicies cannot: no pass
+    // yet, so nothing is sent (keep stays as adopted, without its third
+    // endpoint) and nothing pruned.
+    let failing = wait_for(PROGRAMMED, Duration::from_millis(50), || {
+        w.rd.log_text()
+            .lines()
+            .any(|l| {
+                l.contains("watch failed; retrying")
+                    && l.contains("servicepolicies")
+                    && l.to_lowercase().contains("forbidden")
+            })
+            .then_some(())
     });
-    let deadline = Instant::now() + HOLD;
-    while Instant::now() < deadline {
-        let m = vips_on(&w.rd, &v);
-        assert!(
-            has(&m, &ng, &k3, &none),
-            "gone's leftover VIP changed or went before the ServicePolicy watch synced: {}",
-            serde_json::to_string_pretty(&m).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_spread(t, "policies unsynced", sa(gone), Proto::Tcp, &[0, 1, 2]);
+    assert!(
+        failing.is_some(),
+        "no forbidden ServicePolicy watch in rivorad's log:\n{}",
+        w.rd.log_text()
+    );
+    hold(&w, "restarted, ServicePolicies forbidden");
+    let log = w.rd.log_text();
+    assert!(
+        !log.contains("first full pass sent"),
+        "a pass without the ServicePolicy list:\n{log}"
+    );
 
     // The policies watch can list: the first pass completes, gone goes.
     rbac.grant("policies", policy_rules());
     let (m, pruned) = wait_vips(
         &w.rd,
-        "the leftover pruned after the first pass",
+        "the first pass: keep reconciled, the leftover pruned",
         &v,
         Duration::from_secs(60),
-        |m| !m.contains_key(&ng),
+        |m| has(m, &nk, &k3, &none) && tcp_in_maps(&pins, sa(gone)).is_none(),
     );
-    assert!(has(&m, &nk, &k3, &none), "keep after the prune: {m:?}");
+    assert_eq!(
+        tcp_in_maps(&pins, sa(keep)).as_ref(),
+        Some(&k3),
+        "keep in the maps after the pass"
+    );
+    assert_eq!(m.len(), 1, "keep alone on the lab's addresses: {m:?}");
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("first full pass sent") && log.contains("pruned adopted VIPs"),
+        "the pass and the prune in rivorad's log:\n{log}"
+    );
     assert_unanswered(t, "gone pruned", sa(gone), &[Proto::Tcp]);
     let st = w.rd.status();
     assert_eq!(st["unclaimed_vips"], 0, "after the first pass: {st}");
@@ -1147,13 +1275,16 @@ fn static_vips_and_kubernetes_are_refused_together() {
         home.socket().display()
     );
     std::fs::write(home.config(), yaml).expect("writing the config");
-    // An API server nobody listens for: the refusal must come first.
+    // Valid credentials for an API server nobody listens for: the
+    // refusal must come before any connection.
     let kubeconfig = home.path("kubeconfig");
-    let id = Identity {
-        cert: PathBuf::from("/nonexistent/client.crt"),
-        key: PathBuf::from("/nonexistent/client.key"),
-    };
-    write_kubeconfig_unchecked(&kubeconfig, "https://127.0.0.1:1", &id);
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+         server: https://127.0.0.1:1\nusers:\n- name: u\n  user:\n    token: not-a-secret\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+    )
+    .expect("writing the kubeconfig");
     let out = Command::new("nsenter")
         .arg(format!("--net={}", node.path()))
         .arg(rivorad_bin())
@@ -1177,11 +1308,18 @@ fn static_vips_and_kubernetes_are_refused_together() {
         !out.status.success(),
         "rivorad started with static VIPs and -kubernetes: {text}"
     );
-    let lower = text.to_lowercase();
-    for w in ["static", "kubernetes", "never both"] {
+    // The file, how many VIPs and which, and what to do about it.
+    for w in [
+        home.config().display().to_string(),
+        "defines 1 VIP(s)".into(),
+        "tcp/10.9.100.1:80".into(),
+        "-kubernetes".into(),
+        "never static ones too".into(),
+        "keep only the node settings".into(),
+    ] {
         assert!(
-            lower.contains(w),
-            "the refusal does not say {w:?} (static VIPs or Kubernetes VIPs, never both): {text}"
+            text.contains(&w),
+            "the refusal does not say {w:?} (a node runs static VIPs or Kubernetes VIPs, never both): {text}"
         );
     }
     assert!(
@@ -1190,17 +1328,4 @@ fn static_vips_and_kubernetes_are_refused_together() {
         home.pin_dir().display()
     );
     assert!(!home.socket().exists(), "a refused start opened its API");
-}
-
-/// A kubeconfig that names files which need not exist (no shared API
-/// server is started for it).
-fn write_kubeconfig_unchecked(path: &std::path::Path, server: &str, who: &Identity) {
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    \
-         insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    \
-         client-key: {}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
-        who.cert.display(),
-        who.key.display()
-    );
-    std::fs::write(path, text).expect("writing the kubeconfig");
 }

@@ -325,6 +325,45 @@ impl TestNs {
             .map(|o| serde_json::to_value(o).expect("JSON"))
     }
 
+    /// The Events about object `name` (any kind) in this namespace:
+    /// (type, reason, note), from events.k8s.io and the core API alike.
+    pub fn events_about(&self, name: &str) -> Vec<(String, String, String)> {
+        let k = &self.kube;
+        let lp = ListParams::default();
+        let mut out = Vec::new();
+        let new: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(k.client.clone(), &self.name);
+        for e in k
+            .block_on(new.list(&lp))
+            .unwrap_or_else(|e| panic!("listing the Events of {}: {e}", self.name))
+        {
+            if e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) {
+                out.push((
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                ));
+            }
+        }
+        let old: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(k.client.clone(), &self.name);
+        for e in k
+            .block_on(old.list(&lp))
+            .unwrap_or_else(|e| panic!("listing the core Events of {}: {e}", self.name))
+        {
+            if e.involved_object.name.as_deref() == Some(name) {
+                out.push((
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                ));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     fn cleanup(&self) -> Result<(), String> {
         let dp = DeleteParams::default();
         let lp = ListParams::default();
