@@ -244,7 +244,10 @@ impl ApiState for DaemonApi {
                     tc_attached: true,
                 })
                 .collect(),
-            vip_count: (st.vips.len() + st.unclaimed) as u64,
+            // `vips` lists unclaimed VIPs too; `unclaimed` also counts
+            // the leftovers it cannot list.
+            vip_count: (st.vips.iter().filter(|v| v.owner.is_some()).count() + st.unclaimed)
+                as u64,
             backend_count: backends.len() as u64,
             maglev_size: st.capacities.maglev_size,
             flow_table_size: st.capacities.flow_table_size,
