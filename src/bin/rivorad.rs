@@ -15,6 +15,7 @@ use rivora::dataplane::{
     check_flow_table_size, Maps, DEFAULT_PIN_DIR, FLOW_TABLE_MAX_SIZE, FLOW_TABLE_MIN_SIZE,
 };
 use rivora::metrics::Metrics;
+use rivora::sources::kubernetes::{self, KubeOptions, KubeOutputs};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
@@ -62,6 +63,48 @@ struct Args {
         value_parser = parse_flow_table_size
     )]
     flow_table_size: u32,
+    /// Take VIPs from Kubernetes: LoadBalancer Services, their
+    /// EndpointSlices and ServicePolicies. The -config file then holds
+    /// only the node's settings.
+    #[arg(long)]
+    kubernetes: bool,
+    /// The kubeconfig for -kubernetes. Default: in-cluster credentials,
+    /// then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name, for externalTrafficPolicy: Local. Default:
+    /// $NODE_NAME, then the hostname.
+    #[arg(long, value_name = "NAME", requires = "kubernetes")]
+    node_name: Option<String>,
+    /// The spec.loadBalancerClass this node serves.
+    #[arg(long, value_name = "CLASS", default_value = rivora_k8s::translate::RIVORA_LB_CLASS)]
+    load_balancer_class: String,
+    /// Serve only Services that name -load-balancer-class, not those
+    /// without a class (for clusters with another load balancer).
+    #[arg(long)]
+    require_class: bool,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Print the CustomResourceDefinitions Rivora defines (what
+    /// helm/crds/ holds) and exit.
+    Crds,
+}
+
+/// `-node-name`, else `$NODE_NAME`, else the hostname.
+fn node_name(given: Option<String>) -> Result<String> {
+    if let Some(n) = given.filter(|n| !n.is_empty()) {
+        return Ok(n);
+    }
+    if let Some(n) = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+        return Ok(n);
+    }
+    let h = nix::unistd::gethostname().context("reading the hostname for -node-name")?;
+    h.into_string()
+        .map_err(|h| anyhow::anyhow!("the hostname {h:?} is not UTF-8: pass -node-name"))
 }
 
 /// Where `make install` puts the configuration, and where rivorad looks
@@ -108,8 +151,9 @@ fn normalise(args: impl Iterator<Item = String>) -> Vec<String> {
 
 fn main() -> Result<()> {
     let args = Args::parse_from(normalise(std::env::args()));
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+    });
     if args.log_format == "json" {
         tracing_subscriber::fmt()
             .json()
@@ -124,6 +168,10 @@ fn main() -> Result<()> {
             .init();
     }
 
+    if let Some(Sub::Crds) = args.command {
+        print!("{}", rivora_k8s::crds_yaml());
+        return Ok(());
+    }
     if args.cleanup {
         let detached = daemon::cleanup(&args.pin_dir)
             .with_context(|| format!("removing {}", args.pin_dir.display()))?;
@@ -145,6 +193,9 @@ fn main() -> Result<()> {
             maglev_size: args.maglev_size,
         };
         let c = rivora::config::load_with(&config, &capacity)?;
+        if args.kubernetes {
+            rivora::sources::file::check_node_only(&c)?;
+        }
         println!("{}", rivora::config::summary(&c));
         return Ok(());
     }
@@ -160,8 +211,35 @@ fn main() -> Result<()> {
         maglev_size: args.maglev_size,
         flow_table_size: args.flow_table_size,
         state_dir: args.state_dir.clone(),
+        kubernetes: args.kubernetes,
     };
-    let metrics = Arc::new(Metrics::new());
+    let kube = if args.kubernetes {
+        let (outputs, watches) = KubeOutputs::new();
+        let opts = KubeOptions {
+            node_name: node_name(args.node_name.clone())?,
+            translate: rivora_k8s::TranslateOptions {
+                class: args.load_balancer_class.clone(),
+                accept_unset_class: !args.require_class,
+            },
+        };
+        // Credentials are read before anything is touched: a node that
+        // cannot have any should not attach.
+        let client = runtime
+            .block_on(kubernetes::client(args.kubeconfig.as_deref()))
+            .context("-kubernetes")?;
+        Some((client, opts, outputs, watches))
+    } else {
+        None
+    };
+    let mut metrics = Metrics::new();
+    if let Some((_, _, outputs, _)) = &kube {
+        metrics.registry_mut().register(
+            "rivora_network_programming_seconds",
+            "Time from an EndpointSlice change seen by the watcher to its map write",
+            outputs.programming.clone(),
+        );
+    }
+    let metrics = Arc::new(metrics);
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
         let metrics = metrics.clone();
         Arc::new(move |_key, obs| metrics.observe_probe(obs.verdict(), obs.latency_secs()))
@@ -203,6 +281,10 @@ fn main() -> Result<()> {
         ),
         None => None,
     };
+    if let Some((client, opts, outputs, _)) = kube {
+        info!(node = %opts.node_name, "taking VIPs from Kubernetes");
+        runtime.spawn(kubernetes::run(client, opts, d.sender(), outputs));
+    }
     info!(socket = %api_conf.socket.display(), metrics = ?metrics_addr, "ready");
 
     runtime.block_on(async move {
@@ -272,6 +354,46 @@ mod tests {
         );
         // No flag is required any more.
         assert!(Args::try_parse_from(["rivorad"]).is_ok());
+    }
+
+    #[test]
+    fn kubernetes_flags_need_kubernetes_and_crds_is_a_subcommand() {
+        let a = parse(&[
+            "-kubernetes",
+            "-kubeconfig",
+            "/k",
+            "-node-name",
+            "n1",
+            "-require-class",
+        ])
+        .unwrap();
+        assert!(a.kubernetes && a.require_class);
+        assert_eq!(a.kubeconfig.as_deref(), Some(Path::new("/k")));
+        assert_eq!(a.node_name.as_deref(), Some("n1"));
+        assert_eq!(a.load_balancer_class, "rivora.io/lb");
+        for alone in [["-kubeconfig", "/k"], ["-node-name", "n1"]] {
+            let e = parse(&alone).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+            assert!(e.to_string().contains("--kubernetes"), "{e}");
+        }
+        let c = Args::try_parse_from(normalise(["rivorad", "crds"].iter().map(|s| s.to_string())))
+            .unwrap();
+        assert!(matches!(c.command, Some(Sub::Crds)));
+    }
+
+    #[test]
+    fn node_name_is_the_flag_then_node_name_then_the_hostname() {
+        assert_eq!(node_name(Some("given".into())).unwrap(), "given");
+        // $NODE_NAME is read, not set, here: the process may have it.
+        let fallback = node_name(None).unwrap();
+        match std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+            Some(n) => assert_eq!(fallback, n),
+            None => assert_eq!(
+                fallback,
+                nix::unistd::gethostname().unwrap().into_string().unwrap()
+            ),
+        }
+        assert_eq!(node_name(Some(String::new())).unwrap(), fallback);
     }
 
     #[test]

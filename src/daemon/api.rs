@@ -365,9 +365,11 @@ impl ApiState for DaemonApi {
                 error: None,
                 warnings,
             }),
-            Err(e @ ReloadError::Invalid(_)) => Err(ApiRequestError::ConfigInvalid {
-                error: e.to_string(),
-            }),
+            Err(e @ (ReloadError::Invalid(_) | ReloadError::NotNodeOnly(_))) => {
+                Err(ApiRequestError::ConfigInvalid {
+                    error: e.to_string(),
+                })
+            }
             Err(e) => Err(internal(e)),
         }
     }

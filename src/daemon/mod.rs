@@ -44,6 +44,8 @@ pub enum DaemonError {
     State(#[from] StateError),
     #[error("starting the reconciler thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    NotNodeOnly(#[from] file_source::NotNodeOnly),
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +59,10 @@ pub struct Options {
     pub flow_table_size: u32,
     /// Where the daemon keeps what the maps cannot say (operator drains).
     pub state_dir: PathBuf,
+    /// VIPs come from Kubernetes: the file holds only node settings, and
+    /// nothing unclaimed is pruned before the Kubernetes source's first
+    /// full pass.
+    pub kubernetes: bool,
 }
 
 /// One attached interface.
@@ -115,7 +121,10 @@ impl Daemon {
         let stored_drains = drain_store.load()?;
         // Interfaces, token and listeners, checked before the first map
         // is created or written: the adoption below may repair entries.
-        let check = |cfg: &config::Config| {
+        let check = |cfg: &config::Config| -> Result<_, DaemonError> {
+            if opts.kubernetes {
+                file_source::check_node_only(cfg)?;
+            }
             let _in = runtime.enter();
             preflight::check(&cfg.node_settings())
         };
@@ -209,6 +218,9 @@ impl Daemon {
         let (publisher, status) = rstatus::channel();
         let mut rec = Reconciler::new(writer, KernelFacts, checker, drains, drain_store, publisher);
         rec.register(crate::desired::SourceKind::File);
+        if opts.kubernetes {
+            rec.register(crate::desired::SourceKind::Service);
+        }
         let t1 = std::time::Instant::now();
         let (ack, mut applied) = tokio::sync::oneshot::channel();
         rec.submit_all(file_source::commands(&cfg, Some(ack)));
@@ -231,7 +243,12 @@ impl Daemon {
             // Replaced below, once the reconciler's thread runs.
             tx: mpsc::channel().0,
             status,
-            file: Arc::new(FileSource::new(PathBuf::new(), mpsc::channel().0, &cfg)),
+            file: Arc::new(FileSource::new(
+                PathBuf::new(),
+                mpsc::channel().0,
+                &cfg,
+                false,
+            )),
             reconciler: None,
             reserved: Some(reserved),
         };
@@ -258,7 +275,12 @@ impl Daemon {
                 .spawn(move || rec.run(rx))
                 .map_err(DaemonError::Thread)?,
         );
-        d.file = Arc::new(FileSource::new(d.opts.config.clone(), tx.clone(), &cfg));
+        d.file = Arc::new(FileSource::new(
+            d.opts.config.clone(),
+            tx.clone(),
+            &cfg,
+            d.opts.kubernetes,
+        ));
         d.tx = tx.clone();
         // Probe verdicts go to the reconciler like everything else.
         runtime.spawn(async move {

@@ -19,10 +19,35 @@ use crate::reconciler::{Applied, Command, NodeConf, Sender};
 pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
+    #[error(transparent)]
+    NotNodeOnly(#[from] NotNodeOnly),
     #[error("{0}")]
     NotApplied(String),
     #[error("rivorad is shutting down")]
     Stopped,
+}
+
+/// A file with VIPs given to a node that runs Kubernetes VIPs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{path} defines {count} VIP(s) (the first: {first}), but with -kubernetes a node runs the VIPs of its Services and never static ones too: keep only the node settings (interfaces, api, metrics, node) in the file, or run without -kubernetes"
+)]
+pub struct NotNodeOnly {
+    pub path: String,
+    pub count: usize,
+    pub first: String,
+}
+
+/// With `-kubernetes` the file may hold only the node's settings.
+pub fn check_node_only(cfg: &Config) -> Result<(), NotNodeOnly> {
+    match cfg.desired.vips.first() {
+        None => Ok(()),
+        Some(v) => Err(NotNodeOnly {
+            path: cfg.path.display().to_string(),
+            count: cfg.desired.vips.len(),
+            first: v.key().to_string(),
+        }),
+    }
 }
 
 /// The node's part of a configuration.
@@ -116,6 +141,8 @@ pub struct FileSource {
     /// The file as last read (by any reload, or at start): the watcher
     /// reloads only what differs from it.
     loaded: Mutex<Option<Stamp>>,
+    /// The node runs Kubernetes VIPs: a file with VIPs is refused.
+    node_only: bool,
 }
 
 /// What the watcher compares: modification time and length.
@@ -156,9 +183,10 @@ fn settled(pending: &mut Option<Stamp>, now: Option<Stamp>, loaded: Option<Stamp
 }
 
 impl FileSource {
-    pub fn new(path: PathBuf, tx: Sender, started_with: &Config) -> Self {
+    pub fn new(path: PathBuf, tx: Sender, started_with: &Config, node_only: bool) -> Self {
         let loaded = Mutex::new(stamp(&path));
         Self {
+            node_only,
             loaded,
             path,
             tx: Mutex::new(tx),
@@ -205,7 +233,13 @@ impl FileSource {
         let parsed = tokio::task::spawn_blocking(move || config::load_with(&path, &capacity))
             .await
             .map_err(|_| ReloadError::Stopped)?;
-        let cfg = match parsed {
+        let checked = parsed.map_err(ReloadError::from).and_then(|c| {
+            if self.node_only {
+                check_node_only(&c)?;
+            }
+            Ok(c)
+        });
+        let cfg = match checked {
             Ok(c) => c,
             Err(e) => {
                 error!(error = %e, "reload refused: the file is invalid; the running state stays");
@@ -213,7 +247,7 @@ impl FileSource {
                     source: SourceKind::File,
                     error: e.to_string(),
                 })?;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let warnings = restart_only_changes(&self.started, &cfg.node_settings());

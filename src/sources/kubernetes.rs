@@ -1,1 +1,0 @@
-//! placeholder, replaced in the next commit

@@ -1,0 +1,745 @@
+//! Kubernetes as a source: LoadBalancer Services, their EndpointSlices
+//! and Rivora's `ServicePolicy`, watched, translated by
+//! [`rivora_k8s::service_vips`] and sent to the reconciler, one owner per
+//! Service (`service ns/name`).
+//!
+//! The three watches keep full copies of what they list. Nothing is sent
+//! until each has finished its first full list: a Service translated
+//! before its EndpointSlices arrive would lose its backends for a moment,
+//! which on a restart would reset flows the adopted maps still carry.
+//! Then every Service is sent and `Synced(Service)` follows, which is what
+//! lets the reconciler prune what nothing claimed. A watch that fails
+//! (API server unreachable) retries with backoff and keeps its last copy;
+//! before its first list nothing is sent at all, so nothing is pruned.
+//!
+//! After that, events are taken in batches (all that are ready at once),
+//! the Services they touch are translated again, and only a Service whose
+//! VIPs changed is sent. The time from an EndpointSlice change seen to
+//! its map write is the `rivora_network_programming_seconds` histogram.
+//!
+//! What the Service's owner must fix (an unsupported protocol, an invalid
+//! policy, a VIP that could not be programmed) becomes a Warning Event on
+//! the Service, repeated at most every [`EVENT_REPEAT`]. rivorad never
+//! writes Service status (rivora-controller does); it writes only the
+//! conditions of the ServicePolicies, which every node computes alike and
+//! writes only when they differ from what the object already says.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::histogram::Histogram;
+use rivora_k8s::policy::{
+    check_policy, choose_policies, merge_condition, policy_conditions, ObjectRef, PolicyChoice,
+    PolicyIssue,
+};
+use rivora_k8s::translate::{PolicyUse, SERVICE_NAME_LABEL};
+use rivora_k8s::{service_vips, ServicePolicy, ServicePolicyStatus, TranslateOptions};
+use tokio::sync::{oneshot, watch};
+use tracing::{debug, info, warn};
+
+use super::WatchState;
+use crate::desired::{DesiredVip, Owner, SourceKind};
+use crate::reconciler::{Applied, Command, Sender};
+
+/// How often the same warning is repeated as an Event on one Service.
+pub const EVENT_REPEAT: Duration = Duration::from_secs(600);
+/// The Event reason of a VIP the dataplane could not take.
+pub const WARN_NOT_PROGRAMMED: &str = "NotProgrammed";
+/// Buckets of `rivora_network_programming_seconds`: 1 ms to 10 s.
+pub const PROGRAMMING_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// At most this many events are taken before the Services they touched
+/// are sent: a first list of 10,000 objects still programs in steps.
+const BATCH: usize = 4096;
+
+/// The watches, in the order their states are published.
+pub const RESOURCES: [&str; 3] = ["services", "endpointslices", "servicepolicies"];
+const SERVICES: usize = 0;
+const SLICES: usize = 1;
+const POLICIES: usize = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("reading the kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes credentials: not running in a cluster ({incluster}), and no kubeconfig ({kubeconfig}); pass -kubeconfig FILE"
+    )]
+    NoConfig {
+        incluster: kube::config::InClusterError,
+        kubeconfig: kube::config::KubeconfigError,
+    },
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// The client: `-kubeconfig` when given, else in-cluster (the service
+/// account a DaemonSet pod has), else `$KUBECONFIG`, else
+/// `~/.kube/config`. Builds no connection: an API server that cannot be
+/// reached shows as watch errors, never as a failed start.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |source| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let kc = Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(err)?
+        }
+        None => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(incluster) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(|kubeconfig| KubeError::NoConfig {
+                    incluster,
+                    kubeconfig,
+                })?,
+        },
+    };
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// This node's name: `externalTrafficPolicy: Local` keeps the
+    /// endpoints whose `nodeName` it is.
+    pub node_name: String,
+    pub translate: TranslateOptions,
+}
+
+/// The source's outputs besides commands.
+#[derive(Clone)]
+pub struct KubeOutputs {
+    /// `rivora_network_programming_seconds`.
+    pub programming: Histogram,
+    pub watches: Arc<watch::Sender<Vec<WatchState>>>,
+}
+
+impl KubeOutputs {
+    pub fn new() -> (Self, super::WatchStates) {
+        let initial = RESOURCES
+            .iter()
+            .map(|r| WatchState {
+                resource: r,
+                ..Default::default()
+            })
+            .collect();
+        let (tx, rx) = watch::channel(initial);
+        (
+            Self {
+                programming: Histogram::new(PROGRAMMING_BUCKETS.iter().copied()),
+                watches: Arc::new(tx),
+            },
+            rx,
+        )
+    }
+}
+
+/// One event of one watch. Each is moved once, from the stream to
+/// [`State::handle`]: boxing would cost more than the copy.
+#[allow(clippy::large_enum_variant)]
+enum Msg {
+    Service(watcher::Result<Event<Service>>),
+    Slice(watcher::Result<Event<EndpointSlice>>),
+    Policy(watcher::Result<Event<ServicePolicy>>),
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn key_of<K: Resource>(o: &K) -> ObjectRef {
+    ObjectRef::new(
+        o.meta().namespace.clone().unwrap_or_default(),
+        o.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// The Service an EndpointSlice belongs to.
+fn service_of(slice: &EndpointSlice) -> Option<ObjectRef> {
+    let name = slice.labels().get(SERVICE_NAME_LABEL)?;
+    Some(ObjectRef::new(
+        slice.namespace().unwrap_or_default(),
+        name.clone(),
+    ))
+}
+
+/// A resource list with the buffer of a list in progress: the copy in
+/// use stays whole until the new list is complete.
+struct Listed<K> {
+    items: HashMap<ObjectRef, Arc<K>>,
+    relisting: Option<HashMap<ObjectRef, Arc<K>>>,
+    synced: bool,
+}
+
+impl<K> Default for Listed<K> {
+    fn default() -> Self {
+        Self {
+            items: HashMap::new(),
+            relisting: None,
+            synced: false,
+        }
+    }
+}
+
+/// What one event changed, for the Services it touches.
+enum Change<K> {
+    None,
+    /// One object: before and after.
+    One(Option<Arc<K>>, Option<Arc<K>>),
+    /// A whole new list replaced the old one.
+    All(HashMap<ObjectRef, Arc<K>>),
+}
+
+impl<K: Resource> Listed<K> {
+    fn apply(&mut self, ev: Event<K>) -> Change<K> {
+        match ev {
+            Event::Apply(o) => {
+                let o = Arc::new(o);
+                let old = self.items.insert(key_of(&*o), o.clone());
+                Change::One(old, Some(o))
+            }
+            Event::Delete(o) => Change::One(self.items.remove(&key_of(&o)), None),
+            Event::Init => {
+                self.relisting = Some(HashMap::new());
+                Change::None
+            }
+            Event::InitApply(o) => {
+                let o = Arc::new(o);
+                self.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key_of(&*o), o);
+                Change::None
+            }
+            Event::InitDone => {
+                self.synced = true;
+                let new = self.relisting.take().unwrap_or_default();
+                Change::All(std::mem::replace(&mut self.items, new))
+            }
+        }
+    }
+}
+
+/// What was last sent for a Service.
+struct Sent {
+    vips: Vec<DesiredVip>,
+}
+
+/// The source's whole state; lives on one task.
+struct State {
+    opts: KubeOptions,
+    services: Listed<Service>,
+    slices: Listed<EndpointSlice>,
+    policies: Listed<ServicePolicy>,
+    /// Service -> its slices (by slice key).
+    slices_of: HashMap<ObjectRef, BTreeSet<ObjectRef>>,
+    choice: PolicyChoice,
+    /// Services to translate again, with when an EndpointSlice change for
+    /// it was first seen (the programming latency's start).
+    dirty: HashMap<ObjectRef, Option<Instant>>,
+    sent: HashMap<ObjectRef, Sent>,
+    /// Service -> the policy applied to it and what rejected it, if so.
+    rejected: HashMap<ObjectRef, (ObjectRef, PolicyIssue)>,
+    policies_dirty: bool,
+    watches: Vec<WatchState>,
+    synced_sent: bool,
+}
+
+impl State {
+    fn new(opts: KubeOptions) -> Self {
+        Self {
+            opts,
+            services: Listed::default(),
+            slices: Listed::default(),
+            policies: Listed::default(),
+            slices_of: HashMap::new(),
+            choice: PolicyChoice::default(),
+            dirty: HashMap::new(),
+            sent: HashMap::new(),
+            rejected: HashMap::new(),
+            policies_dirty: false,
+            watches: RESOURCES
+                .iter()
+                .map(|r| WatchState {
+                    resource: r,
+                    ..Default::default()
+                })
+                .collect(),
+            synced_sent: false,
+        }
+    }
+
+    fn all_listed(&self) -> bool {
+        self.services.synced && self.slices.synced && self.policies.synced
+    }
+
+    fn touch(&mut self, svc: ObjectRef, seen: Option<Instant>) {
+        let e = self.dirty.entry(svc).or_insert(seen);
+        if e.is_none() {
+            *e = seen;
+        }
+    }
+
+    fn failed(&mut self, watch: usize, e: &watcher::Error) {
+        let w = &mut self.watches[watch];
+        w.errors += 1;
+        w.last_error = Some(e.to_string());
+        w.last_error_at = now_secs();
+        warn!(resource = w.resource, error = %e, "watch failed; retrying");
+    }
+
+    fn handle(&mut self, msg: Msg, now: Instant) {
+        match msg {
+            Msg::Service(Err(e)) => self.failed(SERVICES, &e),
+            Msg::Slice(Err(e)) => self.failed(SLICES, &e),
+            // Without the CRD there are no policies to wait for: go on
+            // with none, and pick them up once it is installed (the
+            // watcher keeps retrying the list, quietly).
+            Msg::Policy(Err(e)) if is_not_found(&e) => {
+                let w = &mut self.watches[POLICIES];
+                w.last_error = Some(
+                    "the ServicePolicy CRD (servicepolicies.rivora.io) is not installed: Services get no policy"
+                        .into(),
+                );
+                w.last_error_at = now_secs();
+                if !self.policies.synced {
+                    self.policies.synced = true;
+                    w.errors += 1;
+                    warn!("the ServicePolicy CRD is not installed: Services get no policy until it is");
+                } else {
+                    debug!(error = %e, "the ServicePolicy CRD is still not installed");
+                }
+            }
+            Msg::Policy(Err(e)) => self.failed(POLICIES, &e),
+            Msg::Service(Ok(ev)) => match self.services.apply(ev) {
+                Change::None => {}
+                Change::One(old, new) => {
+                    let key = old.as_ref().or(new.as_ref()).map(|s| key_of(&**s));
+                    if let Some(k) = key {
+                        self.touch(k, None);
+                    }
+                }
+                Change::All(old) => {
+                    let keys: Vec<ObjectRef> = old
+                        .into_keys()
+                        .chain(self.services.items.keys().cloned())
+                        .collect();
+                    for k in keys {
+                        self.touch(k, None);
+                    }
+                }
+            },
+            Msg::Slice(Ok(ev)) => match self.slices.apply(ev) {
+                Change::None => {}
+                Change::One(old, new) => {
+                    for (s, present) in [(old, false), (new, true)] {
+                        let Some(s) = s else { continue };
+                        let key = key_of(&*s);
+                        let Some(svc) = service_of(&s) else { continue };
+                        let set = self.slices_of.entry(svc.clone()).or_default();
+                        if present {
+                            set.insert(key);
+                        } else {
+                            set.remove(&key);
+                            if set.is_empty() {
+                                self.slices_of.remove(&svc);
+                            }
+                        }
+                        self.touch(svc, Some(now));
+                    }
+                }
+                Change::All(old) => {
+                    let mut svcs: BTreeSet<ObjectRef> =
+                        old.values().filter_map(|s| service_of(s)).collect();
+                    self.slices_of.clear();
+                    for (key, s) in &self.slices.items {
+                        if let Some(svc) = service_of(s) {
+                            self.slices_of
+                                .entry(svc.clone())
+                                .or_default()
+                                .insert(key.clone());
+                            svcs.insert(svc);
+                        }
+                    }
+                    // A list is a reading, not a change: not timed.
+                    for svc in svcs {
+                        self.touch(svc, None);
+                    }
+                }
+            },
+            Msg::Policy(Ok(ev)) => {
+                let namespaces: BTreeSet<String> = match self.policies.apply(ev) {
+                    Change::None => return,
+                    Change::One(old, new) => old
+                        .iter()
+                        .chain(new.iter())
+                        .map(|p| p.namespace().unwrap_or_default())
+                        .collect(),
+                    Change::All(old) => old
+                        .values()
+                        .chain(self.policies.items.values())
+                        .map(|p| p.namespace().unwrap_or_default())
+                        .collect(),
+                };
+                self.choice = choose_policies(self.policies.items.values().map(|p| &**p));
+                self.policies_dirty = true;
+                // A policy can only name Services of its own namespace.
+                let touched: Vec<ObjectRef> = self
+                    .services
+                    .items
+                    .keys()
+                    .filter(|k| namespaces.contains(&k.namespace))
+                    .cloned()
+                    .collect();
+                for k in touched {
+                    self.touch(k, None);
+                }
+            }
+        }
+        for (i, n) in [
+            self.services.items.len(),
+            self.slices.items.len(),
+            self.policies.items.len(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            self.watches[i].objects = n;
+        }
+        self.watches[SERVICES].synced = self.services.synced;
+        self.watches[SLICES].synced = self.slices.synced;
+        self.watches[POLICIES].synced = self.policies.synced;
+    }
+
+    /// Translate one Service as the watches have it now.
+    fn translate(&self, key: &ObjectRef) -> rivora_k8s::Translation {
+        let Some(svc) = self.services.items.get(key) else {
+            return rivora_k8s::Translation::default();
+        };
+        let slices: Vec<Arc<EndpointSlice>> = self
+            .slices_of
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| self.slices.items.get(s).cloned())
+            .collect();
+        let policy = self
+            .choice
+            .policy_for(key)
+            .and_then(|p| self.policies.items.get(p))
+            .map(|p| &**p);
+        service_vips(
+            svc,
+            &slices,
+            policy,
+            &self.opts.node_name,
+            &self.opts.translate,
+        )
+    }
+}
+
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 404,
+        _ => false,
+    }
+}
+
+/// Where a warning goes once it passed the rate limit: an Event on the
+/// Service (a test collects them instead).
+type WarnSink = Arc<dyn Fn(Arc<Service>, &'static str, String) + Send + Sync>;
+
+/// When each (Service, reason, message) was last published.
+type Warned = HashMap<(ObjectRef, &'static str, String), Instant>;
+
+/// Warnings on Services, each (Service, reason, message) at most once
+/// per [`EVENT_REPEAT`]. Shared by the pass and the tasks that wait for
+/// the reconciler's answers.
+#[derive(Clone)]
+struct Warner {
+    sink: WarnSink,
+    warned: Arc<std::sync::Mutex<Warned>>,
+}
+
+impl Warner {
+    fn new(sink: WarnSink) -> Self {
+        Self {
+            sink,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Warning Events published by `recorder`, off the caller's task.
+    fn events(recorder: Recorder) -> Self {
+        Self::new(Arc::new(
+            move |svc: Arc<Service>, reason: &'static str, message: String| {
+                let recorder = recorder.clone();
+                tokio::spawn(async move {
+                    let ev = KubeEvent {
+                        type_: EventType::Warning,
+                        reason: reason.into(),
+                        note: Some(message),
+                        action: "Program".into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder.publish(&ev, &svc.object_ref(&())).await {
+                        debug!(error = %e, service = %svc.name_any(), "publishing an Event");
+                    }
+                });
+            },
+        ))
+    }
+
+    fn warn(&self, svc: &Arc<Service>, reason: &'static str, message: String) {
+        let now = Instant::now();
+        {
+            let Ok(mut warned) = self.warned.lock() else {
+                return;
+            };
+            warned.retain(|_, at| now.duration_since(*at) < EVENT_REPEAT);
+            let key = (key_of(&**svc), reason, message.clone());
+            if warned.contains_key(&key) {
+                return;
+            }
+            warned.insert(key, now);
+        }
+        (self.sink)(svc.clone(), reason, message);
+    }
+}
+
+/// Watch and send until the reconciler is gone. Runs on the async
+/// runtime; everything it sends is a [`Command`].
+pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs) {
+    let services = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(Msg::Service)
+    .boxed();
+    let slices = watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        // Only slices that belong to a Service.
+        watcher::Config::default().labels(SERVICE_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(|o: &mut EndpointSlice| o.managed_fields_mut().clear())
+    .map(Msg::Slice)
+    .boxed();
+    let policies = watcher(
+        Api::<ServicePolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
+    .map(Msg::Policy)
+    .boxed();
+    let mut events = futures::stream::select_all([services, slices, policies]);
+    let warner = Warner::events(Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "rivorad".into(),
+            instance: Some(opts.node_name.clone()),
+        },
+    ));
+    let mut state = State::new(opts);
+    info!(node = %state.opts.node_name, "watching Services, EndpointSlices and ServicePolicies");
+    while let Some(first) = events.next().await {
+        let now = Instant::now();
+        state.handle(first, now);
+        let mut n = 1;
+        while n < BATCH {
+            match events.next().now_or_never() {
+                Some(Some(m)) => {
+                    state.handle(m, now);
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        match step(&mut state, &tx, &out, &warner) {
+            None => return,
+            Some(true) => write_policy_status(&client, &state),
+            Some(false) => {}
+        }
+        out.watches.send_replace(state.watches.clone());
+    }
+}
+
+/// After a batch of events: once every watch has listed, send what
+/// changed, and after the first such pass say the source is synced.
+/// Some(true) when the policies' conditions may need writing; None when
+/// the reconciler is gone.
+fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> Option<bool> {
+    if !state.all_listed() {
+        return Some(false);
+    }
+    flush(state, tx, out, warner)?;
+    if !state.synced_sent {
+        tx.send(Command::Synced(SourceKind::Service)).ok()?;
+        state.synced_sent = true;
+        info!(
+            services = state.sent.len(),
+            "Kubernetes: first full pass sent; leftovers may now be pruned"
+        );
+    }
+    Some(std::mem::take(&mut state.policies_dirty))
+}
+
+/// Send every dirty Service whose VIPs changed. None when the reconciler
+/// is gone.
+fn flush(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> Option<()> {
+    let dirty: Vec<(ObjectRef, Option<Instant>)> = state.dirty.drain().collect();
+    for (key, seen) in dirty {
+        let t = state.translate(&key);
+        match t.policy {
+            PolicyUse::Rejected(issue) => {
+                if let Some(p) = state.choice.policy_for(&key).cloned() {
+                    let changed = state
+                        .rejected
+                        .insert(key.clone(), (p, issue.clone()))
+                        .is_none_or(|(_, old)| old != issue);
+                    state.policies_dirty |= changed;
+                }
+            }
+            _ => {
+                if state.rejected.remove(&key).is_some() {
+                    state.policies_dirty = true;
+                }
+            }
+        }
+        if let Some(svc) = state.services.items.get(&key) {
+            for w in &t.warnings {
+                warner.warn(svc, w.reason, w.message.clone());
+            }
+        }
+        let unchanged = match state.sent.get(&key) {
+            Some(s) => s.vips == t.vips,
+            None => t.vips.is_empty(),
+        };
+        if unchanged {
+            continue;
+        }
+        if t.vips.is_empty() {
+            state.sent.remove(&key);
+        } else {
+            state.sent.insert(
+                key.clone(),
+                Sent {
+                    vips: t.vips.clone(),
+                },
+            );
+        }
+        let owner = Owner::new(SourceKind::Service, key.to_string());
+        let (ack, applied) = oneshot::channel();
+        tx.send(Command::SetDesired {
+            owner,
+            vips: t.vips,
+            ack: Some(ack),
+        })
+        .ok()?;
+        let programming = out.programming.clone();
+        let svc = state.services.items.get(&key).cloned();
+        let warner = warner.clone();
+        tokio::spawn(async move {
+            let Ok(applied) = applied.await else { return };
+            if let Some(seen) = seen {
+                programming.observe(seen.elapsed().as_secs_f64());
+            }
+            report_applied(&key, svc, &applied, &warner);
+        });
+    }
+    Some(())
+}
+
+/// A VIP the dataplane refused (no free capacity, a conflict with
+/// another owner) is the Service owner's to know about.
+fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied, warner: &Warner) {
+    if applied.ok() {
+        debug!(service = %key, "programmed");
+        return;
+    }
+    warn!(service = %key, error = %applied.summary(), "not programmed in full");
+    if let Some(svc) = svc {
+        for (vip, reason) in &applied.failed {
+            warner.warn(
+                &svc,
+                WARN_NOT_PROGRAMMED,
+                format!("VIP {vip} is not programmed: {reason}"),
+            );
+        }
+    }
+}
+
+/// The policies whose `Accepted` and `Conflicted` conditions differ from
+/// what the objects say, with the status they should have.
+fn policy_status_updates(state: &State, now: &Time) -> Vec<(ObjectRef, ServicePolicyStatus)> {
+    let mut issues: BTreeMap<&ObjectRef, &PolicyIssue> = BTreeMap::new();
+    for (policy, issue) in state.rejected.values() {
+        issues.entry(policy).or_insert(issue);
+    }
+    let mut out = Vec::new();
+    for (key, p) in &state.policies.items {
+        let checked = check_policy(&p.spec).err();
+        let issue = checked.as_ref().or_else(|| issues.get(key).copied());
+        let mut conditions = p
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        for c in policy_conditions(p, &state.choice, issue, now) {
+            merge_condition(&mut conditions, c);
+        }
+        let wanted = ServicePolicyStatus { conditions };
+        if p.status.as_ref() != Some(&wanted) {
+            out.push((key.clone(), wanted));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Write the policies' conditions that changed, off the caller's task.
+/// Every node computes the same; a node that finds them written already
+/// writes nothing.
+fn write_policy_status(client: &Client, state: &State) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    for (key, wanted) in policy_status_updates(state, &now) {
+        let api: Api<ServicePolicy> = Api::namespaced(client.clone(), &key.namespace);
+        tokio::spawn(async move {
+            let patch = serde_json::json!({ "status": wanted });
+            if let Err(e) = api
+                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(error = %e, policy = %key, "writing the ServicePolicy status");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

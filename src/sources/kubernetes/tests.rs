@@ -1,0 +1,469 @@
+//! The source's bookkeeping without an API server: watch events in,
+//! reconciler commands out. The translation itself is tested in
+//! rivora-k8s; the whole path against a real API server in
+//! tests/e2e_kubernetes.rs.
+
+use std::sync::{mpsc, Mutex};
+
+use serde_json::json;
+
+use super::*;
+
+fn svc(ns: &str, name: &str, ip: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"type": "LoadBalancer", "ports": [
+            {"name": "http", "port": 80, "protocol": "TCP"},
+            {"name": "sctp", "port": 9, "protocol": "SCTP"}
+        ]},
+        "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}
+    }))
+    .expect("a Service")
+}
+
+fn slice(ns: &str, name: &str, service: &str, addrs: &[&str]) -> EndpointSlice {
+    let endpoints: Vec<_> = addrs
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints
+    }))
+    .expect("an EndpointSlice")
+}
+
+fn policy(ns: &str, name: &str, created: &str, spec: serde_json::Value) -> ServicePolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
+        "metadata": {"namespace": ns, "name": name, "creationTimestamp": created, "generation": 1},
+        "spec": spec
+    }))
+    .expect("a ServicePolicy")
+}
+
+fn not_found() -> watcher::Error {
+    watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+        serde_json::from_value(
+            json!({"status": "Failure", "code": 404, "message": "404 page not found"}),
+        )
+        .expect("a Status"),
+    )))
+}
+
+/// A warning as published: Service, reason, message.
+type Warned = (String, &'static str, String);
+
+/// A source with its commands and warnings captured.
+struct Harness {
+    state: State,
+    tx: Sender,
+    rx: mpsc::Receiver<Command>,
+    out: KubeOutputs,
+    warner: Warner,
+    warnings: Arc<Mutex<Vec<Warned>>>,
+}
+
+/// What one step sent: Service owner -> the VIP keys it wants (empty:
+/// withdrawn), and whether Synced(Service) followed.
+#[derive(Debug, Default, PartialEq)]
+struct Sent {
+    set: BTreeMap<String, Vec<String>>,
+    synced: bool,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let (tx, rx) = mpsc::channel();
+        let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
+        let w = warnings.clone();
+        let warner = Warner::new(Arc::new(move |s: Arc<Service>, reason, msg| {
+            w.lock()
+                .unwrap()
+                .push((key_of(&*s).to_string(), reason, msg));
+        }));
+        Self {
+            state: State::new(KubeOptions {
+                node_name: "node-a".into(),
+                translate: TranslateOptions::default(),
+            }),
+            tx,
+            rx,
+            out: KubeOutputs::new().0,
+            warner,
+            warnings,
+        }
+    }
+
+    fn feed(&mut self, msgs: Vec<Msg>) -> Sent {
+        let now = Instant::now();
+        for m in msgs {
+            self.state.handle(m, now);
+        }
+        step(&mut self.state, &self.tx, &self.out, &self.warner).expect("the reconciler is there");
+        let mut sent = Sent::default();
+        while let Ok(c) = self.rx.try_recv() {
+            match c {
+                Command::SetDesired { owner, vips, ack } => {
+                    assert_eq!(owner.source, SourceKind::Service);
+                    assert!(!sent.synced, "a Service sent after Synced in one step");
+                    let keys = vips.iter().map(|v| v.vip.key().to_string()).collect();
+                    sent.set.insert(owner.object.to_string(), keys);
+                    // Answer as the reconciler would.
+                    if let Some(ack) = ack {
+                        let _ = ack.send(Applied { failed: Vec::new() });
+                    }
+                }
+                Command::Synced(SourceKind::Service) => sent.synced = true,
+                _ => panic!("unexpected command"),
+            }
+        }
+        sent
+    }
+}
+
+fn listed<K>(items: Vec<K>) -> Vec<watcher::Result<Event<K>>> {
+    let mut v = vec![Ok(Event::Init)];
+    v.extend(items.into_iter().map(|i| Ok(Event::InitApply(i))));
+    v.push(Ok(Event::InitDone));
+    v
+}
+
+fn services(items: Vec<Service>) -> Vec<Msg> {
+    listed(items).into_iter().map(Msg::Service).collect()
+}
+fn slices(items: Vec<EndpointSlice>) -> Vec<Msg> {
+    listed(items).into_iter().map(Msg::Slice).collect()
+}
+fn policies(items: Vec<ServicePolicy>) -> Vec<Msg> {
+    listed(items).into_iter().map(Msg::Policy).collect()
+}
+
+fn set(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    entries
+        .iter()
+        .map(|(o, k)| (o.to_string(), k.iter().map(|s| s.to_string()).collect()))
+        .collect()
+}
+
+#[tokio::test]
+async fn nothing_is_sent_until_every_watch_has_listed_then_all_and_synced() {
+    let mut h = Harness::new();
+    // Services and slices listed, policies not yet: a Service sent now
+    // would be sent again when a policy changes its mode, and on a
+    // restart its adopted VIP would be rewritten twice.
+    let sent = h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    assert_eq!(sent, Sent::default());
+    let sent = h.feed(slices(vec![slice("a", "web-1", "web", &["10.1.0.1"])]));
+    assert_eq!(sent, Sent::default());
+    assert!(!h.state.watches[POLICIES].synced);
+    let sent = h.feed(policies(vec![]));
+    assert_eq!(
+        sent,
+        Sent {
+            set: set(&[("a/web", &["tcp/10.0.0.1:80"])]),
+            synced: true
+        }
+    );
+    assert!(h.state.watches.iter().all(|w| w.synced));
+    assert_eq!(h.state.watches[SERVICES].objects, 1);
+    // Synced is said once.
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "web-1",
+        "web",
+        &["10.1.0.1", "10.1.0.2"],
+    ))))]);
+    assert_eq!(
+        sent,
+        Sent {
+            set: set(&[("a/web", &["tcp/10.0.0.1:80"])]),
+            synced: false
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_sends_nothing_and_never_syncs() {
+    let mut h = Harness::new();
+    let err = || watcher::Error::WatchFailed(kube::Error::LinesCodecMaxLineLengthExceeded);
+    let sent = h.feed(vec![
+        Msg::Service(Err(err())),
+        Msg::Slice(Err(err())),
+        Msg::Policy(Err(err())),
+    ]);
+    assert_eq!(sent, Sent::default());
+    for w in &h.state.watches {
+        assert!(!w.synced, "{w:?}");
+        assert_eq!(w.errors, 1, "{w:?}");
+        assert!(w.last_error.is_some() && w.last_error_at > 0, "{w:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_policy_crd_means_no_policies_not_no_sync() {
+    let mut h = Harness::new();
+    h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    h.feed(slices(vec![]));
+    let sent = h.feed(vec![Msg::Policy(Err(not_found()))]);
+    assert!(sent.synced);
+    assert_eq!(sent.set, set(&[("a/web", &["tcp/10.0.0.1:80"])]));
+    let w = &h.state.watches[POLICIES];
+    assert!(w.synced);
+    assert!(
+        w.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not installed"),
+        "{w:?}"
+    );
+    // Retries that find it still missing change nothing.
+    let sent = h.feed(vec![Msg::Policy(Err(not_found()))]);
+    assert_eq!(sent, Sent::default());
+    // Installed later: its policies apply.
+    let sent = h.feed(policies(vec![policy(
+        "a",
+        "p",
+        "2026-01-01T00:00:00Z",
+        json!({"services": ["web"], "mode": "dsr"}),
+    )]));
+    assert_eq!(sent.set, set(&[("a/web", &["tcp/10.0.0.1:80"])]));
+}
+
+#[tokio::test]
+async fn a_relist_withdraws_what_is_gone_and_only_then() {
+    let mut h = Harness::new();
+    h.feed(services(vec![
+        svc("a", "web", "10.0.0.1"),
+        svc("a", "db", "10.0.0.2"),
+    ]));
+    h.feed(slices(vec![]));
+    let sent = h.feed(policies(vec![]));
+    assert_eq!(sent.set.len(), 2);
+    // The watch restarts: while it lists again, the old copy stands.
+    let sent = h.feed(vec![
+        Msg::Service(Ok(Event::Init)),
+        Msg::Service(Ok(Event::InitApply(svc("a", "web", "10.0.0.1")))),
+    ]);
+    assert_eq!(sent, Sent::default());
+    assert_eq!(h.state.services.items.len(), 2);
+    let sent = h.feed(vec![Msg::Service(Ok(Event::InitDone))]);
+    // web is unchanged: not sent again; db is gone: withdrawn.
+    assert_eq!(sent.set, set(&[("a/db", &[])]));
+}
+
+#[tokio::test]
+async fn unchanged_services_are_not_sent_again() {
+    let mut h = Harness::new();
+    h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    h.feed(slices(vec![slice("a", "web-1", "web", &["10.1.0.1"])]));
+    h.feed(policies(vec![]));
+    // A Service update that changes nothing the dataplane holds (a new
+    // resourceVersion, an annotation).
+    let mut s = svc("a", "web", "10.0.0.1");
+    s.metadata.annotations = Some([("x".to_string(), "y".to_string())].into());
+    let sent = h.feed(vec![Msg::Service(Ok(Event::Apply(s)))]);
+    assert_eq!(sent, Sent::default());
+}
+
+#[tokio::test]
+async fn slices_follow_their_service_label_and_deletes() {
+    let mut h = Harness::new();
+    h.feed(services(vec![
+        svc("a", "web", "10.0.0.1"),
+        svc("a", "api", "10.0.0.2"),
+    ]));
+    h.feed(slices(vec![slice("a", "s1", "web", &["10.1.0.1"])]));
+    h.feed(policies(vec![]));
+    assert_eq!(h.state.slices_of[&ObjectRef::new("a", "web")].len(), 1);
+    // The slice is relabelled to another Service: both are sent.
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "s1",
+        "api",
+        &["10.1.0.1"],
+    ))))]);
+    assert_eq!(sent.set.keys().collect::<Vec<_>>(), ["a/api", "a/web"]);
+    assert!(!h.state.slices_of.contains_key(&ObjectRef::new("a", "web")));
+    let vips = |h: &Harness, s: &str| h.state.sent[&ObjectRef::new("a", s)].vips.clone();
+    assert!(vips(&h, "web")[0].vip.backends.is_empty());
+    assert_eq!(vips(&h, "api")[0].vip.backends.len(), 1);
+    // Deleted: the Service keeps its VIP with no backend.
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Delete(slice(
+        "a",
+        "s1",
+        "api",
+        &[],
+    ))))]);
+    assert_eq!(sent.set, set(&[("a/api", &["tcp/10.0.0.2:80"])]));
+    assert!(vips(&h, "api")[0].vip.backends.is_empty());
+    assert!(h.state.slices_of.is_empty());
+}
+
+#[tokio::test]
+async fn a_deleted_service_is_withdrawn() {
+    let mut h = Harness::new();
+    h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    h.feed(slices(vec![]));
+    h.feed(policies(vec![]));
+    let sent = h.feed(vec![Msg::Service(Ok(Event::Delete(svc(
+        "a", "web", "10.0.0.1",
+    ))))]);
+    assert_eq!(sent.set, set(&[("a/web", &[])]));
+    assert!(h.state.sent.is_empty());
+    // Deleting what was never sent sends nothing.
+    let sent = h.feed(vec![Msg::Service(Ok(Event::Delete(svc(
+        "a", "other", "10.0.0.9",
+    ))))]);
+    assert_eq!(sent, Sent::default());
+}
+
+#[tokio::test]
+async fn a_policy_resends_the_services_of_its_namespace_only() {
+    let mut h = Harness::new();
+    h.feed(services(vec![
+        svc("a", "web", "10.0.0.1"),
+        svc("b", "web", "10.0.0.2"),
+    ]));
+    h.feed(slices(vec![]));
+    h.feed(policies(vec![]));
+    let p = policy(
+        "a",
+        "p",
+        "2026-01-01T00:00:00Z",
+        json!({"services": ["web"], "mode": "dsr"}),
+    );
+    let sent = h.feed(vec![Msg::Policy(Ok(Event::Apply(p)))]);
+    assert_eq!(sent.set, set(&[("a/web", &["tcp/10.0.0.1:80"])]));
+    let mode = h.state.sent[&ObjectRef::new("a", "web")].vips[0].vip.mode;
+    assert_eq!(mode, crate::model::Mode::Dsr);
+}
+
+#[tokio::test]
+async fn warnings_become_events_once_per_repeat_period() {
+    let mut h = Harness::new();
+    h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    h.feed(slices(vec![]));
+    h.feed(policies(vec![]));
+    let got = h.warnings.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "a/web");
+    assert_eq!(got[0].1, rivora_k8s::translate::WARN_UNSUPPORTED_PROTOCOL);
+    assert!(got[0].2.contains("SCTP"), "{got:?}");
+    // The Service changes (a new ingress address): translated again, the
+    // same warning is not repeated.
+    h.feed(vec![Msg::Service(Ok(Event::Apply(svc(
+        "a", "web", "10.0.0.3",
+    ))))]);
+    assert_eq!(h.warnings.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_refused_vip_is_a_not_programmed_event() {
+    let h = Harness::new();
+    let s = Arc::new(svc("a", "web", "10.0.0.1"));
+    report_applied(
+        &ObjectRef::new("a", "web"),
+        Some(s),
+        &Applied {
+            failed: vec![(
+                crate::model::VipKey {
+                    addr: "10.0.0.1".parse().expect("an address"),
+                    ports: crate::model::Ports::One(80),
+                    proto: crate::model::Protocol::Tcp,
+                },
+                "no free Maglev slots".into(),
+            )],
+        },
+        &h.warner,
+    );
+    let got = h.warnings.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, WARN_NOT_PROGRAMMED);
+    assert!(
+        got[0].2.contains("tcp/10.0.0.1:80") && got[0].2.contains("no free Maglev slots"),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn slice_changes_are_timed_to_their_map_write() {
+    let mut h = Harness::new();
+    h.feed(services(vec![svc("a", "web", "10.0.0.1")]));
+    h.feed(slices(vec![slice("a", "s1", "web", &["10.1.0.1"])]));
+    h.feed(policies(vec![]));
+    h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "s1",
+        "web",
+        &["10.1.0.1", "10.1.0.2"],
+    ))))]);
+    // The acks were answered; the tasks that time them run now.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let mut enc = String::new();
+    let mut reg = prometheus_client::registry::Registry::default();
+    reg.register("p", "p", h.out.programming.clone());
+    prometheus_client::encoding::text::encode(&mut enc, &reg).expect("encodes");
+    // The change, not the initial list (nothing changed: it was read).
+    assert!(enc.contains("p_count 1\n"), "{enc}");
+}
+
+#[test]
+fn policy_conditions_are_written_only_when_they_change() {
+    let mut state = State::new(KubeOptions {
+        node_name: "n".into(),
+        translate: TranslateOptions::default(),
+    });
+    let older = policy(
+        "a",
+        "older",
+        "2026-01-01T00:00:00Z",
+        json!({"services": ["web"]}),
+    );
+    let newer = policy(
+        "a",
+        "newer",
+        "2026-02-01T00:00:00Z",
+        json!({"services": ["web"]}),
+    );
+    for p in [older, newer] {
+        state.policies.items.insert(key_of(&p), Arc::new(p));
+    }
+    state.choice = choose_policies(state.policies.items.values().map(|p| &**p));
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let updates = policy_status_updates(&state, &now);
+    assert_eq!(updates.len(), 2);
+    let cond = |st: &ServicePolicyStatus, t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let by: BTreeMap<String, ServicePolicyStatus> = updates
+        .iter()
+        .map(|(k, s)| (k.name.clone(), s.clone()))
+        .collect();
+    assert_eq!(
+        cond(&by["older"], "Accepted"),
+        Some(("True".into(), "Accepted".into()))
+    );
+    assert_eq!(
+        cond(&by["newer"], "Accepted"),
+        Some(("False".into(), "Conflicted".into()))
+    );
+    assert_eq!(
+        cond(&by["newer"], "Conflicted"),
+        Some(("True".into(), "Conflicted".into()))
+    );
+    // Once the objects carry them, nothing is written again.
+    for (k, st) in updates {
+        let p = state.policies.items.get_mut(&k).expect("listed");
+        Arc::make_mut(p).status = Some(st);
+    }
+    assert!(policy_status_updates(&state, &now).is_empty());
+}
