@@ -1696,6 +1696,33 @@ fn restart_persists_and_adopts() {
         "VIPs after the restart"
     );
     assert_eq!(after[&tcp4], before[&tcp4], "the adopted VIP kept its id");
+    // The file claimed every adopted VIP it lists before the API served:
+    // each is the file's, none unclaimed; the file is the one source and
+    // there are no Kubernetes watches.
+    let sources: Vec<Value> = rd
+        .ctl_json(&["vip", "list"])
+        .as_array()
+        .expect("vip list is an array")
+        .iter()
+        .map(|v| v["source"].clone())
+        .collect();
+    assert_eq!(sources, [Value::from("file"), Value::from("file")]);
+    let st = rd.status();
+    assert_eq!(st["unclaimed_vips"], 0, "{st}");
+    let kinds: Vec<(&str, bool, u64)> = st["sources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no sources in {st}"))
+        .iter()
+        .map(|s| {
+            (
+                s["kind"].as_str().unwrap_or_default(),
+                s["synced"].as_bool().unwrap_or_default(),
+                s["objects"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(kinds, [("file", true, 1)], "{st}");
+    assert_eq!(st["watches"], Value::from(Vec::<Value>::new()), "{st}");
     assert_spread(&topo, "restarted", vip4(&topo), Proto::Tcp, &all);
     assert_spread(&topo, "restarted", vip4(&topo), Proto::Udp, &all);
     // The VIP the file dropped no longer reaches any backend.

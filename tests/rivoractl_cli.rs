@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use api_support::{Fake, B1, VIP4, VIP6};
+use api_support::{Fake, B1, VIP4, VIP6, WATCH_ERROR};
 use rivora::api::{serve_api, ApiConfig, ServerHandle, TcpApiConfig};
 
 struct Server {
@@ -135,11 +135,17 @@ fn tables_by_default() {
     let col = lines[0].find("MODE").unwrap();
     assert_eq!(&lines[1][col..col + 3], "nat");
     assert_eq!(&lines[2][col..col + 3], "dsr");
+    // SOURCE last, whole: a Service's kind and name, or unclaimed.
+    let col = lines[0].find("SOURCE").unwrap();
+    assert!(lines[0].ends_with("NO_BACKEND  SOURCE"), "{out}");
+    assert_eq!(&lines[1][col..], "service shop/web");
+    assert_eq!(&lines[2][col..], "unclaimed");
 
     let o = s.ctl(&["vip", "show", VIP6]);
     assert_exit(&o, 0);
     let out = stdout(&o);
     assert!(out.contains("affinity      client_ip\n"), "{out}");
+    assert!(out.contains("source        unclaimed\n"), "{out}");
     assert!(out.contains("[2001:db8::10]:53"), "{out}");
 
     let o = s.ctl(&["status"]);
@@ -154,6 +160,39 @@ fn tables_by_default() {
     assert!(out.contains("maglev table       65537 slots\n"), "{out}");
     assert!(
         out.contains("flow tables        131072 entries each (65536 per CPU)\n"),
+        "{out}"
+    );
+    // The sources, then the watches, each a table after a blank line.
+    let sources = out
+        .split_once("\nSOURCE ")
+        .map(|(_, t)| format!("SOURCE {t}"))
+        .unwrap_or_else(|| panic!("no sources table: {out}"));
+    let sources: Vec<&str> = sources.lines().collect();
+    // (The file's last update was in 2023: its age sets the column width.)
+    assert_eq!(
+        sources[0].split_whitespace().collect::<Vec<_>>(),
+        ["SOURCE", "SYNCED", "OBJECTS", "UPDATES", "FAILED", "LAST", "UPDATE", "LAST", "ERROR"],
+        "{out}"
+    );
+    assert!(
+        sources[1].starts_with("file     yes           1        3       1  ")
+            && sources[1].ends_with(" ago  rivora.yaml:12: vips[1].port: must be 1-65535"),
+        "{out}"
+    );
+    assert_eq!(
+        sources[2].split_whitespace().collect::<Vec<_>>(),
+        ["service", "no", "1", "4", "0", "2h00m", "ago", "-"],
+        "{out}"
+    );
+    assert_eq!(sources[3], "", "{out}");
+    assert_eq!(sources[4], "Kubernetes watches", "{out}");
+    assert_eq!(
+        sources[5..],
+        [
+            "RESOURCE        SYNCED  OBJECTS  ERRORS  LAST ERROR",
+            "services        yes           1       0  -",
+            &format!("endpointslices  no            0       2  5h00m ago: {WATCH_ERROR}"),
+        ],
         "{out}"
     );
 

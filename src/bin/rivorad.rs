@@ -255,6 +255,7 @@ fn main() -> Result<()> {
         file: file.clone(),
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
+        watches: None,
     });
     // Checked and held since before the datapath was touched; the
     // server binds its own listeners on the same addresses.

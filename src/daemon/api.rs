@@ -13,19 +13,20 @@ use tokio::sync::oneshot;
 use crate::abi::{self, rv_drop_stats, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
-    InterfaceStatus, Ports as ApiPorts, ProbeState, Proto, ReloadResult, Status, VipBackend,
-    VipInfo, VipMode, VipName, XdpMode as ApiXdpMode,
+    InterfaceStatus, Ports as ApiPorts, ProbeState, Proto, ReloadResult, SourceInfo, Status,
+    VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode as ApiXdpMode,
 };
 use crate::api::{ApiRequestError, ApiState};
 use crate::dataplane::render::Health;
 use crate::dataplane::{Maps, XdpMode};
-use crate::desired::SourceKind;
+use crate::desired::{Owner, SourceKind};
 use crate::healthcheck::HealthState;
 use crate::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 use crate::model::{Affinity, Mode, Ports, Protocol, VipKey};
 use crate::reconciler::status::{DataplaneStatus, ProbeStatus, SourceStatus, StatusReader};
 use crate::reconciler::{Command, DrainError};
 use crate::sources::file::{FileSource, ReloadError};
+use crate::sources::{WatchState, WatchStates};
 
 pub struct DaemonApi {
     pub status: StatusReader,
@@ -35,6 +36,8 @@ pub struct DaemonApi {
     pub maps: Maps,
     /// Also fed by the health checker's observer (probe latencies).
     pub metrics: Arc<Metrics>,
+    /// The Kubernetes source's watches (`-kubernetes`); None without.
+    pub watches: Option<WatchStates>,
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiRequestError {
@@ -66,6 +69,41 @@ fn health_of(h: Health) -> BackendHealth {
         Health::Healthy => BackendHealth::Healthy,
         Health::Draining => BackendHealth::Draining,
         Health::Down => BackendHealth::Down,
+    }
+}
+
+/// A VIP's source as the API shows it: the kind alone for the file (its
+/// path is in the configuration, and the same on every VIP), the kind and
+/// object for the others (`service ns/name`), `unclaimed` for an adopted
+/// VIP no source has named yet.
+fn source_of(owner: Option<&Owner>) -> String {
+    match owner {
+        None => "unclaimed".to_string(),
+        Some(o) if o.source == SourceKind::File => o.source.to_string(),
+        Some(o) => o.to_string(),
+    }
+}
+
+fn source_info(kind: SourceKind, s: &SourceStatus) -> SourceInfo {
+    SourceInfo {
+        kind: kind.to_string(),
+        synced: s.synced,
+        objects: s.objects as u64,
+        updates_ok: s.updates_ok,
+        updates_failed: s.updates_failed,
+        last_at: s.last_at,
+        last_error: s.last_error.clone(),
+    }
+}
+
+fn watch_info(w: &WatchState) -> WatchInfo {
+    WatchInfo {
+        resource: w.resource.to_string(),
+        synced: w.synced,
+        objects: w.objects as u64,
+        errors: w.errors,
+        last_error: w.last_error.clone(),
+        last_error_at: w.last_error_at,
     }
 }
 
@@ -131,6 +169,7 @@ impl DaemonApi {
                     bytes: c.bytes,
                     rate_limited: c.rate_limited,
                     no_backend: c.no_backend,
+                    source: source_of(v.owner.as_ref()),
                 }
             })
             .collect()
@@ -244,7 +283,9 @@ impl ApiState for DaemonApi {
                     tc_attached: true,
                 })
                 .collect(),
-            vip_count: (st.vips.len() + st.unclaimed) as u64,
+            // `vips` lists unclaimed VIPs too; `unclaimed` also counts
+            // the leftovers it cannot list.
+            vip_count: (st.vips.iter().filter(|v| v.owner.is_some()).count() + st.unclaimed) as u64,
             backend_count: backends.len() as u64,
             maglev_size: st.capacities.maglev_size,
             flow_table_size: st.capacities.flow_table_size,
@@ -253,6 +294,16 @@ impl ApiState for DaemonApi {
             unclaimed_vips: st.unclaimed as u64,
             conflicts: st.conflicts.iter().map(|c| c.to_string()).collect(),
             failed_vips: st.failed.iter().map(|(k, e)| format!("{k}: {e}")).collect(),
+            sources: st
+                .sources
+                .iter()
+                .map(|(kind, s)| source_info(*kind, s))
+                .collect(),
+            watches: self
+                .watches
+                .as_ref()
+                .map(|w| w.borrow().iter().map(watch_info).collect())
+                .unwrap_or_default(),
         })
     }
 

@@ -40,7 +40,10 @@ use crate::dataplane::alloc::{
 use crate::dataplane::render::{self, Allocation, Health, MapImage, MatchKey, NodeImage, VipImage};
 use crate::dataplane::store::MapStore;
 use crate::dataplane::{DataplaneError, Maps};
-use crate::model::{BackendTarget, DesiredState, ModelError, NodeSettings, Ports, Vip, VipKey};
+use crate::model::{
+    Affinity, BackendKey, BackendTarget, DesiredState, Mode, ModelError, NodeSettings, Ports, Vip,
+    VipKey,
+};
 
 /// A health probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +97,22 @@ pub struct ReconcileReport {
     pub unchanged: usize,
     pub removed: usize,
     pub failed: Vec<(VipKey, DataplaneError)>,
+}
+
+/// What the maps hold for an adopted VIP no upsert or reconcile has named
+/// yet ([`Writer::unclaimed`]). The maps keep no weights (see
+/// [`adopt`]): each backend comes with the Maglev slots it holds in the
+/// VIP's slice instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnclaimedVip {
+    pub svc_id: u32,
+    pub key: VipKey,
+    pub slice: Slice,
+    /// None when service_config_map names no mode this build knows.
+    pub mode: Option<Mode>,
+    pub affinity: Affinity,
+    /// (backend id, backend, slots), in backend id order.
+    pub backends: Vec<(u32, BackendKey, u32)>,
 }
 
 /// What an upsert did.
@@ -481,6 +500,47 @@ impl<S: MapStore> Writer<S> {
                 slice: v.slice(),
                 backend_ids: v.backend_ids.clone(),
                 claimed: v.claimed,
+            })
+            .collect()
+    }
+
+    /// Adopted VIPs nothing has claimed since, as the maps hold them.
+    /// Leftovers whose match entries do not form a VIP (no key) are left
+    /// out: nothing can claim them, and the next prune removes them.
+    pub fn unclaimed(&self) -> Vec<UnclaimedVip> {
+        self.vips
+            .values()
+            .filter(|v| !v.claimed)
+            .filter_map(|v| {
+                let key = v.key?;
+                let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+                for id in &v.image.slots {
+                    *slots.entry(*id).or_default() += 1;
+                }
+                let svc = &v.image.service;
+                let affinity =
+                    if u32::from(svc.affinity) == abi::rv_affinity::RV_AFFINITY_CLIENT_IP.0 {
+                        Affinity::ClientIp {
+                            timeout_s: svc.affinity_timeout_s,
+                        }
+                    } else {
+                        Affinity::None
+                    };
+                Some(UnclaimedVip {
+                    svc_id: v.svc_id,
+                    key,
+                    slice: v.slice(),
+                    mode: render::mode_from_raw(svc.mode),
+                    affinity,
+                    backends: v
+                        .backend_ids
+                        .iter()
+                        .filter_map(|id| {
+                            let rec = self.backends.get(*id)?;
+                            Some((*id, rec.key, slots.get(id).copied().unwrap_or(0)))
+                        })
+                        .collect(),
+                })
             })
             .collect()
     }

@@ -30,6 +30,7 @@ use crate::daemon::net::{self, NetError};
 use crate::daemon::state::{DrainStore, Drains, StateError};
 use crate::dataplane::render::Health;
 use crate::dataplane::store::MapStore;
+use crate::dataplane::writer::UnclaimedVip;
 use crate::dataplane::{DataplaneError, Maps, Probe, Upsert, Writer};
 use crate::desired::{Conflict, DesiredStore, DesiredVip, Owner, SourceKind};
 use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
@@ -858,10 +859,19 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             s.objects = self.store.objects_of(*source).len();
         }
         let live = self.writer.vips();
-        let mut vips = Vec::with_capacity(self.written.len());
+        let mut unclaimed: BTreeMap<u32, _> = self
+            .writer
+            .unclaimed()
+            .into_iter()
+            .map(|u| (u.svc_id, u))
+            .collect();
+        let mut vips = Vec::with_capacity(live.len());
         for info in &live {
             let Some(key) = info.key else { continue };
             let Some(w) = self.written.get(&key) else {
+                if let Some(u) = unclaimed.remove(&info.svc_id) {
+                    vips.extend(self.unclaimed_status(u));
+                }
                 continue;
             };
             let vip = w.effective();
@@ -893,7 +903,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             vips.push(VipStatus {
                 key,
                 name: w.desired.name.clone(),
-                owner: w.owner.clone(),
+                owner: Some(w.owner.clone()),
                 svc_id: info.svc_id,
                 slice: info.slice,
                 mode: vip.mode,
@@ -912,6 +922,44 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             capacities: self.capacities.clone(),
         });
         debug!(applies = self.applies, "status published");
+    }
+
+    /// An adopted VIP no source has claimed, as the maps hold it: mode,
+    /// affinity and backends, with slots for weights. None when its mode
+    /// is one this build does not know (it is still counted unclaimed).
+    fn unclaimed_status(&self, u: UnclaimedVip) -> Option<VipStatus> {
+        let key = u.key;
+        let backends = u
+            .backends
+            .iter()
+            .map(|(id, b, slots)| {
+                let t = b.target();
+                BackendStatus {
+                    target: t,
+                    service_port: if b.port != 0 {
+                        b.port
+                    } else {
+                        key.ports.bounds().0
+                    },
+                    backend_id: *id,
+                    weight: *slots,
+                    health: self.writer.health(&t).unwrap_or(Health::Healthy),
+                    drained: self.drains.contains(&(None, t))
+                        || self.drains.contains(&(Some(key), t)),
+                    probe: ProbeStatus::Disabled,
+                }
+            })
+            .collect();
+        Some(VipStatus {
+            key,
+            name: key.to_string(),
+            owner: None,
+            svc_id: u.svc_id,
+            slice: u.slice,
+            mode: u.mode?,
+            affinity: u.affinity,
+            backends,
+        })
     }
 }
 

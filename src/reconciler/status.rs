@@ -32,7 +32,9 @@ pub struct BackendStatus {
     /// The port it serves on (its own, or the VIP's for port 0).
     pub service_port: u16,
     pub backend_id: u32,
-    /// As written: 0 while drained for this VIP.
+    /// As written: 0 while drained for this VIP. For an unclaimed VIP
+    /// (the maps keep no weights) the Maglev slots it holds in the VIP's
+    /// slice: still 0 exactly when no new flow reaches it.
     pub weight: u32,
     pub health: Health,
     /// An operator drain, for every VIP or this one.
@@ -44,8 +46,10 @@ pub struct BackendStatus {
 pub struct VipStatus {
     pub key: VipKey,
     pub name: String,
-    /// Who wants it.
-    pub owner: Owner,
+    /// Who wants it; None for a VIP adopted from the pinned maps that no
+    /// source has claimed yet (kept forwarding until every source has
+    /// synced, then pruned).
+    pub owner: Option<Owner>,
     pub svc_id: u32,
     pub slice: Slice,
     pub mode: Mode,
@@ -98,9 +102,13 @@ pub struct Capacities {
 pub struct DataplaneStatus {
     /// Applies done (each one a consistent state of the maps).
     pub applies: u64,
-    /// VIPs the writer holds as some source wants them.
+    /// VIPs the writer holds as some source wants them, and those adopted
+    /// from the pinned maps that no source has claimed yet (`owner`
+    /// None), in service id order.
     pub vips: Vec<VipStatus>,
-    /// Adopted from the pinned maps and not claimed yet.
+    /// Adopted from the pinned maps and not claimed yet: the unclaimed
+    /// entries of `vips`, and leftovers whose match entries no longer
+    /// form a VIP (which `vips` cannot list).
     pub unclaimed: usize,
     /// VIPs wanted but not in the maps as wanted, with the reason.
     pub failed: BTreeMap<VipKey, String>,

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use super::*;
 use crate::dataplane::MemStore;
 use crate::healthcheck::HealthCheckSpec;
-use crate::model::{Backend, Ports, Protocol};
+use crate::model::{Affinity, Backend, Ports, Protocol};
 
 /// MACs made from the address; `.99` never resolves. Counts lookups.
 #[derive(Default, Clone)]
@@ -340,7 +340,7 @@ fn a_second_claim_is_one_error_naming_both_owners_and_the_first_keeps_forwarding
     assert_eq!(st.conflicts[0].owner, file());
     assert_eq!(st.conflicts[0].refused, svc("ns/web"));
     assert_eq!(st.vips.len(), 1);
-    assert_eq!(st.vips[0].owner, file());
+    assert_eq!(st.vips[0].owner, Some(file()));
     let service = &st.sources[&SourceKind::Service];
     assert_eq!((service.updates_ok, service.updates_failed), (0, 1));
     assert!(service
@@ -357,14 +357,16 @@ fn a_second_claim_is_one_error_naming_both_owners_and_the_first_keeps_forwarding
     );
     let st = h.status();
     assert!(st.conflicts.is_empty());
-    assert_eq!(st.vips[0].owner, svc("ns/web"));
+    assert_eq!(st.vips[0].owner, Some(svc("ns/web")));
 }
 
 #[test]
 fn adopted_vips_stay_until_every_source_has_synced() {
     // A previous run left two VIPs in the maps.
     let mut before = harness();
-    let old = vip("10.0.0.1", 80, &["10.1.0.1"]);
+    let mut old = vip("10.0.0.1", 80, &["10.1.0.1", "10.1.0.2"]);
+    old.vip.backends[1].weight = 3;
+    old.vip.affinity = Affinity::ClientIp { timeout_s: 300 };
     let kept = vip("10.0.0.2", 80, &["10.1.0.1"]);
     assert!(before.set(file(), vec![old.clone(), kept.clone()]).ok());
     let store = before.rec.writer().store().clone();
@@ -381,6 +383,42 @@ fn adopted_vips_stay_until_every_source_has_synced() {
         "nothing synced yet: the unclaimed VIP keeps forwarding"
     );
     assert_eq!(h.status().unclaimed, 1);
+    // The status lists it, unowned, as the maps hold it: mode, affinity,
+    // backends, and for weights the slots each holds (the maps keep no
+    // weights), in service id order with the claimed one.
+    let st = h.status();
+    let owners: Vec<_> = st.vips.iter().map(|v| (v.key, v.owner.clone())).collect();
+    assert_eq!(
+        owners,
+        [
+            (old.vip.key(), None),
+            (kept.vip.key(), Some(svc("ns/kept")))
+        ]
+    );
+    let u = &st.vips[0];
+    assert_eq!(
+        (u.mode, u.affinity),
+        (Mode::Nat, Affinity::ClientIp { timeout_s: 300 })
+    );
+    let targets: Vec<_> = u
+        .backends
+        .iter()
+        .map(|b| (b.target.addr, b.service_port))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            ("10.1.0.1".parse().unwrap(), 8080),
+            ("10.1.0.2".parse().unwrap(), 8080)
+        ]
+    );
+    let (w1, w3) = (u.backends[0].weight, u.backends[1].weight);
+    assert_eq!(w1 + w3, u.slice.len, "every slot is one backend's");
+    assert!(
+        w3 > 2 * w1,
+        "weight 3 holds about 3x the slots of weight 1: {w1} {w3}"
+    );
+    assert!(u.serving());
     h.rec.submit(Command::Synced(SourceKind::Service));
     assert!(
         live(&h).contains(&old.vip.key()),
@@ -389,6 +427,7 @@ fn adopted_vips_stay_until_every_source_has_synced() {
     h.rec.submit(Command::Synced(SourceKind::Gateway));
     assert_eq!(live(&h), BTreeSet::from([kept.vip.key()]));
     assert_eq!(h.status().unclaimed, 0);
+    assert_eq!(h.status().vips.len(), 1, "pruned: no longer listed");
 }
 
 #[test]

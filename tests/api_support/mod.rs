@@ -10,8 +10,8 @@ use std::sync::Mutex;
 
 use rivora::api::{
     Affinity, ApiRequestError, ApiState, BackendHealth, BackendInfo, DrainOutcome, DrainSpec,
-    Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadResult, Status, VipBackend, VipInfo,
-    VipMode, VipName, XdpMode,
+    Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadResult, SourceInfo, Status, VipBackend,
+    VipInfo, VipMode, VipName, WatchInfo, XdpMode,
 };
 use rivora::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 
@@ -20,6 +20,19 @@ pub const VIP6: &str = "udp/[2001:db8::1]:53";
 pub const B1: &str = "10.0.1.1:8080";
 pub const B2: &str = "10.0.1.2:8080";
 pub const B6: &str = "[2001:db8::10]:53";
+
+/// The endpointslices watch's last error, and how long before the status
+/// request it happened (hours: a test that straddles a second still reads
+/// the same age).
+pub const WATCH_ERROR: &str = "failed to list endpointslices: connection refused";
+pub const WATCH_ERROR_AGE_S: u64 = 5 * 3600;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
 
 /// With [`Fake::advance`] set, what each `vips` read adds to VIP4's
 /// counters (VIP6's stay): a watch's rate is then known up to the time
@@ -104,6 +117,7 @@ impl Fake {
             bytes: 96000 + steps * STEP_BYTES,
             rate_limited: 4,
             no_backend: 0,
+            source: "service shop/web".into(),
         };
         let mut v6 = VipInfo {
             vip: VIP6.into(),
@@ -123,6 +137,8 @@ impl Fake {
             bytes: 1600,
             rate_limited: 0,
             no_backend: 2,
+            // Adopted from the maps on a restart, not claimed yet.
+            source: "unclaimed".into(),
         };
         for v in [&mut v4, &mut v6] {
             let name = v.vip.clone();
@@ -230,6 +246,45 @@ impl ApiState for Fake {
             unclaimed_vips: 0,
             conflicts: Vec::new(),
             failed_vips: Vec::new(),
+            // A Kubernetes node: the file holds node settings only.
+            sources: vec![
+                SourceInfo {
+                    kind: "file".into(),
+                    synced: true,
+                    objects: 1,
+                    updates_ok: 3,
+                    updates_failed: 1,
+                    last_at: 1_700_000_000,
+                    last_error: Some("rivora.yaml:12: vips[1].port: must be 1-65535".into()),
+                },
+                SourceInfo {
+                    kind: "service".into(),
+                    synced: false,
+                    objects: 1,
+                    updates_ok: 4,
+                    updates_failed: 0,
+                    last_at: now_secs() - 2 * 3600,
+                    last_error: None,
+                },
+            ],
+            watches: vec![
+                WatchInfo {
+                    resource: "services".into(),
+                    synced: true,
+                    objects: 1,
+                    errors: 0,
+                    last_error: None,
+                    last_error_at: 0,
+                },
+                WatchInfo {
+                    resource: "endpointslices".into(),
+                    synced: false,
+                    objects: 0,
+                    errors: 2,
+                    last_error: Some(WATCH_ERROR.into()),
+                    last_error_at: now_secs() - WATCH_ERROR_AGE_S,
+                },
+            ],
         })
     }
 

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::types::{
-    Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, ReloadResult, Status, VipInfo,
-    VipMode, XdpMode,
+    Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, ReloadResult, SourceInfo, Status,
+    VipInfo, VipMode, WatchInfo, XdpMode,
 };
 
 /// Columns padded to their widest cell, two spaces apart. Numeric columns
@@ -89,6 +89,33 @@ pub fn fmt_unix_utc(secs: u64) -> String {
     )
 }
 
+/// A duration in whole seconds, to two units: `45s`, `3m12s`, `2h05m`,
+/// `3d04h`.
+pub fn fmt_age(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if secs < 60 {
+        format!("{s}s")
+    } else if secs < 3600 {
+        format!("{m}m{s:02}s")
+    } else if secs < 86_400 {
+        format!("{h}h{m:02}m")
+    } else {
+        format!("{d}d{h:02}h")
+    }
+}
+
+/// How long before `now` a Unix time was; a time ahead of this clock
+/// (another host's, under `--address`) reads as just now.
+fn ago(at: u64, now: u64) -> String {
+    format!("{} ago", fmt_age(now.saturating_sub(at)))
+}
+
+/// Free text (an error from a source or the API server) as one table
+/// cell: whitespace runs, newlines included, become one space.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn mode(m: VipMode) -> &'static str {
     match m {
         VipMode::Nat => "nat",
@@ -121,7 +148,9 @@ pub fn reload_line(r: &ReloadResult) -> String {
     out
 }
 
-pub fn status(s: &Status) -> String {
+/// `rivoractl status`. `now` (Unix seconds) dates the sources' last
+/// updates and the watches' last errors.
+pub fn status(s: &Status, now: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "version            {}", s.version);
     let _ = writeln!(out, "config generation  {}", s.config_generation);
@@ -167,7 +196,73 @@ pub fn status(s: &Status) -> String {
         ]);
     }
     out.push_str(&t.render());
+    if !s.sources.is_empty() {
+        out.push('\n');
+        out.push_str(&sources(&s.sources, now));
+    }
+    if !s.watches.is_empty() {
+        out.push_str("\nKubernetes watches\n");
+        out.push_str(&watches(&s.watches, now));
+    }
     out
+}
+
+/// Each source of desired state: synced, objects, updates and the last
+/// error (which stays until an update succeeds).
+pub fn sources(sources: &[SourceInfo], now: u64) -> String {
+    let mut t = Table::new(&[
+        "SOURCE",
+        "SYNCED",
+        "OBJECTS>",
+        "UPDATES>",
+        "FAILED>",
+        "LAST UPDATE",
+        "LAST ERROR",
+    ]);
+    for s in sources {
+        t.row(vec![
+            s.kind.clone(),
+            yes_no(s.synced),
+            s.objects.to_string(),
+            s.updates_ok.to_string(),
+            s.updates_failed.to_string(),
+            match s.last_at {
+                0 => "never".into(),
+                at => ago(at, now),
+            },
+            s.last_error.as_deref().map_or_else(|| "-".into(), one_line),
+        ]);
+    }
+    t.render()
+}
+
+/// The Kubernetes source's watches. A watch's last error stays after it
+/// recovers, so its age tells an old hiccup from a current outage.
+pub fn watches(watches: &[WatchInfo], now: u64) -> String {
+    let mut t = Table::new(&["RESOURCE", "SYNCED", "OBJECTS>", "ERRORS>", "LAST ERROR"]);
+    for w in watches {
+        t.row(vec![
+            w.resource.clone(),
+            yes_no(w.synced),
+            w.objects.to_string(),
+            w.errors.to_string(),
+            match (&w.last_error, w.last_error_at) {
+                (None, _) => "-".into(),
+                (Some(e), 0) => one_line(e),
+                (Some(e), at) => format!("{}: {}", ago(at, now), one_line(e)),
+            },
+        ]);
+    }
+    t.render()
+}
+
+/// A VIP's source; `-` from an older rivorad that does not say.
+fn source(v: &VipInfo) -> String {
+    if v.source.is_empty() {
+        "-".into()
+    } else {
+        v.source.clone()
+    }
 }
 
 fn healthy_of(v: &VipInfo) -> String {
@@ -189,6 +284,9 @@ pub fn vip_list(vips: &[VipInfo]) -> String {
         "BYTES>",
         "RATE_LIMITED>",
         "NO_BACKEND>",
+        // Last: the one cell with a space in it (`service ns/name`), so
+        // the columns before it split on whitespace as they always have.
+        "SOURCE",
     ]);
     for v in vips {
         t.row(vec![
@@ -200,6 +298,7 @@ pub fn vip_list(vips: &[VipInfo]) -> String {
             v.bytes.to_string(),
             v.rate_limited.to_string(),
             v.no_backend.to_string(),
+            source(v),
         ]);
     }
     t.render()
@@ -208,6 +307,7 @@ pub fn vip_list(vips: &[VipInfo]) -> String {
 pub fn vip_show(v: &VipInfo) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "vip           {}", v.vip);
+    let _ = writeln!(out, "source        {}", source(v));
     let _ = writeln!(out, "mode          {}", mode(v.mode));
     let _ = writeln!(out, "affinity      {}", affinity(v.affinity));
     let _ = writeln!(out, "service id    {}", v.service_id);
@@ -384,6 +484,7 @@ mod tests {
             bytes,
             rate_limited: 3,
             no_backend: 0,
+            source: "file".into(),
         }
     }
 
@@ -405,9 +506,184 @@ mod tests {
         let out = vip_list(&[vip("tcp/10.0.0.1:80", 1234, 99999)]);
         assert_eq!(
             out,
-            "VIP              MODE  AFFINITY  HEALTHY  PACKETS  BYTES  RATE_LIMITED  NO_BACKEND\n\
-             tcp/10.0.0.1:80  nat   none          1/2     1234  99999             3           0\n"
+            "VIP              MODE  AFFINITY  HEALTHY  PACKETS  BYTES  RATE_LIMITED  NO_BACKEND  SOURCE\n\
+             tcp/10.0.0.1:80  nat   none          1/2     1234  99999             3           0  file\n"
         );
+    }
+
+    #[test]
+    fn vip_list_shows_each_source() {
+        let mut svc = vip("tcp/10.0.0.2:443", 1, 2);
+        svc.source = "service shop/web-frontend".into();
+        let mut adopted = vip("udp/10.0.0.3:53", 0, 0);
+        adopted.source = "unclaimed".into();
+        let mut old = vip("tcp/10.0.0.4:80", 0, 0);
+        old.source = String::new();
+        let out = vip_list(&[vip("tcp/10.0.0.1:80", 5, 6), svc, adopted, old]);
+        assert_eq!(
+            out,
+            "VIP               MODE  AFFINITY  HEALTHY  PACKETS  BYTES  RATE_LIMITED  NO_BACKEND  SOURCE\n\
+             tcp/10.0.0.1:80   nat   none          1/2        5      6             3           0  file\n\
+             tcp/10.0.0.2:443  nat   none          1/2        1      2             3           0  service shop/web-frontend\n\
+             udp/10.0.0.3:53   nat   none          1/2        0      0             3           0  unclaimed\n\
+             tcp/10.0.0.4:80   nat   none          1/2        0      0             3           0  -\n"
+        );
+        // Every column before SOURCE still splits on whitespace.
+        for line in out.lines().skip(1) {
+            assert_eq!(line.split_whitespace().nth(7), Some("0"), "{line}");
+        }
+    }
+
+    #[test]
+    fn vip_show_names_the_source() {
+        let mut v = vip("tcp/10.0.0.2:443", 1, 2);
+        v.source = "service shop/web".into();
+        let out = vip_show(&v);
+        assert!(
+            out.starts_with(
+                "vip           tcp/10.0.0.2:443\nsource        service shop/web\nmode "
+            ),
+            "{out}"
+        );
+    }
+
+    fn status_fixture() -> Status {
+        Status {
+            version: "0.1.0".into(),
+            config_generation: 1,
+            last_reload: ReloadResult {
+                ok: true,
+                at: 1_700_000_000,
+                error: None,
+                warnings: vec![],
+            },
+            interfaces: vec![],
+            vip_count: 1000,
+            backend_count: 10000,
+            maglev_size: 65537,
+            flow_table_size: 131072,
+            flow_table_per_cpu: 65536,
+            apply_in_progress: false,
+            unclaimed_vips: 0,
+            conflicts: vec![],
+            failed_vips: vec![],
+            sources: vec![],
+            watches: vec![],
+        }
+    }
+
+    const NOW: u64 = 1_700_000_000;
+
+    #[test]
+    fn status_without_sources_or_watches_has_neither_section() {
+        let out = status(&status_fixture(), NOW);
+        assert!(!out.contains("SOURCE"), "{out}");
+        assert!(!out.contains("Kubernetes watches"), "{out}");
+        assert!(out.ends_with("INTERFACE  IFINDEX  XDP  TC NAT\n"), "{out}");
+    }
+
+    #[test]
+    fn status_sources_and_watches_golden() {
+        let mut s = status_fixture();
+        s.sources = vec![
+            SourceInfo {
+                kind: "file".into(),
+                synced: true,
+                objects: 1,
+                updates_ok: 1,
+                updates_failed: 0,
+                last_at: NOW - 3725,
+                last_error: None,
+            },
+            SourceInfo {
+                kind: "service".into(),
+                synced: false,
+                objects: 998,
+                updates_ok: 1532,
+                updates_failed: 2,
+                last_at: NOW - 4,
+                last_error: Some("shop/web: no free\n  Maglev space".into()),
+            },
+        ];
+        s.watches = vec![
+            WatchInfo {
+                resource: "services".into(),
+                synced: true,
+                objects: 1000,
+                errors: 0,
+                last_error: None,
+                last_error_at: 0,
+            },
+            WatchInfo {
+                resource: "endpointslices".into(),
+                synced: false,
+                objects: 9980,
+                errors: 3,
+                last_error: Some("connection refused".into()),
+                last_error_at: NOW - 192,
+            },
+            WatchInfo {
+                resource: "servicepolicies".into(),
+                synced: true,
+                objects: 0,
+                errors: 1,
+                // An error from a clock ahead of this one: just now.
+                last_error: Some("forbidden".into()),
+                last_error_at: NOW + 30,
+            },
+        ];
+        let out = status(&s, NOW);
+        let tail = out.split_once("TC NAT\n").expect("interfaces table").1;
+        assert_eq!(
+            tail,
+            "\n\
+             SOURCE   SYNCED  OBJECTS  UPDATES  FAILED  LAST UPDATE  LAST ERROR\n\
+             file     yes           1        1       0  1h02m ago    -\n\
+             service  no          998     1532       2  4s ago       shop/web: no free Maglev space\n\
+             \n\
+             Kubernetes watches\n\
+             RESOURCE         SYNCED  OBJECTS  ERRORS  LAST ERROR\n\
+             services         yes        1000       0  -\n\
+             endpointslices   no         9980       3  3m12s ago: connection refused\n\
+             servicepolicies  yes           0       1  0s ago: forbidden\n"
+        );
+    }
+
+    #[test]
+    fn a_source_never_updated_says_so() {
+        let out = sources(
+            &[SourceInfo {
+                kind: "service".into(),
+                synced: false,
+                objects: 0,
+                updates_ok: 0,
+                updates_failed: 0,
+                last_at: 0,
+                last_error: None,
+            }],
+            NOW,
+        );
+        assert!(
+            out.ends_with("service  no            0        0       0  never        -\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn ages() {
+        for (secs, want) in [
+            (0, "0s"),
+            (59, "59s"),
+            (60, "1m00s"),
+            (192, "3m12s"),
+            (3599, "59m59s"),
+            (3600, "1h00m"),
+            (86_399, "23h59m"),
+            (86_400, "1d00h"),
+            (3 * 86_400 + 4 * 3600 + 59, "3d04h"),
+        ] {
+            assert_eq!(fmt_age(secs), want, "{secs}");
+        }
     }
 
     #[test]

@@ -48,6 +48,55 @@ pub struct Status {
     /// VIPs wanted but not in the maps as wanted, with the reason.
     #[serde(default)]
     pub failed_vips: Vec<String>,
+    /// Each source of desired state this rivorad runs (the file, or the
+    /// Kubernetes Services), in a fixed order.
+    #[serde(default)]
+    pub sources: Vec<SourceInfo>,
+    /// The Kubernetes source's watches, in a fixed order; empty without
+    /// `-kubernetes`.
+    #[serde(default)]
+    pub watches: Vec<WatchInfo>,
+}
+
+/// One source of desired state, as the reconciler sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceInfo {
+    /// `file`, `service` (Kubernetes Services) or `gateway`. A string, not
+    /// an enum, so an older `rivoractl` shows a kind it does not know.
+    pub kind: String,
+    /// Has finished its first full pass: until every source has, adopted
+    /// VIPs nothing claims are kept.
+    pub synced: bool,
+    /// Objects it currently owns (the file; one per Service).
+    pub objects: u64,
+    /// Updates applied in full.
+    pub updates_ok: u64,
+    /// Updates refused (invalid input) or not applied in full.
+    pub updates_failed: u64,
+    /// Unix seconds of the last update, either way; 0: none yet.
+    pub last_at: u64,
+    /// Why the last update failed; null after a success.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// One watch of the Kubernetes source (`services`, `endpointslices`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchInfo {
+    /// The resource, plural as the Kubernetes API names it.
+    pub resource: String,
+    /// Has finished its first full list.
+    pub synced: bool,
+    /// Objects it holds now.
+    pub objects: u64,
+    /// Failed lists and watches since rivorad started (each retried).
+    pub errors: u64,
+    /// The last of them; it stays after the watch recovers, with its time.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Unix seconds of `last_error`; 0: none.
+    #[serde(default)]
+    pub last_error_at: u64,
 }
 
 /// The outcome of the last configuration load (`POST /v1/reload` answers
@@ -186,12 +235,23 @@ pub struct VipInfo {
     pub rate_limited: u64,
     /// Packets dropped because no backend was healthy.
     pub no_backend: u64,
+    /// Who wants the VIP: `file` (the static file), `service ns/name` (a
+    /// Kubernetes Service), `gateway ns/name`, or `unclaimed`: adopted
+    /// from the pinned maps on start and not yet claimed by any source
+    /// (it keeps forwarding until every source has synced; its backends'
+    /// weights are then the Maglev slots each holds, as the maps keep no
+    /// weights). Empty from an older rivorad.
+    #[serde(default)]
+    pub source: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VipBackend {
     pub target: SocketAddr,
     pub backend_id: u32,
+    /// As written: 0 while drained for this VIP. For an `unclaimed` VIP,
+    /// whose weights the maps do not keep, the Maglev slots the backend
+    /// holds in the VIP's slice (0 still means no new flows).
     pub weight: u32,
     pub health: BackendHealth,
     /// Drained for this VIP by an operator (or a terminating endpoint).
@@ -419,6 +479,88 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(matches!(err, ApiRequestError::InvalidVip { .. }));
+    }
+
+    /// A VIP as an older rivorad sent it: no `source`.
+    const OLD_VIP: &str = r#"{"vip":"tcp/10.0.0.1:80","addr":"10.0.0.1",
+        "ports":{"first":80,"last":80},"proto":"tcp","mode":"nat","affinity":"none",
+        "service_id":1,"slice_start":0,"slice_len":7,
+        "backends":[{"target":"10.0.1.1:8080","backend_id":1,"weight":1,"health":"healthy","drained":false}],
+        "packets":1,"bytes":2,"rate_limited":0,"no_backend":0}"#;
+
+    /// A status as an older rivorad sent it: no `sources`, no `watches`.
+    const OLD_STATUS: &str = r#"{"version":"0.1.0","config_generation":2,
+        "last_reload":{"ok":true,"at":5,"error":null,"warnings":[]},
+        "interfaces":[{"name":"eth0","ifindex":2,"xdp_mode":"native","tc_attached":true}],
+        "vip_count":1,"backend_count":1,"maglev_size":65537,"flow_table_size":131072,
+        "flow_table_per_cpu":65536,"apply_in_progress":false,"unclaimed_vips":0,
+        "conflicts":[],"failed_vips":[]}"#;
+
+    #[test]
+    fn vip_info_source_defaults_and_round_trips() {
+        let old: VipInfo = serde_json::from_str(OLD_VIP).expect("an older rivorad's VIP");
+        assert_eq!(old.source, "");
+        for source in ["file", "service shop/web", "unclaimed"] {
+            let v = VipInfo {
+                source: source.into(),
+                ..old.clone()
+            };
+            let json = serde_json::to_value(&v).unwrap();
+            assert_eq!(json["source"], source);
+            let back: VipInfo = serde_json::from_value(json).unwrap();
+            assert_eq!(back, v);
+        }
+    }
+
+    #[test]
+    fn status_sources_and_watches_default_and_round_trip() {
+        let old: Status = serde_json::from_str(OLD_STATUS).expect("an older rivorad's status");
+        assert!(old.sources.is_empty());
+        assert!(old.watches.is_empty());
+
+        let new = Status {
+            sources: vec![SourceInfo {
+                kind: "service".into(),
+                synced: true,
+                objects: 3,
+                updates_ok: 7,
+                updates_failed: 1,
+                last_at: 1_700_000_000,
+                last_error: Some("shop/web: no free Maglev space".into()),
+            }],
+            watches: vec![WatchInfo {
+                resource: "endpointslices".into(),
+                synced: false,
+                objects: 30,
+                errors: 2,
+                last_error: Some("connection refused".into()),
+                last_error_at: 1_699_999_990,
+            }],
+            ..old
+        };
+        let json = serde_json::to_value(&new).unwrap();
+        // The names scripts read.
+        assert_eq!(
+            json["sources"][0],
+            serde_json::json!({"kind": "service", "synced": true, "objects": 3,
+                "updates_ok": 7, "updates_failed": 1, "last_at": 1_700_000_000u64,
+                "last_error": "shop/web: no free Maglev space"})
+        );
+        assert_eq!(
+            json["watches"][0],
+            serde_json::json!({"resource": "endpointslices", "synced": false, "objects": 30,
+                "errors": 2, "last_error": "connection refused",
+                "last_error_at": 1_699_999_990u64})
+        );
+        let back: Status = serde_json::from_value(json).unwrap();
+        assert_eq!(back, new);
+
+        // A watch or source without an error: null, and null parses.
+        let w: WatchInfo = serde_json::from_str(
+            r#"{"resource":"services","synced":true,"objects":1,"errors":0,"last_error":null}"#,
+        )
+        .unwrap();
+        assert_eq!((w.last_error, w.last_error_at), (None, 0));
     }
 
     #[test]

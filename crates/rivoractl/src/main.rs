@@ -148,6 +148,13 @@ fn client(cli: &Cli) -> anyhow::Result<Client> {
     Ok(client.with_timeout(cli.timeout))
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 fn print_json(body: &[u8]) -> anyhow::Result<()> {
     let v: serde_json::Value = serde_json::from_slice(body).context("rivorad sent invalid JSON")?;
     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -175,7 +182,9 @@ fn show<T: DeserializeOwned>(
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Status => show(&cli, "GET", "/v1/status", None, render::status),
+        Command::Status => show(&cli, "GET", "/v1/status", None, |s| {
+            render::status(s, unix_now())
+        }),
         Command::Vip(VipCommand::List) => {
             show(&cli, "GET", "/v1/vips", None, |v: &Vec<VipInfo>| {
                 render::vip_list(v)
@@ -260,15 +269,7 @@ fn stats(cli: &Cli, watch: bool, interval: Duration) -> anyhow::Result<()> {
                     .as_ref()
                     .map(|(p, at)| (p.as_slice(), taken.duration_since(*at)));
                 if watch {
-                    println!(
-                        "--- {}",
-                        render::fmt_unix_utc(
-                            std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_secs())
-                                .unwrap_or(0)
-                        )
-                    );
+                    println!("--- {}", render::fmt_unix_utc(unix_now()));
                 }
                 print!("{}", render::stats(&vips, &drops, prev));
             }
