@@ -864,6 +864,18 @@ impl ApiProxy {
             .join()
             .expect("the proxy's bind thread")
             .expect("binding the API proxy on 127.0.0.1 in the node");
+        Self::serve(listener, upstream)
+    }
+
+    /// A proxy in the test's own namespace: for a client of this process
+    /// whose API server should hang or die alone.
+    pub fn start_here(upstream: SocketAddr) -> Self {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").expect("binding the API proxy on 127.0.0.1");
+        Self::serve(listener, upstream)
+    }
+
+    fn serve(listener: TcpListener, upstream: SocketAddr) -> Self {
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("the proxy's address");
         let state = Arc::new(AtomicU8::new(0));
