@@ -255,7 +255,7 @@ fn main() -> Result<()> {
         file: file.clone(),
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
-        watches: None,
+        watches: kube.as_ref().map(|(_, _, _, w)| w.clone()),
     });
     // Checked and held since before the datapath was touched; the
     // server binds its own listeners on the same addresses.
