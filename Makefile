@@ -116,13 +116,16 @@ fuzz-libfuzzer:
 variant:
 	RIVORA_BPF_CFLAGS=-DRV_BUILD_VARIANT $(CARGO) build --bin rivorad --target-dir target/variant
 
-# The micro benchmarks (rivora-bench), then the lab (scripts/lab-bench.sh):
+# The micro benchmarks (rivora-bench; its k8s area needs make apiserver),
+# then the lab (scripts/lab-bench.sh):
 # Rivora against direct routing, nftables DNAT and haproxy in network
 # namespaces. Both write target/bench/results.json; the lab also
 # target/bench/lab.svg. BENCHMARKS.md explains the figures.
 bench: deps
 	@scripts/deps.sh $(LAB_PKGS)
 	@scripts/bpffs.sh
+	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
+	$(MAKE) apiserver
 	# The restart area and the lab run the real rivorad, built beside the bench.
 	$(CARGO) build --release --bins
 	./target/release/rivora-bench

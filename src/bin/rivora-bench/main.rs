@@ -4,6 +4,7 @@
 
 mod daemon;
 mod health;
+mod k8s;
 mod labxdp;
 mod restart;
 mod synflood;
@@ -54,6 +55,15 @@ pub fn signal_child(child: &std::process::Child, sig: nix::sys::signal::Signal) 
     }
 }
 
+/// Where results.json (and what an area keeps beside it) goes.
+/// RIVORA_BENCH_OUT: somewhere else than target/bench (the e2e test that
+/// runs an area small must not touch the real figures).
+pub fn out_dir() -> PathBuf {
+    std::env::var_os("RIVORA_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target/bench"))
+}
+
 fn main() -> Result<()> {
     // The health bench re-executes this binary as its backend servers, so
     // that the servers' CPU is not charged to the checker.
@@ -65,11 +75,7 @@ fn main() -> Result<()> {
         return labxdp::run(&only[1..]);
     }
     let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
-    // RIVORA_BENCH_OUT: somewhere else than target/bench (the e2e test that
-    // runs an area small must not touch the real figures).
-    let out_dir = std::env::var_os("RIVORA_BENCH_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/bench"));
+    let out_dir = out_dir();
     fs::create_dir_all(&out_dir).context("creating target/bench")?;
     let path = out_dir.join("results.json");
     // Areas run one by one; keys from an earlier run of an area not run now
@@ -106,6 +112,11 @@ fn main() -> Result<()> {
     if want("synflood") {
         println!("SYN flood at a VIP beside established connections (real rivorad in namespaces)");
         synflood::run(&mut results).context("synflood bench")?;
+    }
+
+    if want("k8s") {
+        println!("rivorad -kubernetes: 1,000 Services against a real API server (real rivorad in a namespace)");
+        k8s::run(&mut results).context("k8s bench")?;
     }
 
     for n in &results.notes {

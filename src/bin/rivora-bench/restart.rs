@@ -97,7 +97,7 @@ pub(crate) fn in_ns(ns: &str, cmd: &str) -> Result<String> {
     ))
 }
 
-fn rivorad_bin() -> Result<PathBuf> {
+pub(crate) fn rivorad_bin() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating rivora-bench")?;
     let bin = exe.with_file_name("rivorad");
     anyhow::ensure!(
