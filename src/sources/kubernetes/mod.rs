@@ -57,9 +57,11 @@ use crate::reconciler::{Applied, Command, Sender};
 pub const EVENT_REPEAT: Duration = Duration::from_secs(600);
 /// The Event reason of a VIP the dataplane could not take.
 pub const WARN_NOT_PROGRAMMED: &str = "NotProgrammed";
-/// Buckets of `rivora_network_programming_seconds`: 1 ms to 10 s.
-pub const PROGRAMMING_BUCKETS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+/// Buckets of `rivora_network_programming_seconds`: 1 ms to 30 s, with
+/// 10 ms steps up to 100 ms, where the target (50 ms at p99) lies.
+pub const PROGRAMMING_BUCKETS: [f64; 20] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 20.0, 30.0,
 ];
 /// At most this many events are taken before the Services they touched
 /// are sent: a first list of 10,000 objects still programs in steps.
