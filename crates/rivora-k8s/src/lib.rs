@@ -1,16 +1,19 @@
 //! Rivora's Kubernetes half that needs no API server: the `ServicePolicy`
 //! custom resource ([`policy`]), the `AddressPool` custom resource
-//! ([`pool`]), the CRDs as YAML ([`crds_yaml`], [`crd_files`]), and the
+//! ([`pool`]) and the allocator that hands its addresses to Services
+//! ([`ipam`]), the CRDs as YAML ([`crds_yaml`], [`crd_files`]), and the
 //! translation of a Service, its EndpointSlices and its policy into the
 //! VIPs a node should forward ([`translate`]). Pure and libbpf-free: the
 //! watchers that feed it live in rivorad and rivora-controller.
 
+pub mod ipam;
 pub mod policy;
 pub mod pool;
 pub mod translate;
 
 use kube::CustomResourceExt;
 
+pub use ipam::{service_claim, Allocator, Claim, ClaimRef, Outcome, PoolSet};
 pub use policy::{ServicePolicy, ServicePolicySpec, ServicePolicyStatus};
 pub use pool::{AddressPool, AddressPoolSpec, AddressPoolStatus};
 pub use translate::{service_vips, TranslateOptions, Translation, Warning};
