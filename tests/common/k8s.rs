@@ -97,14 +97,16 @@ pub fn shared() -> &'static Shared {
 /// the types generate (a unit test of rivora-k8s says so too); what is
 /// installed is that same object.
 fn install_crds(kube: &Kube) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rivora_k8s::CRD_PATH);
-    let on_disk = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    assert!(
-        on_disk == rivora_k8s::crds_yaml(),
-        "{} is not what the ServicePolicy types generate: the tests would install another schema than the chart",
-        path.display()
-    );
+    for f in rivora_k8s::crd_files() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f.path);
+        let on_disk = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        assert!(
+            on_disk == f.yaml,
+            "{} is not what Rivora's types generate: the tests would install another schema than the chart",
+            path.display()
+        );
+    }
     let crd = ServicePolicy::crd();
     let name = crd.metadata.name.clone().expect("the CRD's name");
     let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
