@@ -992,6 +992,37 @@ fn policy_rules() -> Value {
     ])
 }
 
+/// Each VIP's source as `rivoractl vip list -o json` gives it, by VIP name.
+fn sources_on(rd: &Rivorad, addrs: &[IpAddr]) -> BTreeMap<String, String> {
+    vips_on(rd, addrs)
+        .into_iter()
+        .map(|(k, v)| (k, v["source"].as_str().unwrap_or_default().to_string()))
+        .collect()
+}
+
+/// The watches `rivoractl status -o json` shows, by resource: (synced,
+/// errors, last error).
+fn watches_of(rd: &Rivorad) -> BTreeMap<String, (bool, u64, Option<String>)> {
+    let st = rd.status();
+    st["watches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no watches in {st}"))
+        .iter()
+        .map(|w| {
+            (
+                w["resource"].as_str().unwrap_or_default().to_string(),
+                (
+                    w["synced"].as_bool().unwrap_or_default(),
+                    w["errors"].as_u64().unwrap_or_default(),
+                    w["last_error"].as_str().map(str::to_string),
+                ),
+            )
+        })
+        .collect()
+}
+
+const WATCHES: [&str; 3] = ["services", "endpointslices", "servicepolicies"];
+
 /// Two Services: `keep` (vip(1)) and `gone` (vip(2)), with -persist-datapath
 /// so that the datapath forwards while rivorad is down. A loop of new
 /// connections to `keep` runs from the first restart to the end: none may
@@ -1071,6 +1102,26 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
             st["unclaimed_vips"].as_u64().is_some_and(|n| n >= 2),
             "{what}: keep and gone are adopted and unclaimed: {st}"
         );
+        // And rivoractl names them so.
+        let unclaimed = BTreeMap::from([
+            (nk.clone(), "unclaimed".to_string()),
+            (ng.clone(), "unclaimed".to_string()),
+        ]);
+        assert_eq!(sources_on(&w.rd, &v), unclaimed, "{what}: vip list");
+        let watches = watches_of(&w.rd);
+        assert_eq!(
+            watches.keys().map(String::as_str).collect::<Vec<_>>(),
+            {
+                let mut r = WATCHES.to_vec();
+                r.sort_unstable();
+                r
+            },
+            "{what}: the watches rivoractl status shows"
+        );
+        assert!(
+            watches.values().any(|(synced, _, _)| !synced),
+            "{what}: every watch synced, yet no pass: {watches:?}"
+        );
         assert!(
             !w.rd.log_text().contains("pruned adopted VIPs"),
             "{what}: rivorad pruned:\n{}",
@@ -1104,6 +1155,13 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
         log.contains("watch failed; retrying"),
         "no failed watch in rivorad's log with the API server dead:\n{log}"
     );
+    // rivoractl status: none of the three synced, each with its error.
+    for (r, (synced, errors, last)) in watches_of(&w.rd) {
+        assert!(
+            !synced && errors > 0 && last.is_some(),
+            "API server dead: watch {r} synced {synced}, {errors} errors, last {last:?}"
+        );
+    }
 
     // 3. Reachable, ServicePolicies forbidden; keep scaled up meanwhile.
     let st = w.rd.stop();
@@ -1138,6 +1196,21 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
         w.rd.log_text()
     );
     hold(&w, "restarted, ServicePolicies forbidden");
+    let watches = watches_of(&w.rd);
+    for r in ["services", "endpointslices"] {
+        assert!(
+            watches[r].0,
+            "ServicePolicies forbidden: {r} is listed, yet not synced: {watches:?}"
+        );
+    }
+    let (synced, _, last) = &watches["servicepolicies"];
+    assert!(
+        !synced
+            && last
+                .as_deref()
+                .is_some_and(|e| e.to_lowercase().contains("forbidden")),
+        "ServicePolicies forbidden: the watch says so: {watches:?}"
+    );
     let log = w.rd.log_text();
     assert!(
         !log.contains("first full pass sent"),
@@ -1169,6 +1242,16 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     assert_unanswered(t, "gone pruned", sa(gone), &[Proto::Tcp]);
     let st = w.rd.status();
     assert_eq!(st["unclaimed_vips"], 0, "after the first pass: {st}");
+    let watches = watches_of(&w.rd);
+    assert!(
+        WATCHES.iter().all(|r| watches[*r].0),
+        "after the first pass every watch is synced: {watches:?}"
+    );
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([(nk.clone(), format!("service {}/keep", w.k8s.name))]),
+        "after the first pass keep is its Service's"
+    );
     load.wait("after the prune", pruned, 20);
     let attempts = load.finish();
     assert_no_failure("keep, through every restart", &attempts, t0);
