@@ -1,0 +1,589 @@
+//! One holder at a time (rivora-controller's leader, the L2 speaker's
+//! owner) through a `coordination.k8s.io` Lease, in the way client-go's
+//! leader election works: every write of the Lease is a replace
+//! conditioned on the `resourceVersion` last read, and every replica
+//! judges expiry by its own monotonic clock, never by the `renewTime`
+//! another wrote.
+//!
+//! - A replica that holds the Lease renews it every retry period. It may
+//!   write (it *leads*) until the renew deadline has passed since it sent
+//!   the last renewal the API server confirmed: the fence.
+//! - A replica that does not hold it takes it over only when the record
+//!   has not changed for the Lease's duration as this replica saw it
+//!   (from when it first read that version), or when it was released.
+//!
+//! Since another replica first sees a renewal after it was sent, it waits
+//! at least the duration from the send, and the holder stopped at the
+//! renew deadline from the send: the difference is the margin, and no
+//! clocks need to agree. A request that was held up and lands late cannot
+//! undo a newer holder's record: its `resourceVersion` no longer matches.
+//!
+//! kube-lease-manager, tried first, renews and releases with
+//! unconditional patches whose `renewTime` is stamped before the request
+//! leaves: a renewal delayed past a takeover rewound the new holder's
+//! `renewTime` (both replicas stopped writing for seconds), and a delayed
+//! release would clear the new holder's Lease.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::Client;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub namespace: String,
+    pub name: String,
+    /// This replica's identity in the Lease (its pod name).
+    pub identity: String,
+    /// How long the others wait, from a renewal they saw, before they
+    /// take the Lease over (`leaseDurationSeconds`).
+    pub duration: Duration,
+    /// How long the holder keeps writing after it sent the last renewal
+    /// that succeeded. Below the duration: the difference is the margin.
+    pub renew_deadline: Duration,
+    /// How often the holder renews and the others look.
+    pub retry_period: Duration,
+}
+
+impl LeaseSettings {
+    /// client-go's defaults (kube-controller-manager's
+    /// `--leader-elect-*` flags): 15 s, 10 s, 2 s.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// The rules between the three durations, said before anything runs.
+    pub fn check(&self) -> Result<(), ElectionError> {
+        let bad = |why: &str| {
+            Err(ElectionError::Settings(format!(
+                "{why} (lease duration {:?}, renew deadline {:?}, retry period {:?})",
+                self.duration, self.renew_deadline, self.retry_period
+            )))
+        };
+        if self.duration.as_secs() == 0 || self.duration.subsec_nanos() != 0 {
+            return bad("the lease duration must be whole seconds, at least 1s");
+        }
+        if self.renew_deadline >= self.duration {
+            return bad("the renew deadline must be below the lease duration");
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return bad("the retry period must be above zero and below the renew deadline");
+        }
+        if self.identity.is_empty() {
+            return Err(ElectionError::Settings(
+                "the identity in the Lease must not be empty".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    #[error("leader election settings: {0}")]
+    Settings(String),
+}
+
+/// The part of a Lease the election reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// `None` when released (or never held).
+    pub holder: Option<String>,
+    pub duration: Duration,
+    pub transitions: i32,
+    pub resource_version: Option<String>,
+}
+
+impl Record {
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Self {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            duration: spec
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|d| u64::try_from(d).ok())
+                .map_or(Duration::ZERO, Duration::from_secs),
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+            resource_version: lease.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// A version of the record and when this replica first read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub record: Record,
+    pub since: Instant,
+}
+
+impl Observed {
+    /// What a read at `now` makes of the previous observation: the same
+    /// version keeps the time it was first seen.
+    pub fn update(prev: Option<Observed>, record: Record, now: Instant) -> Observed {
+        match prev {
+            Some(p) if p.record == record => p,
+            _ => Observed { record, since: now },
+        }
+    }
+}
+
+/// What the election does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// No Lease: create one naming this replica.
+    Create,
+    /// This replica holds it: renew.
+    Renew,
+    /// Free (released) or expired: take it.
+    Acquire,
+    /// Another holds it: look again, at the latest at this instant (when
+    /// it would expire if nothing changes).
+    Wait(Instant),
+}
+
+pub fn decide(me: &str, seen: Option<&Observed>, now: Instant) -> Step {
+    let Some(seen) = seen else {
+        return Step::Create;
+    };
+    match seen.record.holder.as_deref() {
+        Some(h) if h == me => Step::Renew,
+        None => Step::Acquire,
+        Some(_) => {
+            let expires = seen.since + seen.record.duration;
+            if now >= expires {
+                Step::Acquire
+            } else {
+                Step::Wait(expires)
+            }
+        }
+    }
+}
+
+/// The fenced leadership, for writers to check before every write.
+#[derive(Clone)]
+pub struct Leadership {
+    leads: watch::Receiver<bool>,
+}
+
+impl Leadership {
+    /// Whether this replica may write now.
+    pub fn leads(&self) -> bool {
+        *self.leads.borrow()
+    }
+
+    /// Wait until it leads (or the election ends: false).
+    pub async fn until_leading(&mut self) -> bool {
+        self.leads.wait_for(|l| *l).await.is_ok()
+    }
+
+    /// Wait until it no longer leads.
+    pub async fn until_lost(&mut self) {
+        let _ = self.leads.wait_for(|l| !*l).await;
+    }
+
+    pub fn receiver(&self) -> watch::Receiver<bool> {
+        self.leads.clone()
+    }
+}
+
+/// The running election: [`Election::stop`] releases the Lease.
+pub struct Election {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Election {
+    pub async fn start(
+        client: Client,
+        s: &LeaseSettings,
+    ) -> Result<(Self, Leadership), ElectionError> {
+        s.check()?;
+        let (fence_tx, fence_rx) = watch::channel(None);
+        let (leads_tx, leads) = watch::channel(false);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let fence = tokio::spawn(publish_fence(fence_rx, leads_tx, s.identity.clone()));
+        let elector = Elector {
+            api: Api::namespaced(client, &s.namespace),
+            s: s.clone(),
+            seen: None,
+            fence: fence_tx,
+        };
+        let task = tokio::spawn(async move {
+            elector.run(stop_rx).await;
+            fence.abort();
+        });
+        Ok((
+            Self {
+                stop: Some(stop_tx),
+                task,
+            },
+            Leadership { leads },
+        ))
+    }
+
+    /// Stop writing, then release the Lease if this replica holds it, so
+    /// that another takes over at its next look rather than at expiry.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .is_err()
+        {
+            warn!("the election did not end within 10s");
+            self.task.abort();
+        }
+    }
+}
+
+/// Turns the fence into `leads`, flipping it off the moment the fence
+/// passes even while a request hangs.
+async fn publish_fence(
+    mut fence: watch::Receiver<Option<Instant>>,
+    leads: watch::Sender<bool>,
+    identity: String,
+) {
+    loop {
+        let until = *fence.borrow_and_update();
+        let now = Instant::now();
+        let on = until.is_some_and(|u| now < u);
+        if leads.send_replace(on) != on {
+            info!(leads = on, %identity, "leadership changed");
+        }
+        let expiry = async {
+            match until.filter(|_| on) {
+                Some(u) => tokio::time::sleep_until(u.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = fence.changed() => if r.is_err() {
+                leads.send_replace(false);
+                return;
+            },
+            _ = expiry => {}
+        }
+    }
+}
+
+struct Elector {
+    api: Api<Lease>,
+    s: LeaseSettings,
+    seen: Option<Observed>,
+    fence: watch::Sender<Option<Instant>>,
+}
+
+impl Elector {
+    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+        let mut last: Option<Lease> = None;
+        loop {
+            // A round is never cut short (its requests are bounded by the
+            // retry period): the release needs the version it wrote.
+            let next = self.round(&mut last).await;
+            // Stopped, or the Election dropped.
+            if !matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = &mut stop => break,
+            }
+        }
+        self.fence.send_replace(None);
+        self.release(last).await;
+    }
+
+    /// One look, and the write it calls for; returns when to look next.
+    async fn round(&mut self, last: &mut Option<Lease>) -> Instant {
+        let retry = Instant::now() + self.s.retry_period;
+        // Renewing needs no read: the last object this replica wrote is
+        // the version to replace, and a conflict says someone else wrote.
+        let lease = match last.take() {
+            Some(l) if self.holds() => Some(l),
+            _ => match self.get().await {
+                Ok(l) => l,
+                Err(()) => return retry,
+            },
+        };
+        let now = Instant::now();
+        self.seen = lease
+            .as_ref()
+            .map(|l| Observed::update(self.seen.take(), Record::of(l), now));
+        let step = decide(&self.s.identity, self.seen.as_ref(), now);
+        let (sent, wrote) = match step {
+            Step::Wait(expires) => return retry.min(expires),
+            Step::Create => (Instant::now(), self.create().await),
+            Step::Renew | Step::Acquire => {
+                let Some(l) = lease else { return retry };
+                (Instant::now(), self.replace(l, step == Step::Acquire).await)
+            }
+        };
+        match wrote {
+            Ok(l) => {
+                if step != Step::Renew {
+                    info!(identity = %self.s.identity, lease = %self.s.name, "took the Lease");
+                }
+                self.fence.send_replace(Some(sent + self.s.renew_deadline));
+                self.seen = Some(Observed {
+                    record: Record::of(&l),
+                    since: Instant::now(),
+                });
+                *last = Some(l);
+                retry
+            }
+            // Someone else wrote first: read again at once.
+            Err(Conflict) => Instant::now(),
+        }
+    }
+
+    fn holds(&self) -> bool {
+        self.seen
+            .as_ref()
+            .and_then(|o| o.record.holder.as_deref())
+            .is_some_and(|h| h == self.s.identity)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.s.retry_period
+    }
+
+    async fn get(&self) -> Result<Option<Lease>, ()> {
+        match tokio::time::timeout(self.timeout(), self.api.get_opt(&self.s.name)).await {
+            Ok(Ok(l)) => Ok(l),
+            Ok(Err(e)) => {
+                warn!(error = %e, lease = %self.s.name, "reading the Lease");
+                Err(())
+            }
+            Err(_) => {
+                debug!(lease = %self.s.name, "reading the Lease timed out");
+                Err(())
+            }
+        }
+    }
+
+    fn spec_now(&self, acquired: bool, transitions: i32) -> LeaseSpec {
+        let now = MicroTime(Timestamp::now());
+        LeaseSpec {
+            holder_identity: Some(self.s.identity.clone()),
+            lease_duration_seconds: Some(self.s.duration.as_secs() as i32),
+            acquire_time: acquired.then(|| now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&self) -> Result<Lease, Conflict> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.s.name.clone()),
+                namespace: Some(self.s.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(self.spec_now(true, 0)),
+        };
+        self.write(self.api.create(&PostParams::default(), &lease))
+            .await
+    }
+
+    async fn replace(&self, mut lease: Lease, acquire: bool) -> Result<Lease, Conflict> {
+        let old = lease.spec.take().unwrap_or_default();
+        let mut spec = if acquire {
+            let changed = old.holder_identity.as_deref() != Some(self.s.identity.as_str());
+            let t = old.lease_transitions.unwrap_or(0);
+            self.spec_now(true, if changed { t.saturating_add(1) } else { t })
+        } else {
+            let mut s = self.spec_now(false, old.lease_transitions.unwrap_or(0));
+            s.acquire_time = old.acquire_time.clone();
+            s
+        };
+        spec.preferred_holder = old.preferred_holder;
+        spec.strategy = old.strategy;
+        lease.spec = Some(spec);
+        lease.metadata.managed_fields = None;
+        self.write(
+            self.api
+                .replace(&self.s.name, &PostParams::default(), &lease),
+        )
+        .await
+    }
+
+    /// A create or replace, bounded by the retry period. Anything but
+    /// success counts as a conflict: read again before the next write.
+    async fn write(
+        &self,
+        req: impl std::future::Future<Output = kube::Result<Lease>>,
+    ) -> Result<Lease, Conflict> {
+        match tokio::time::timeout(self.timeout(), req).await {
+            Ok(Ok(l)) => Ok(l),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                debug!(lease = %self.s.name, "the Lease changed under this write");
+                Err(Conflict)
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, lease = %self.s.name, "writing the Lease");
+                Err(Conflict)
+            }
+            Err(_) => {
+                debug!(lease = %self.s.name, "writing the Lease timed out");
+                Err(Conflict)
+            }
+        }
+    }
+
+    /// Hand the Lease back (client-go's way: no holder, a 1 s duration),
+    /// only from the version this replica wrote last.
+    async fn release(&self, last: Option<Lease>) {
+        let Some(mut lease) = last.filter(|_| self.holds()) else {
+            return;
+        };
+        let old = lease.spec.take().unwrap_or_default();
+        lease.spec = Some(LeaseSpec {
+            holder_identity: None,
+            lease_duration_seconds: Some(1),
+            acquire_time: None,
+            renew_time: Some(MicroTime(Timestamp::now())),
+            lease_transitions: old.lease_transitions,
+            preferred_holder: old.preferred_holder,
+            strategy: old.strategy,
+        });
+        lease.metadata.managed_fields = None;
+        match self
+            .write(
+                self.api
+                    .replace(&self.s.name, &PostParams::default(), &lease),
+            )
+            .await
+        {
+            Ok(_) => info!(identity = %self.s.identity, lease = %self.s.name, "released the Lease"),
+            Err(Conflict) => {
+                warn!(lease = %self.s.name, "the Lease was not released: it expires on its own")
+            }
+        }
+    }
+}
+
+/// The write did not happen as asked.
+struct Conflict;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(holder: Option<&str>, rv: &str) -> Record {
+        Record {
+            holder: holder.map(Into::into),
+            duration: Duration::from_secs(15),
+            transitions: 0,
+            resource_version: Some(rv.into()),
+        }
+    }
+
+    #[test]
+    fn another_holder_is_waited_for_from_when_its_version_was_first_seen() {
+        let t0 = Instant::now();
+        let o = Observed::update(None, record(Some("b"), "1"), t0);
+        assert_eq!(
+            decide("a", Some(&o), t0),
+            Step::Wait(t0 + Duration::from_secs(15))
+        );
+        // The same version read again later keeps its first sighting.
+        let later = t0 + Duration::from_secs(10);
+        let o = Observed::update(Some(o), record(Some("b"), "1"), later);
+        assert_eq!(o.since, t0);
+        assert_eq!(
+            decide("a", Some(&o), t0 + Duration::from_millis(14_999)),
+            Step::Wait(t0 + Duration::from_secs(15))
+        );
+        assert_eq!(
+            decide("a", Some(&o), t0 + Duration::from_secs(15)),
+            Step::Acquire
+        );
+        // A renewal (a new version) starts the wait again.
+        let o = Observed::update(Some(o), record(Some("b"), "2"), later);
+        assert_eq!(o.since, later);
+        assert_eq!(
+            decide("a", Some(&o), t0 + Duration::from_secs(15)),
+            Step::Wait(later + Duration::from_secs(15))
+        );
+    }
+
+    #[test]
+    fn own_free_and_missing_leases() {
+        let t0 = Instant::now();
+        assert_eq!(decide("a", None, t0), Step::Create);
+        let mine = Observed::update(None, record(Some("a"), "1"), t0);
+        assert_eq!(decide("a", Some(&mine), t0), Step::Renew);
+        // Even long past its duration: only a conflict on the write says
+        // another took it.
+        assert_eq!(
+            decide("a", Some(&mine), t0 + Duration::from_secs(60)),
+            Step::Renew
+        );
+        let free = Observed::update(None, record(None, "2"), t0);
+        assert_eq!(decide("a", Some(&free), t0), Step::Acquire);
+    }
+
+    #[test]
+    fn an_empty_holder_is_no_holder() {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_duration_seconds: Some(1),
+                ..Default::default()
+            }),
+        };
+        let r = Record::of(&lease);
+        assert_eq!(r.holder, None);
+        assert_eq!(r.duration, Duration::from_secs(1));
+        assert_eq!(Record::of(&Lease::default()).duration, Duration::ZERO);
+    }
+
+    #[test]
+    fn settings_need_deadline_below_duration_and_retry_below_deadline() {
+        let s = |d: u64, rd: u64, rp: u64| LeaseSettings {
+            duration: Duration::from_millis(d),
+            renew_deadline: Duration::from_millis(rd),
+            retry_period: Duration::from_millis(rp),
+            ..LeaseSettings::new("n", "l", "i")
+        };
+        assert!(LeaseSettings::new("n", "l", "i").check().is_ok());
+        assert!(s(4_000, 3_000, 1_000).check().is_ok());
+        for (d, rd, rp, word) in [
+            (4_000, 4_000, 1_000, "renew deadline"),
+            (4_000, 3_000, 3_000, "retry period"),
+            (4_000, 3_000, 0, "retry period"),
+            (0, 0, 0, "whole seconds"),
+            (4_500, 3_000, 1_000, "whole seconds"),
+        ] {
+            let e = s(d, rd, rp).check().unwrap_err().to_string();
+            assert!(e.contains(word), "{e}");
+        }
+        let e = LeaseSettings::new("n", "l", "").check().unwrap_err();
+        assert!(e.to_string().contains("identity"), "{e}");
+    }
+}
