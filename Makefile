@@ -126,8 +126,9 @@ bench: deps
 	@scripts/bpffs.sh
 	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
 	$(MAKE) apiserver
-	# The restart area and the lab run the real rivorad, built beside the bench.
-	$(CARGO) build --release --bins
+	# The restart, k8s and controller areas and the lab run the real
+	# rivorad and rivora-controller, built beside the bench.
+	$(CARGO) build --workspace --release --bins
 	./target/release/rivora-bench
 	scripts/lab-bench.sh
 
