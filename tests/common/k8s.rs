@@ -42,7 +42,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use rivora_k8s::ServicePolicy;
 use serde_json::{json, Value};
 
@@ -107,11 +107,17 @@ fn install_crds(kube: &Kube) {
             path.display()
         );
     }
-    let crd = ServicePolicy::crd();
+    for crd in rivora_k8s::crds() {
+        install_crd(kube, &crd);
+    }
+}
+
+/// Create `crd` (an existing one is kept) and wait until it is served.
+pub fn install_crd(kube: &Kube, crd: &CustomResourceDefinition) {
     let name = crd.metadata.name.clone().expect("the CRD's name");
     let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
     kube.block_on(async {
-        match api.create(&PostParams::default(), &crd).await {
+        match api.create(&PostParams::default(), crd).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => panic!("installing CRD {name}: {e}"),
@@ -141,12 +147,26 @@ fn install_crds(kube: &Kube) {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Served too (Established comes a moment before discovery serves it).
-    let policies: Api<ServicePolicy> = Api::all(kube.client.clone());
+    let version = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.served)
+        .map(|v| v.name.clone())
+        .unwrap_or_else(|| panic!("CRD {name} serves no version"));
+    let ar = ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.clone(),
+        api_version: format!("{}/{version}", crd.spec.group),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    };
+    let objects: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
     let served =
         super::traffic::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
-            kube.block_on(policies.list(&ListParams::default())).ok()
+            kube.block_on(objects.list(&ListParams::default())).ok()
         });
-    assert!(served.is_some(), "servicepolicies never served");
+    assert!(served.is_some(), "{name} never served");
 }
 
 // ---------------------------------------------------------------------
@@ -275,6 +295,13 @@ impl TestNs {
             .collect();
         let want: Vec<String> = ips.iter().map(|ip| ip.to_string()).collect();
         assert_eq!(written, want, "{}/{service}: ingress as stored", self.name);
+    }
+
+    /// The stored Service, if any.
+    pub fn service(&self, name: &str) -> Option<Service> {
+        self.kube
+            .block_on(self.kube.services(&self.name).get_opt(name))
+            .unwrap_or_else(|e| panic!("reading Service {}/{name}: {e}", self.name))
     }
 
     pub fn delete_service(&self, name: &str) {
