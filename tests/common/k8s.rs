@@ -2,7 +2,8 @@
 //!
 //! - [`shared`]: one real kube-apiserver + etcd per test process
 //!   ([`ApiServer`]), started by the first test that asks, with Rivora's
-//!   CRDs installed from `helm/crds/` (as the chart would, before any
+//!   CRDs installed from `helm/crds/` and the Gateway API's from
+//!   `helm/gateway-api-crds/experimental/` (as the chart would, before any
 //!   rivorad runs). The watchdog of `scripts/apiserver.sh` stops it when
 //!   the test process ends. Tests keep apart by Kubernetes namespace.
 //! - [`Kube`]: a blocking client for the tests themselves (an admin,
@@ -95,7 +96,9 @@ pub fn shared() -> &'static Shared {
 
 /// The CRDs as `helm/crds/` ships them. The checked-in YAML must be what
 /// the types generate (a unit test of rivora-k8s says so too); what is
-/// installed is that same object.
+/// installed is that same object. Then the Gateway API's, as
+/// `helm/gateway-api-crds/experimental/` ships them (the channel that
+/// serves TCPRoute and UDPRoute at v1alpha2 as well as v1).
 fn install_crds(kube: &Kube) {
     for f in rivora_k8s::crd_files() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f.path);
@@ -107,46 +110,114 @@ fn install_crds(kube: &Kube) {
             path.display()
         );
     }
-    let crd = ServicePolicy::crd();
-    let name = crd.metadata.name.clone().expect("the CRD's name");
+    let mut crds = vec![ServicePolicy::crd()];
+    crds.extend(gateway_api_crds());
     let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    kube.block_on(async {
-        match api.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("installing CRD {name}: {e}"),
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = kube
-            .block_on(api.get(&name))
-            .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
-        let established = got
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "CRD {name} not Established within 30 s: {:?}",
-            got.status
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Served too (Established comes a moment before discovery serves it).
-    let policies: Api<ServicePolicy> = Api::all(kube.client.clone());
-    let served =
-        super::traffic::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
-            kube.block_on(policies.list(&ListParams::default())).ok()
+    for crd in &crds {
+        let name = crd.metadata.name.clone().expect("the CRD's name");
+        kube.block_on(async {
+            match api.create(&PostParams::default(), crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => panic!("installing CRD {name}: {e}"),
+            }
         });
-    assert!(served.is_some(), "servicepolicies never served");
+    }
+    for crd in &crds {
+        let name = crd.metadata.name.clone().expect("the CRD's name");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = kube
+                .block_on(api.get(&name))
+                .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
+            let established = got
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if established {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CRD {name} not Established within 30 s: {:?}",
+                got.status
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Served too (Established comes a moment before discovery serves
+        // it): every version the CRD serves lists.
+        let spec = &crd.spec;
+        for v in spec.versions.iter().filter(|v| v.served) {
+            let ar = ApiResource {
+                group: spec.group.clone(),
+                version: v.name.clone(),
+                api_version: format!("{}/{}", spec.group, v.name),
+                kind: spec.names.kind.clone(),
+                plural: spec.names.plural.clone(),
+            };
+            let list: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
+            let served = super::traffic::wait_for(
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                || kube.block_on(list.list(&ListParams::default())).ok(),
+            );
+            assert!(
+                served.is_some(),
+                "{} {} never served",
+                ar.api_version,
+                ar.plural
+            );
+        }
+    }
+}
+
+/// The namespaced Gateway API kinds Rivora reads: (kind, plural).
+pub const GATEWAY_API_NAMESPACED: [(&str, &str); 4] = [
+    ("Gateway", "gateways"),
+    ("TCPRoute", "tcproutes"),
+    ("UDPRoute", "udproutes"),
+    ("ReferenceGrant", "referencegrants"),
+];
+
+/// A Gateway API kind at v1.
+pub fn gateway_api_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+/// Where the Gateway API CRDs the tests install are checked in.
+pub const GATEWAY_API_CRDS: &str = "helm/gateway-api-crds/experimental";
+
+/// The Gateway API CRDs Rivora reads, as the chart ships them.
+pub fn gateway_api_crds() -> Vec<CustomResourceDefinition> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(GATEWAY_API_CRDS);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        5,
+        "the five Gateway API CRDs in {}",
+        dir.display()
+    );
+    files
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+            serde_yaml_ng::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", p.display()))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------
@@ -216,6 +287,12 @@ impl Kube {
         Api::namespaced(self.client.clone(), ns)
     }
 
+    /// Gateway API objects of `kind` (v1, which every kind Rivora reads
+    /// serves) as raw objects.
+    pub fn gateway_api(&self, ns: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &gateway_api_resource(kind, plural))
+    }
+
     /// ServicePolicies as raw objects: what the schema refuses cannot be
     /// said with the Rust type.
     fn policies(&self, ns: &str) -> Api<DynamicObject> {
@@ -228,9 +305,9 @@ impl Kube {
 }
 
 /// A namespace of Kubernetes objects for one test. Dropped: its Services,
-/// EndpointSlices and ServicePolicies are deleted (so no other test's
-/// rivorad keeps programming them), then the namespace, whose finalizer
-/// is cleared by hand.
+/// EndpointSlices, ServicePolicies and Gateway API objects are deleted (so
+/// no other test's rivorad keeps programming them), then the namespace,
+/// whose finalizer is cleared by hand.
 pub struct TestNs {
     pub kube: Kube,
     pub name: String,
@@ -376,6 +453,13 @@ impl TestNs {
             .map_err(|e| format!("deleting the EndpointSlices: {e}"))?;
         k.block_on(k.policies(&self.name).delete_collection(&dp, &lp))
             .map_err(|e| format!("deleting the ServicePolicies: {e}"))?;
+        for (kind, plural) in GATEWAY_API_NAMESPACED {
+            k.block_on(
+                k.gateway_api(&self.name, kind, plural)
+                    .delete_collection(&dp, &lp),
+            )
+            .map_err(|e| format!("deleting the {plural}: {e}"))?;
+        }
         let api: Api<Namespace> = Api::all(k.client.clone());
         k.block_on(api.delete(&self.name, &dp))
             .map_err(|e| format!("deleting the namespace: {e}"))?;
