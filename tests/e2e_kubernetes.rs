@@ -979,9 +979,12 @@ fn invalid_service_policies_are_refused_by_the_api_server() {
 /// changes. Events are what it writes on Services.
 fn rivorad_rules() -> Value {
     json!([
-        { "apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+        { "apiGroups": ["gateway.networking.k8s.io"],
+          "resources": ["gateways", "gatewayclasses", "tcproutes", "udproutes", "referencegrants"],
+          "verbs": ["get", "list", "watch"] },
     ])
 }
 
@@ -1021,7 +1024,17 @@ fn watches_of(rd: &Rivorad) -> BTreeMap<String, (bool, u64, Option<String>)> {
         .collect()
 }
 
-const WATCHES: [&str; 3] = ["services", "endpointslices", "servicepolicies"];
+const WATCHES: [&str; 9] = [
+    "services",
+    "endpointslices",
+    "servicepolicies",
+    "gateways",
+    "gatewayclasses",
+    "tcproutes",
+    "udproutes",
+    "referencegrants",
+    "namespaces",
+];
 
 /// Two Services: `keep` (vip(1)) and `gone` (vip(2)), with -persist-datapath
 /// so that the datapath forwards while rivorad is down. A loop of new
@@ -1155,7 +1168,7 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
         log.contains("watch failed; retrying"),
         "no failed watch in rivorad's log with the API server dead:\n{log}"
     );
-    // rivoractl status: none of the three synced, each with its error.
+    // rivoractl status: no watch synced, each with its error.
     for (r, (synced, errors, last)) in watches_of(&w.rd) {
         assert!(
             !synced && errors > 0 && last.is_some(),
