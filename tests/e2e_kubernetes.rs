@@ -44,7 +44,16 @@
 //! - externalTrafficPolicy Local: only this node's endpoints
 //!   (`local_traffic_policy_keeps_this_nodes_endpoints`);
 //! - `-config` with VIPs and `-kubernetes`: refused at start
-//!   (`static_vips_and_kubernetes_are_refused_together`).
+//!   (`static_vips_and_kubernetes_are_refused_together`);
+//! - the Gateway API CRDs the chart ships install, serve every version
+//!   rivorad reads and read back as the generated types
+//!   (`gateway_api_crds_install_and_read_as_the_generated_types`);
+//! - a Gateway with a TCP and a UDP listener: routes in two namespaces
+//!   (one admitted by a Selector, one refused), a cross-namespace
+//!   backendRef without and with a ReferenceGrant, weights 1:3 in the
+//!   spread of 2,000 connections, IPv4 and IPv6, a listener's route
+//!   deleted under traffic to the other
+//!   (`gateway_listeners_routes_grants_and_weights`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! files removed; its log printed if the test panics), every wait has a
@@ -62,8 +71,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::k8s::{
-    endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig, ApiProxy, ApiState, Ep,
-    Identity, Kube, Rbac, SvcPort, TestNs,
+    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig, ApiProxy,
+    ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass, TestNs,
 };
 use common::netns::{spawn_in, Netns};
 use common::rivorad::{rivorad_bin, Home, Rivorad};
@@ -163,6 +172,19 @@ impl World {
         ready: &[usize],
         terminating: &[usize],
     ) {
+        self.slices_in(&self.k8s, name, vips, ports, ready, terminating);
+    }
+
+    /// [`World::slices`] for a Service of another namespace.
+    fn slices_in(
+        &self,
+        k8s: &TestNs,
+        name: &str,
+        vips: &[IpAddr],
+        ports: &[SvcPort],
+        ready: &[usize],
+        terminating: &[usize],
+    ) {
         for v6 in [false, true] {
             if !vips.iter().any(|v| v.is_ipv6() == v6) {
                 continue;
@@ -179,8 +201,7 @@ impl World {
             eps.extend(terminating.iter().map(|&i| Ep::terminating(addr(i))));
             let eps: Vec<Ep> = eps.into_iter().map(|e| e.on(&self.node)).collect();
             let slice = format!("{name}-v{}", if v6 { 6 } else { 4 });
-            self.k8s
-                .apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
+            k8s.apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
         }
     }
 
@@ -938,7 +959,8 @@ fn invalid_service_policies_are_refused_by_the_api_server() {
         (
             "no-services",
             json!({ "services": [], "mode": "dsr" }),
-            vec!["spec.services"],
+            // Neither Services nor listeners: nothing to govern.
+            vec!["a policy names at least one Service or listener"],
         ),
         (
             "bad-rate",
@@ -982,6 +1004,12 @@ fn rivorad_rules() -> Value {
         { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+    ])
+}
+
+/// What the Gateway half reads.
+fn gateway_rules() -> Value {
+    json!([
         { "apiGroups": ["gateway.networking.k8s.io"],
           "resources": ["gateways", "gatewayclasses", "tcproutes", "udproutes", "referencegrants"],
           "verbs": ["get", "list", "watch"] },
@@ -1066,6 +1094,7 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     let id = Identity::user(&id_dir, &user);
     let rbac = Rbac::new(&kube, &user);
     rbac.grant("watch", rivorad_rules());
+    rbac.grant("gateway", gateway_rules());
     rbac.grant("policies", policy_rules());
     let allowed_policies = || rbac.allowed("list", "rivora.io", "servicepolicies");
     assert!(
@@ -1426,4 +1455,596 @@ fn static_vips_and_kubernetes_are_refused_together() {
         home.pin_dir().display()
     );
     assert!(!home.socket().exists(), "a refused start opened its API");
+}
+
+// ---------------------------------------------------------------------
+// 9. Gateway API: the CRDs, and Gateways with their routes as VIPs
+// ---------------------------------------------------------------------
+
+const GATEWAY_CONTROLLER: &str = "rivora.io/gateway-controller";
+
+/// Create `obj` (kind, plural at the version its `apiVersion` says) and
+/// read it back as the Rust type `K`.
+fn round_trip<K: serde::de::DeserializeOwned>(
+    k8s: &TestNs,
+    kind: &str,
+    plural: &str,
+    obj: Value,
+) -> K {
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    k8s.create_gateway_api(kind, plural, obj.clone());
+    let version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+    let ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            version.rsplit('/').next().unwrap_or("v1"),
+            kind,
+        ),
+        plural,
+    );
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(k8s.kube.client.clone(), &k8s.name, &ar);
+    let got = k8s
+        .kube
+        .block_on(api.get(&name))
+        .unwrap_or_else(|e| panic!("reading {kind} {name} through {version}: {e}"));
+    let v = serde_json::to_value(&got).expect("JSON");
+    serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{kind} as stored does not read as the Rust type: {e}\n{v}"))
+}
+
+/// The CRDs the chart ships (helm/gateway-api-crds/experimental) install
+/// and serve every version rivorad reads (Gateway v1, ReferenceGrant v1
+/// and v1beta1, the routes v1 and v1alpha2); what the API server stores,
+/// defaults filled in, reads as the generated types; the schema refuses a
+/// Service backendRef without a port; and the ServicePolicy schema now
+/// takes listeners but refuses a policy that names nothing.
+#[test]
+fn gateway_api_crds_install_and_read_as_the_generated_types() {
+    use rivora_k8s::gateway::api::{
+        gateways::Gateway, referencegrants::ReferenceGrant, tcproutes::TcpRoute,
+        udproutes::UdpRoute,
+    };
+    shared();
+    let kube = Kube::admin();
+    let ns = kube.namespace("gwcrd-");
+    let gw: Gateway = round_trip(
+        &ns,
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "gw"},
+            "spec": {"gatewayClassName": "rivora", "listeners": [
+                {"name": "tcp", "protocol": "TCP", "port": 5432},
+                {"name": "udp", "protocol": "UDP", "port": 53,
+                 "allowedRoutes": {"namespaces": {"from": "Selector",
+                    "selector": {"matchLabels": {"team": "a"}}}}}]}
+        }),
+    );
+    assert_eq!(gw.spec.listeners.len(), 2);
+    // The API server fills in the defaults: routes from the same namespace.
+    let from = gw.spec.listeners[0]
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.clone());
+    assert_eq!(format!("{from:?}"), "Some(Same)");
+    for (version, name) in [("v1", "r1"), ("v1alpha2", "r2")] {
+        let route: TcpRoute = round_trip(
+            &ns,
+            "TCPRoute",
+            "tcproutes",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "TCPRoute",
+                "metadata": {"name": name},
+                "spec": {"parentRefs": [{"name": "gw", "sectionName": "tcp"}],
+                         "rules": [{"backendRefs": [{"name": "db", "port": 5432, "weight": 3}]}]}
+            }),
+        );
+        let p = &route.spec.parent_refs.as_deref().unwrap_or_default()[0];
+        assert_eq!(
+            (p.group.as_deref(), p.kind.as_deref()),
+            (Some("gateway.networking.k8s.io"), Some("Gateway")),
+            "{version}: parentRef defaults"
+        );
+        assert_eq!(route.spec.rules[0].backend_refs[0].weight, Some(3));
+        let udp: UdpRoute = round_trip(
+            &ns,
+            "UDPRoute",
+            "udproutes",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "UDPRoute",
+                "metadata": {"name": name},
+                "spec": {"parentRefs": [{"name": "gw", "port": 53}],
+                         "rules": [{"backendRefs": [{"name": "dns", "port": 53}]}]}
+            }),
+        );
+        assert_eq!(
+            udp.spec.parent_refs.as_deref().unwrap_or_default()[0].port,
+            Some(53)
+        );
+    }
+    for (version, name) in [("v1", "g1"), ("v1beta1", "g2")] {
+        let g: ReferenceGrant = round_trip(
+            &ns,
+            "ReferenceGrant",
+            "referencegrants",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "ReferenceGrant",
+                "metadata": {"name": name},
+                "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": "other"}],
+                         "to": [{"group": "", "kind": "Service"}]}
+            }),
+        );
+        assert_eq!(g.spec.from[0].kind, "TCPRoute");
+    }
+    let api = ns.kube.gateway_api(&ns.name, "TCPRoute", "tcproutes");
+    let bad: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+        "metadata": {"name": "no-port", "namespace": ns.name},
+        "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "db"}]}]}
+    }))
+    .expect("an object");
+    let err = kube
+        .block_on(api.create(&kube::api::PostParams::default(), &bad))
+        .expect_err("a Service backendRef without a port is refused");
+    assert!(err.to_string().contains("port"), "{err}");
+    // ServicePolicy: listeners accepted, nothing named refused.
+    ns.create_policy(
+        "l",
+        json!({"listeners": [{"gateway": "gw", "listener": "tcp"}], "mode": "dsr"}),
+    )
+    .unwrap_or_else(|e| panic!("a policy naming a listener was refused: {e}"));
+    let err = ns
+        .create_policy("empty", json!({"mode": "dsr"}))
+        .expect_err("a policy naming nothing is refused");
+    assert!(
+        err.to_string()
+            .contains("a policy names at least one Service or listener"),
+        "{err}"
+    );
+}
+
+/// A VIP's backends by target, with their weights, from `vip list`.
+fn backends_of(m: &BTreeMap<String, Value>, name: &str) -> Option<BTreeMap<String, u64>> {
+    m.get(name).map(weights)
+}
+
+/// A Gateway of Rivora's class with a TCP and a UDP listener (port 80,
+/// routes from namespaces labelled with this test's team), its
+/// addresses written as rivora-controller would (an IPv4 and an IPv6
+/// VIP), Services `one` (backend 0) in namespace A, labelled for the team,
+/// and `two` (backends 1 and 2) in namespace B, labelled for another.
+///
+/// - Routes in two namespaces: B's UDPRoute (the older) is refused by the
+///   Selector, so the UDP listener carries A's UDPRoute (backend 0); were
+///   B's admitted, it would win and UDP would reach backends 1 and 2.
+/// - A's TCPRoute names `one` (weight 1) and B's `two` (weight 3): without
+///   a ReferenceGrant in B only `one` is resolved (every connection to
+///   backend 0); with one, `vip list` shows Maglev weights 2:3:3 and of
+///   2,000 connections backend 0 takes 25 % (within 5 points), backends 1
+///   and 2 the rest.
+/// - `vip list` names the source `gateway NS/gw`; IPv6 VIPs carry the
+///   IPv6 endpoints and forward.
+/// - A's UDPRoute deleted under a loop of TCP connections: the UDP VIPs
+///   stay with no backend and stop answering, the TCP listener's VIP
+///   fails no connection.
+#[test]
+fn gateway_listeners_routes_grants_and_weights() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let team = unique("team-");
+    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
+    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
+    let ports = nat_ports();
+    let vips = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
+    a.create_service(&cluster_service("one", &ports));
+    w.slices_in(&a, "one", &vips, &ports, &[0], &[]);
+    b.create_service(&cluster_service("two", &ports));
+    w.slices_in(&b, "two", &vips, &ports, &[1, 2], &[]);
+
+    let selector =
+        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT,
+                  "allowedRoutes": { "namespaces": selector } },
+                { "name": "udp", "protocol": "UDP", "port": VIP_PORT,
+                  "allowedRoutes": { "namespaces": selector } },
+            ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("gw", &vips);
+    let parent =
+        |section: &str| json!([{ "name": "gw", "namespace": w.k8s.name, "sectionName": section }]);
+    b.create_gateway_api(
+        "UDPRoute",
+        "udproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "UDPRoute",
+            "metadata": { "name": "refused" },
+            "spec": { "parentRefs": parent("udp"),
+                      "rules": [{ "backendRefs": [{ "name": "two", "port": VIP_PORT }] }] },
+        }),
+    );
+    // creationTimestamp has whole seconds: A's routes are younger.
+    std::thread::sleep(Duration::from_millis(1100));
+    a.create_gateway_api(
+        "UDPRoute",
+        "udproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "UDPRoute",
+            "metadata": { "name": "dns" },
+            "spec": { "parentRefs": parent("udp"),
+                      "rules": [{ "backendRefs": [{ "name": "one", "port": VIP_PORT }] }] },
+        }),
+    );
+    a.create_gateway_api(
+        "TCPRoute",
+        "tcproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+            "metadata": { "name": "db" },
+            "spec": { "parentRefs": parent("tcp"),
+                      "rules": [{ "backendRefs": [
+                          { "name": "one", "port": VIP_PORT, "weight": 1 },
+                          { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 },
+                      ] }] },
+        }),
+    );
+
+    let (tcp4, udp4) = (vip_name("tcp", sa(t.vip4)), vip_name("udp", sa(t.vip4)));
+    let (tcp6, udp6) = (
+        vip_name("tcp", SocketAddr::new(t.vip6.into(), VIP_PORT)),
+        vip_name("udp", SocketAddr::new(t.vip6.into(), VIP_PORT)),
+    );
+    let none = BTreeSet::new();
+    let b0 = w.targets(&[0], false);
+    let b0v6 = w.targets(&[0], true);
+    let (m, _) = wait_vips(
+        &w.rd,
+        "the Gateway's VIPs, two without a grant",
+        &vips,
+        PROGRAMMED,
+        |m| {
+            has(m, &tcp4, &b0, &none)
+                && has(m, &udp4, &b0, &none)
+                && has(m, &tcp6, &b0v6, &none)
+                && has(m, &udp6, &b0v6, &none)
+        },
+    );
+    assert_eq!(
+        m.len(),
+        4,
+        "one VIP per (address, listener port, protocol): {m:?}"
+    );
+    let source = format!("gateway {}/gw", w.k8s.name);
+    for (name, v) in &m {
+        assert_eq!(v["source"], source, "{name}: {v}");
+        assert_eq!(v["mode"], "nat", "{name}: {v}");
+    }
+    assert_spread(
+        t,
+        "no ReferenceGrant: `one` alone",
+        sa(t.vip4),
+        Proto::Tcp,
+        &[0],
+    );
+    assert_spread(
+        t,
+        "B's UDPRoute refused by the Selector",
+        sa(t.vip4),
+        Proto::Udp,
+        &[0],
+    );
+    let v6 = exchanges(
+        &t.client,
+        SocketAddr::new(t.vip6.into(), VIP_PORT),
+        Proto::Tcp,
+        10,
+        STEP,
+    );
+    assert!(
+        v6.iter()
+            .all(|r| r.as_ref().is_ok_and(|h| h.backend == t.backends[0].name)),
+        "TCP over IPv6 to backend 0: {v6:?}"
+    );
+
+    // The ReferenceGrant in B: `two` resolved, weights 1:3 across the
+    // Services, spread over their ready endpoints.
+    b.create_gateway_api(
+        "ReferenceGrant",
+        "referencegrants",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": { "name": "from-a" },
+            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": a.name }],
+                      "to": [{ "group": "", "kind": "Service", "name": "two" }] },
+        }),
+    );
+    let want: BTreeMap<String, u64> = [(0, 2), (1, 3), (2, 3)]
+        .into_iter()
+        .map(|(i, wt)| (w.target(i, false).to_string(), wt))
+        .collect();
+    wait_vips(&w.rd, "granted: weights 2:3:3", &vips, PROGRAMMED, |m| {
+        backends_of(m, &tcp4).as_ref() == Some(&want)
+    });
+    const N: usize = 2000;
+    let results = exchanges(&t.client, sa(t.vip4), Proto::Tcp, N, STEP);
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {N} connections failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(results.len(), N);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for h in results.iter().flatten() {
+        *counts.entry(h.backend.clone()).or_default() += 1;
+    }
+    let share = |i: usize| counts.get(&t.backends[i].name).copied().unwrap_or(0) as f64 / N as f64;
+    let (s0, s12) = (share(0), share(1) + share(2));
+    eprintln!("weights 1:3 over {N} connections: {counts:?} (Service one {s0:.3}, two {s12:.3})");
+    assert!(
+        (s0 - 0.25).abs() <= 0.05 && (s12 - 0.75).abs() <= 0.05,
+        "Service one (weight 1) took {s0:.3} and two (weight 3) {s12:.3} of {N} connections, not 0.25 and 0.75 within 0.05: {counts:?}"
+    );
+    // Within `two` both endpoints take a share. Not an even one to 5
+    // points: a slice of 12 Maglev slots gives weights 2:3:3 as 3:5:4
+    // slots (0.417 and 0.333), exact only for the Services' 3:9.
+    for i in [1, 2] {
+        assert!(
+            share(i) >= 0.25,
+            "backend {i}: {:.3} of {N}: {counts:?}",
+            share(i)
+        );
+    }
+
+    // A's UDPRoute deleted under TCP load: UDP loses its backends, TCP
+    // fails nothing.
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(t.vip4));
+    load.wait("before the UDPRoute goes", t0, 20);
+    a.delete_gateway_api("UDPRoute", "udproutes", "dns");
+    let (m, gone) = wait_vips(
+        &w.rd,
+        "UDPRoute deleted: UDP VIPs without backends",
+        &vips,
+        PROGRAMMED,
+        |m| has(m, &udp4, &none, &none) && has(m, &udp6, &none, &none) && m.contains_key(&tcp4),
+    );
+    assert_eq!(
+        backends_of(&m, &tcp4).as_ref(),
+        Some(&want),
+        "the TCP listener's VIP unchanged"
+    );
+    load.wait("after the UDPRoute went", gone, 50);
+    let attempts = load.finish();
+    assert_no_failure("TCP while the UDP listener's route went", &attempts, t0);
+    assert_unanswered(t, "UDP without a route", sa(t.vip4), &[Proto::Udp]);
+
+    // rivoractl status: the gateway source synced and owning one object;
+    // every watch synced.
+    let st = w.rd.status();
+    let gw_source = st["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+        .unwrap_or_else(|| panic!("no gateway source in {st}"));
+    assert_eq!(gw_source["synced"], true, "{gw_source}");
+    assert!(
+        gw_source["objects"].as_u64().is_some_and(|n| n >= 1),
+        "{gw_source}"
+    );
+    let watches = watches_of(&w.rd);
+    assert!(
+        WATCHES.iter().all(|r| watches[*r].0),
+        "every watch synced: {watches:?}"
+    );
+    eprintln!(
+        "{} TCP connections while the UDPRoute went, none failed",
+        attempts.len()
+    );
+}
+
+/// Gateway `name` in the World's namespace with one TCP listener on
+/// VIP_PORT at `vip`, and a TCPRoute to Service `name` (ClusterIP) whose
+/// endpoints are `backends`.
+fn gateway_with_route(w: &World, class: &str, name: &str, vip: IpAddr, backends: &[usize]) {
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.k8s.create_service(&cluster_service(name, &ports));
+    w.slices(name, &[vip], &ports, backends, &[]);
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": name },
+            "spec": { "gatewayClassName": class, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT } ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses(name, &[vip]);
+    w.k8s.create_gateway_api(
+        "TCPRoute",
+        "tcproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+            "metadata": { "name": name },
+            "spec": { "parentRefs": [{ "name": name, "sectionName": "tcp" }],
+                      "rules": [{ "backendRefs": [{ "name": name, "port": VIP_PORT }] }] },
+        }),
+    );
+}
+
+/// initsync with Gateways: two Gateways, `keep` (vip(1)) and `gone`
+/// (vip(2)), with -persist-datapath and a loop of connections to `keep`
+/// from the first restart to the end. rivorad stopped, `gone` deleted,
+/// the Gateway API watches forbidden (RBAC), rivorad started: the Service
+/// half completes its pass, the Gateway half cannot, so both VIPs stay
+/// adopted and unclaimed and `gone` still forwards. Once the watches may
+/// list, the Gateway pass claims `keep` (`gateway NS/keep`) and prunes
+/// `gone`; no connection to `keep` fails throughout.
+#[test]
+fn gateway_vips_are_pruned_only_after_the_gateway_pass() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).ipv4_only().build();
+    let servers = Servers::for_topology(&topo, false);
+    let kube = Kube::admin();
+    let home = Home::new();
+    let id_dir = home.path("identity");
+    std::fs::create_dir(&id_dir).expect("creating the identity dir");
+    let user = unique("rivorad-e2e-");
+    let id = Identity::user(&id_dir, &user);
+    let rbac = Rbac::new(&kube, &user);
+    rbac.grant("watch", rivorad_rules());
+    rbac.grant("policies", policy_rules());
+    rbac.grant("gateway", gateway_rules());
+    let allowed = || rbac.allowed("list", "gateway.networking.k8s.io", "gateways");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            allowed().then_some(())
+        })
+        .is_some(),
+        "the user may not list gateways after the grant"
+    );
+    let persist = ["-persist-datapath"];
+    let mut w = World::as_identity(topo, servers, Some((home, id)), &persist);
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let t = &w.topo;
+    let (keep, gone) = (t.vip(1), t.vip(2));
+    let v = [IpAddr::V4(keep), IpAddr::V4(gone)];
+    gateway_with_route(&w, &class.name, "keep", keep.into(), &[0, 1]);
+    gateway_with_route(&w, &class.name, "gone", gone.into(), &[2]);
+    let (nk, ng) = (vip_name("tcp", sa(keep)), vip_name("tcp", sa(gone)));
+    let none = BTreeSet::new();
+    let (k2, g1) = (w.targets(&[0, 1], false), w.targets(&[2], false));
+    wait_vips(&w.rd, "keep and gone programmed", &v, PROGRAMMED, |m| {
+        has(m, &nk, &k2, &none) && has(m, &ng, &g1, &none)
+    });
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([
+            (nk.clone(), format!("gateway {}/keep", w.k8s.name)),
+            (ng.clone(), format!("gateway {}/gone", w.k8s.name)),
+        ])
+    );
+
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(keep));
+    load.wait("first run", t0, 10);
+
+    let st = w.rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    w.k8s.delete_gateway_api("Gateway", "gateways", "gone");
+    rbac.revoke("gateway");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            (!allowed()).then_some(())
+        })
+        .is_some(),
+        "the user may still list gateways after the revoke"
+    );
+    w.rd.restart(&persist);
+    // The Service half's pass is done; the Gateway half's cannot be.
+    let passed = wait_for(PROGRAMMED, Duration::from_millis(50), || {
+        let log = w.rd.log_text();
+        (log.contains("Kubernetes: first full pass sent")
+            && log.lines().any(|l| {
+                l.contains("watch failed; retrying")
+                    && l.contains("gateways")
+                    && l.to_lowercase().contains("forbidden")
+            }))
+        .then_some(())
+    });
+    assert!(
+        passed.is_some(),
+        "no Service pass, or no forbidden Gateway watch:\n{}",
+        w.rd.log_text()
+    );
+    let pins = w.rd.home.pin_dir().to_path_buf();
+    let deadline = Instant::now() + HOLD;
+    while Instant::now() < deadline {
+        assert_eq!(
+            tcp_in_maps(&pins, sa(gone)).as_ref(),
+            Some(&g1),
+            "gone's adopted VIP changed or went"
+        );
+        assert_eq!(
+            tcp_in_maps(&pins, sa(keep)).as_ref(),
+            Some(&k2),
+            "keep's adopted VIP changed or went"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([
+            (nk.clone(), "unclaimed".to_string()),
+            (ng.clone(), "unclaimed".to_string())
+        ]),
+        "before the Gateway pass both are adopted and unclaimed"
+    );
+    assert!(
+        !w.rd.log_text().contains("pruned adopted VIPs"),
+        "pruned before the Gateway pass:\n{}",
+        w.rd.log_text()
+    );
+    let st = w.rd.status();
+    let gw_source = st["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+        .unwrap_or_else(|| panic!("no gateway source in {st}"));
+    assert_eq!(gw_source["synced"], false, "{gw_source}");
+    let watches = watches_of(&w.rd);
+    let (synced, _, last) = &watches["gateways"];
+    assert!(
+        !synced
+            && last
+                .as_deref()
+                .is_some_and(|e| e.to_lowercase().contains("forbidden")),
+        "the gateways watch says it is forbidden: {watches:?}"
+    );
+    assert_spread(&w.topo, "gone, adopted", sa(gone), Proto::Tcp, &[2]);
+
+    // The Gateway watches may list: the pass claims keep, prunes gone.
+    rbac.grant("gateway", gateway_rules());
+    let (_, pruned) = wait_vips(
+        &w.rd,
+        "the Gateway pass: keep claimed, gone pruned",
+        &v,
+        Duration::from_secs(60),
+        |m| has(m, &nk, &k2, &none) && m.len() == 1 && tcp_in_maps(&pins, sa(gone)).is_none(),
+    );
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([(nk.clone(), format!("gateway {}/keep", w.k8s.name))])
+    );
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("Gateway API: first full pass sent") && log.contains("pruned adopted VIPs"),
+        "the Gateway pass and the prune in rivorad's log:\n{log}"
+    );
+    assert_unanswered(&w.topo, "gone pruned", sa(gone), &[Proto::Tcp]);
+    load.wait("after the prune", pruned, 20);
+    let attempts = load.finish();
+    assert_no_failure("keep, through the restart and the prune", &attempts, t0);
+    eprintln!(
+        "{} connections to keep through the restart, none failed",
+        attempts.len()
+    );
 }

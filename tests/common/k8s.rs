@@ -263,11 +263,17 @@ impl Kube {
 
     /// A fresh namespace, emptied and deleted on drop.
     pub fn namespace(&self, prefix: &str) -> TestNs {
+        self.namespace_labelled(prefix, json!({}))
+    }
+
+    /// A fresh namespace with `labels` (a JSON object), emptied and
+    /// deleted on drop.
+    pub fn namespace_labelled(&self, prefix: &str, labels: Value) -> TestNs {
         let name = unique(prefix);
         let ns: Namespace = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": { "name": name },
+            "metadata": { "name": name, "labels": labels },
         }))
         .expect("a Namespace");
         let api: Api<Namespace> = Api::all(self.client.clone());
@@ -404,6 +410,76 @@ impl TestNs {
             .map(|o| serde_json::to_value(o).expect("JSON"))
     }
 
+    /// Create a Gateway API object of `kind` (`plural`) from its JSON, at
+    /// the version its `apiVersion` names; the namespace is this one.
+    pub fn create_gateway_api(&self, kind: &str, plural: &str, mut obj: Value) {
+        obj["metadata"]["namespace"] = json!(self.name);
+        let version = obj["apiVersion"]
+            .as_str()
+            .and_then(|v| v.rsplit('/').next())
+            .unwrap_or("v1")
+            .to_string();
+        let ar = ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", &version, kind),
+            plural,
+        );
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.kube.client.clone(), &self.name, &ar);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let o: DynamicObject = serde_json::from_value(obj).expect("an object");
+        self.kube
+            .block_on(api.create(&PostParams::default(), &o))
+            .unwrap_or_else(|e| panic!("creating {kind} {}/{name}: {e}", self.name));
+    }
+
+    /// Delete a Gateway API object.
+    pub fn delete_gateway_api(&self, kind: &str, plural: &str, name: &str) {
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, kind, plural)
+                    .delete(name, &DeleteParams::default()),
+            )
+            .unwrap_or_else(|e| panic!("deleting {kind} {}/{name}: {e}", self.name));
+    }
+
+    /// A Gateway API object as stored, if any.
+    pub fn gateway_api_object(&self, kind: &str, plural: &str, name: &str) -> Option<Value> {
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, kind, plural)
+                    .get_opt(name),
+            )
+            .unwrap_or_else(|e| panic!("reading {kind} {}/{name}: {e}", self.name))
+            .map(|o| serde_json::to_value(o).expect("JSON"))
+    }
+
+    /// Write a Gateway's `status.addresses` through the status subresource,
+    /// as rivora-controller does once it has assigned them.
+    pub fn set_gateway_addresses(&self, gateway: &str, ips: &[IpAddr]) {
+        let addresses: Vec<Value> = ips
+            .iter()
+            .map(|ip| json!({ "type": "IPAddress", "value": ip.to_string() }))
+            .collect();
+        let patch = json!({ "status": { "addresses": addresses } });
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, "Gateway", "gateways")
+                    .patch_status(gateway, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "patching the status of Gateway {}/{gateway}: {e}",
+                    self.name
+                )
+            });
+    }
+
     /// The Events about object `name` (any kind) in this namespace:
     /// (type, reason, note), from events.k8s.io and the core API alike.
     pub fn events_about(&self, name: &str) -> Vec<(String, String, String)> {
@@ -523,6 +599,69 @@ pub fn udp(port: u16, target: u16) -> SvcPort {
         proto: "UDP",
         port,
         target,
+    }
+}
+
+/// A ClusterIP Service (what a route's backendRefs name), both families
+/// when the cluster has them.
+pub fn cluster_service(name: &str, ports: &[SvcPort]) -> Service {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| {
+            json!({ "name": p.name, "protocol": p.proto, "port": p.port, "targetPort": p.target })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": name },
+        "spec": { "ports": ports },
+    }))
+    .expect("a Service")
+}
+
+/// A GatewayClass of a unique name, deleted on drop (cluster-scoped:
+/// no namespace takes it along).
+pub struct TestGatewayClass {
+    kube: Kube,
+    pub name: String,
+}
+
+impl TestGatewayClass {
+    pub fn new(kube: &Kube, controller: &str) -> Self {
+        let name = unique("rivora-e2e-");
+        let api: Api<DynamicObject> = Api::all_with(
+            kube.client.clone(),
+            &gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": { "name": name },
+            "spec": { "controllerName": controller },
+        }))
+        .expect("a GatewayClass");
+        kube.block_on(api.create(&PostParams::default(), &obj))
+            .unwrap_or_else(|e| panic!("creating GatewayClass {name}: {e}"));
+        Self {
+            kube: kube.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for TestGatewayClass {
+    fn drop(&mut self) {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.kube.client.clone(),
+            &gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        if let Err(e) = self
+            .kube
+            .block_on(api.delete(&self.name, &DeleteParams::default()))
+        {
+            eprintln!("deleting GatewayClass {}: {e}", self.name);
+        }
     }
 }
 
