@@ -53,7 +53,12 @@
 //!   backendRef without and with a ReferenceGrant, weights 1:3 in the
 //!   spread of 2,000 connections, IPv4 and IPv6, a listener's route
 //!   deleted under traffic to the other
-//!   (`gateway_listeners_routes_grants_and_weights`).
+//!   (`gateway_listeners_routes_grants_and_weights`);
+//! - ServicePolicies on Gateway listeners: DSR and a health check on one,
+//!   a SYN limit on another, DSR refused where the backends' port differs
+//!   (`service_policy_sets_a_gateway_listeners_mode_limit_and_health_check`);
+//! - adopted Gateway VIPs pruned only after the Gateway half's first pass
+//!   (`gateway_vips_are_pruned_only_after_the_gateway_pass`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! files removed; its log printed if the test panics), every wait has a
@@ -2047,4 +2052,213 @@ fn gateway_vips_are_pruned_only_after_the_gateway_pass() {
         "{} connections to keep through the restart, none failed",
         attempts.len()
     );
+}
+
+/// A ServicePolicy names Gateway listeners: `web-dsr` makes the TCP
+/// listener DSR with a TCP health check (the UDP listener on the same
+/// port, same Service, stays NAT), `limited` gives another listener a SYN
+/// limit (its VIP counts rate-limited SYNs, the DSR one none), and
+/// `remap-dsr` asks DSR for a listener whose backends listen on another
+/// port: not applied (the VIP stays NAT) and the policy says
+/// `Accepted=False ModeNotApplicable`.
+#[test]
+fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).dsr_vips_beside_nat().build();
+    let vip4 = topo.vip(2);
+    let mut servers = Servers::new();
+    for b in &topo.backends {
+        servers.tcp(&b.ns, &b.name, SocketAddr::from(([0u16; 8], VIP_PORT)));
+        servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
+        servers.udp_echo(&b.ns, &b.name, sa(vip4));
+    }
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let v = [IpAddr::V4(vip4)];
+    let port = |name: &'static str, proto: &'static str, port: u16| SvcPort {
+        name,
+        proto,
+        port,
+        target: VIP_PORT,
+    };
+    let ports = [
+        port("tcp", "TCP", VIP_PORT),
+        port("udp", "UDP", VIP_PORT),
+        port("remap", "TCP", VIP_PORT + 1),
+        port("limited", "TCP", VIP_PORT + 2),
+    ];
+    w.k8s.create_service(&cluster_service("web", &ports));
+    w.slices("web", &v, &ports, &[0, 1, 2], &[]);
+    let listener = |name: &str, proto: &str, port: u16| json!({ "name": name, "protocol": proto, "port": port });
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                listener("tcp", "TCP", VIP_PORT), listener("udp", "UDP", VIP_PORT),
+                listener("remap", "TCP", VIP_PORT + 1), listener("limited", "TCP", VIP_PORT + 2) ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("gw", &v);
+    for (kind, plural, section, svc_port) in [
+        ("TCPRoute", "tcproutes", "tcp", VIP_PORT),
+        ("UDPRoute", "udproutes", "udp", VIP_PORT),
+        ("TCPRoute", "tcproutes", "remap", VIP_PORT + 1),
+        ("TCPRoute", "tcproutes", "limited", VIP_PORT + 2),
+    ] {
+        w.k8s.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": section },
+                "spec": { "parentRefs": [{ "name": "gw", "sectionName": section }],
+                          "rules": [{ "backendRefs": [{ "name": "web", "port": svc_port }] }] },
+            }),
+        );
+    }
+    let at = |p: u16| SocketAddr::new(vip4.into(), p);
+    let (tcp4, udp4) = (vip_name("tcp", sa(vip4)), vip_name("udp", sa(vip4)));
+    let (remap4, limited4) = (
+        vip_name("tcp", at(VIP_PORT + 1)),
+        vip_name("tcp", at(VIP_PORT + 2)),
+    );
+    let all: BTreeSet<String> = t
+        .backends
+        .iter()
+        .map(|b| SocketAddr::new(b.v4.into(), VIP_PORT).to_string())
+        .collect();
+    let none = BTreeSet::new();
+    let modes = |m: &BTreeMap<String, Value>| -> Vec<String> {
+        [&tcp4, &udp4, &remap4, &limited4]
+            .iter()
+            .map(|n| {
+                m.get(*n).map_or("-".to_string(), |v| {
+                    v["mode"].as_str().unwrap_or("?").to_string()
+                })
+            })
+            .collect()
+    };
+    let everyone = |m: &BTreeMap<String, Value>| {
+        [&tcp4, &udp4, &remap4, &limited4]
+            .iter()
+            .all(|n| has(m, n, &all, &none))
+    };
+    wait_vips(&w.rd, "four listeners, NAT", &v, PROGRAMMED, |m| {
+        everyone(m) && modes(m) == ["nat", "nat", "nat", "nat"]
+    });
+    let probes = || -> BTreeMap<String, String> {
+        w.rd.ctl_json(&["backend", "list"])
+            .as_array()
+            .expect("backend list is an array")
+            .iter()
+            .filter(|b| b["target"].as_str().is_some_and(|x| all.contains(x)))
+            .map(|b| {
+                (
+                    b["target"].as_str().unwrap_or_default().to_string(),
+                    b["probe"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert!(
+        probes().values().all(|p| p == "disabled"),
+        "no health check yet: {:?}",
+        probes()
+    );
+
+    for (name, spec) in [
+        (
+            "web-dsr",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "tcp" }], "mode": "dsr",
+                            "healthCheck": { "type": "tcp", "interval": "500ms", "timeout": "250ms" } }),
+        ),
+        (
+            "limited",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "limited" }],
+                            "synRateLimit": { "ratePerSec": 1, "burst": 1 } }),
+        ),
+        (
+            "remap-dsr",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "remap" }], "mode": "dsr" }),
+        ),
+    ] {
+        w.k8s
+            .create_policy(name, spec)
+            .unwrap_or_else(|e| panic!("creating ServicePolicy {name}: {e}"));
+    }
+    wait_vips(
+        &w.rd,
+        "the TCP listener DSR, the others NAT",
+        &v,
+        PROGRAMMED,
+        |m| everyone(m) && modes(m) == ["dsr", "nat", "nat", "nat"],
+    );
+    wait_condition(&w.k8s, "web-dsr", "Accepted", "True", "Accepted");
+    wait_condition(&w.k8s, "limited", "Accepted", "True", "Accepted");
+    wait_condition(
+        &w.k8s,
+        "remap-dsr",
+        "Accepted",
+        "False",
+        "ModeNotApplicable",
+    );
+    // Where the backends saw the requests addressed to: the VIP under
+    // DSR, their own address under NAT.
+    for (p, dsr) in [(Proto::Tcp, true), (Proto::Udp, false)] {
+        for h in assert_spread(t, "by policy", sa(vip4), p, &[0, 1, 2]) {
+            let b = t
+                .backends
+                .iter()
+                .find(|b| b.name == h.backend)
+                .expect("a known backend");
+            let want = if dsr {
+                sa(vip4)
+            } else {
+                SocketAddr::new(b.v4.into(), VIP_PORT)
+            };
+            assert_eq!(
+                canonical(h.local),
+                want,
+                "{p:?}: where {} saw the request addressed to",
+                b.name
+            );
+        }
+    }
+    // The health check runs on the listener's backends.
+    let probed = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        probes().values().all(|p| p == "healthy").then_some(())
+    });
+    assert!(
+        probed.is_some(),
+        "the listener policy's health check: {:?}",
+        probes()
+    );
+    // The SYN limit: a burst of 1 at 1/s, five connections at once.
+    let r = exchanges(
+        &t.client,
+        at(VIP_PORT + 2),
+        Proto::Tcp,
+        5,
+        Duration::from_millis(500),
+    );
+    let limited = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        let m = vips_on(&w.rd, &v);
+        let n = m
+            .get(&limited4)
+            .and_then(|x| x["rate_limited"].as_u64())
+            .unwrap_or(0);
+        (n > 0).then_some((n, m))
+    });
+    let (n, m) = limited.unwrap_or_else(|| panic!("no rate-limited SYN on {limited4}: {r:?}"));
+    assert_eq!(
+        m[&tcp4]["rate_limited"], 0,
+        "the DSR listener has no limit: {}",
+        m[&tcp4]
+    );
+    eprintln!("{n} SYNs rate-limited on {limited4}");
 }
