@@ -58,7 +58,11 @@
 //!   a SYN limit on another, DSR refused where the backends' port differs
 //!   (`service_policy_sets_a_gateway_listeners_mode_limit_and_health_check`);
 //! - adopted Gateway VIPs pruned only after the Gateway half's first pass
-//!   (`gateway_vips_are_pruned_only_after_the_gateway_pass`).
+//!   (`gateway_vips_are_pruned_only_after_the_gateway_pass`);
+//! - the status rivora-controller is to write, computed by rivora-k8s from
+//!   the objects as stored, written through the CRDs' status subresources
+//!   and read back field by field; read again, nothing more to write
+//!   (`gateway_status_as_computed_is_what_the_crds_accept`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! files removed; its log printed if the test panics), every wait has a
@@ -2261,4 +2265,483 @@ fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
         m[&tcp4]
     );
     eprintln!("{n} SYNs rate-limited on {limited4}");
+}
+
+/// Every `K` of namespace `ns`.
+fn list_in<K>(kube: &Kube, ns: &str) -> Vec<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    kube.block_on(
+        kube::Api::<K>::namespaced(kube.client.clone(), ns).list(&kube::api::ListParams::default()),
+    )
+    .unwrap_or_else(|e| panic!("listing {} in {ns}: {e}", K::plural(&Default::default())))
+    .items
+}
+
+/// The objects of Gateway API and the Services and EndpointSlices of
+/// `namespaces`, as the API server has them now: what rivora-controller
+/// will resolve.
+fn snapshot_of(kube: &Kube, namespaces: &[&str]) -> rivora_k8s::gateway::Snapshot {
+    use rivora_k8s::gateway::api::{gatewayclasses::GatewayClass, referencegrants::ReferenceGrant};
+    let lp = kube::api::ListParams::default();
+    let c = &kube.client;
+    let mut s = rivora_k8s::gateway::Snapshot {
+        classes: kube
+            .block_on(kube::Api::<GatewayClass>::all(c.clone()).list(&lp))
+            .expect("listing GatewayClasses")
+            .items,
+        ..Default::default()
+    };
+    for ns in namespaces {
+        s.gateways.extend(list_in(kube, ns));
+        s.tcp_routes.extend(list_in(kube, ns));
+        s.udp_routes.extend(list_in(kube, ns));
+        s.grants.extend(list_in::<ReferenceGrant>(kube, ns));
+        s.services.extend(list_in(kube, ns));
+        s.slices.extend(list_in(kube, ns));
+        let n = kube
+            .block_on(kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(c.clone()).get(ns))
+            .unwrap_or_else(|e| panic!("reading namespace {ns}: {e}"));
+        s.namespaces
+            .insert(ns.to_string(), n.metadata.labels.unwrap_or_default());
+    }
+    s
+}
+
+/// One status subresource write of `obj` with `status`, conditioned on
+/// the resourceVersion read (a concurrent writer's change is never lost).
+fn write_status<K>(api: &kube::Api<K>, kube: &Kube, obj: &K, status: Value)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut v = serde_json::to_value(obj).expect("JSON");
+    v["status"] = status;
+    let o: K = serde_json::from_value(v).expect("the object with its status");
+    let name = obj.meta().name.clone().unwrap_or_default();
+    kube.block_on(api.replace_status(&name, &kube::api::PostParams::default(), &o))
+        .unwrap_or_else(|e| panic!("writing the status of {name}: {e}"));
+}
+
+/// Conditions as `type=status reason gN`.
+fn conditions_of(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={} {} g{}",
+                c["type"].as_str().unwrap_or_default(),
+                c["status"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+                c["observedGeneration"].as_i64().unwrap_or(-1)
+            )
+        })
+        .collect()
+}
+
+/// The status rivora-controller is to write (rivora-k8s's status
+/// functions, over the objects as the API server has them), written
+/// through the status subresources of the upstream CRDs: the schema takes
+/// every field, and what is read back says, field by field, what the
+/// Gateway API specification names: the class `Accepted`; the Gateway
+/// `Accepted=True ListenersNotValid` (one listener HTTP) and `Programmed`;
+/// each listener's `supportedKinds`, `attachedRoutes` and conditions (an
+/// UnsupportedProtocol one, it and a TCP one on its port in
+/// ProtocolConflict); each route's parent
+/// entry with Rivora's controllerName, `Accepted` (Accepted,
+/// NotAllowedByListeners for the namespace the Selector refuses,
+/// NoMatchingParent) and `ResolvedRefs` (ResolvedRefs, RefNotPermitted,
+/// BackendNotFound), all at the objects' generations. Read again, the
+/// status already says it all: nothing more to write.
+#[test]
+fn gateway_status_as_computed_is_what_the_crds_accept() {
+    use rivora_k8s::gateway::api::{
+        gatewayclasses::GatewayClass, gateways::Gateway, tcproutes::TcpRoute, udproutes::UdpRoute,
+    };
+    use rivora_k8s::gateway::{resolve, status};
+    shared();
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let team = unique("team-");
+    let g = kube.namespace("e2ekg-");
+    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
+    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    a.create_service(&cluster_service("one", &ports));
+    a.apply_slice(&endpoint_slice(
+        "one-v4",
+        "one",
+        false,
+        &ports,
+        &[Ep::ready(std::net::Ipv4Addr::new(10, 250, 0, 1))],
+    ));
+    b.create_service(&cluster_service("two", &nat_ports()));
+    let selector =
+        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
+    g.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "udp", "protocol": "UDP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "web", "protocol": "HTTP", "port": 8080 },
+                // TCP beside HTTP on one port: both conflicted (two TCP
+                // listeners on one port the v1.7.0 schema refuses itself).
+                { "name": "clash", "protocol": "TCP", "port": 8080 },
+            ] },
+        }),
+    );
+    g.set_gateway_addresses(
+        "gw",
+        &[IpAddr::V4(std::net::Ipv4Addr::new(10, 250, 100, 1))],
+    );
+    let parent =
+        |section: &str| json!([{ "name": "gw", "namespace": g.name, "sectionName": section }]);
+    let route =
+        |ns: &TestNs, kind: &str, plural: &str, name: &str, section: &str, backends: Value| {
+            ns.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": name },
+                "spec": { "parentRefs": parent(section), "rules": [{ "backendRefs": backends }] },
+            }),
+        );
+        };
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "db",
+        "tcp",
+        json!([
+        { "name": "one", "port": VIP_PORT, "weight": 1 },
+        { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "missing",
+        "tcp",
+        json!([{ "name": "nosuch", "port": VIP_PORT }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "nomatch",
+        "nope",
+        json!([{ "name": "one", "port": VIP_PORT }]),
+    );
+    route(
+        &b,
+        "UDPRoute",
+        "udproutes",
+        "refused",
+        "udp",
+        json!([{ "name": "two", "port": VIP_PORT }]),
+    );
+
+    let names = [g.name.as_str(), a.name.as_str(), b.name.as_str()];
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let c = &kube.client;
+    let mine = |name: &str| name == class.name;
+    let mut written = 0;
+    for cl in snap
+        .classes
+        .iter()
+        .filter(|c| mine(&c.metadata.name.clone().unwrap_or_default()))
+    {
+        let st = status::gateway_class_status(cl, &res, &now).expect("the class needs a status");
+        write_status(
+            &kube::Api::<GatewayClass>::all(c.clone()),
+            &kube,
+            cl,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for gw in &snap.gateways {
+        let st = status::gateway_status(gw, &res, &now).expect("the Gateway needs a status");
+        write_status(
+            &kube::Api::<Gateway>::namespaced(c.clone(), &g.name),
+            &kube,
+            gw,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for r in &snap.tcp_routes {
+        let st = status::tcp_route_status(r, &res, &now).expect("a TCPRoute needs a status");
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        write_status(
+            &kube::Api::<TcpRoute>::namespaced(c.clone(), &ns),
+            &kube,
+            r,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for r in &snap.udp_routes {
+        let st = status::udp_route_status(r, &res, &now).expect("a UDPRoute needs a status");
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        write_status(
+            &kube::Api::<UdpRoute>::namespaced(c.clone(), &ns),
+            &kube,
+            r,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    assert_eq!(
+        written, 6,
+        "one class, one Gateway, three TCPRoutes, one UDPRoute"
+    );
+
+    // Read back, field by field.
+    let get = |ns: &TestNs, kind: &str, plural: &str, name: &str| {
+        ns.gateway_api_object(kind, plural, name)
+            .unwrap_or_else(|| panic!("{kind} {name} is gone"))
+    };
+    let cls: Value = {
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+            c.clone(),
+            &common::k8s::gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        serde_json::to_value(kube.block_on(api.get(&class.name)).expect("the class")).expect("JSON")
+    };
+    let gen = |v: &Value| v["metadata"]["generation"].as_i64().unwrap_or(-1);
+    assert_eq!(
+        conditions_of(&cls["status"]["conditions"]),
+        [format!("Accepted=True Accepted g{}", gen(&cls))]
+    );
+    assert_eq!(
+        cls["status"]["supportedFeatures"],
+        json!([{"name": "Gateway"}, {"name": "ReferenceGrant"}, {"name": "TCPRoute"}, {"name": "UDPRoute"}])
+    );
+    let gw = get(&g, "Gateway", "gateways", "gw");
+    let gg = gen(&gw);
+    assert_eq!(
+        gw["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": "10.250.100.1" }]),
+        "the addresses kept"
+    );
+    assert_eq!(
+        conditions_of(&gw["status"]["conditions"]),
+        [
+            format!("Accepted=True ListenersNotValid g{gg}"),
+            format!("Programmed=True Programmed g{gg}")
+        ]
+    );
+    let listeners: BTreeMap<String, (i64, Value, Vec<String>)> = gw["status"]["listeners"]
+        .as_array()
+        .expect("listener status")
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap_or_default().to_string(),
+                (
+                    l["attachedRoutes"].as_i64().unwrap_or(-1),
+                    l["supportedKinds"].clone(),
+                    conditions_of(&l["conditions"]),
+                ),
+            )
+        })
+        .collect();
+    let kinds = |k: &str| json!([{ "group": "gateway.networking.k8s.io", "kind": k }]);
+    let ok = |extra: [&str; 2]| -> Vec<String> {
+        let mut v = vec![format!("Accepted=True Accepted g{gg}")];
+        v.push(format!("Conflicted={} g{gg}", extra[0]));
+        v.push(format!("ResolvedRefs=True ResolvedRefs g{gg}"));
+        v.push(format!("Programmed={} g{gg}", extra[1]));
+        v
+    };
+    assert_eq!(
+        listeners["tcp"],
+        (
+            2,
+            kinds("TCPRoute"),
+            ok(["False NoConflicts", "True Programmed"])
+        ),
+        "tcp: db and missing attached"
+    );
+    assert_eq!(
+        listeners["udp"],
+        (
+            0,
+            kinds("UDPRoute"),
+            ok(["False NoConflicts", "True Programmed"])
+        ),
+        "udp: the refused route not counted"
+    );
+    assert_eq!(
+        listeners["web"],
+        (
+            0,
+            json!([]),
+            vec![
+                format!("Accepted=False UnsupportedProtocol g{gg}"),
+                format!("Conflicted=True ProtocolConflict g{gg}"),
+                format!("ResolvedRefs=True ResolvedRefs g{gg}"),
+                format!("Programmed=False Invalid g{gg}"),
+            ]
+        )
+    );
+    assert_eq!(
+        listeners["clash"],
+        (
+            0,
+            kinds("TCPRoute"),
+            ok(["True ProtocolConflict", "False Invalid"])
+        ),
+        "clash"
+    );
+    let parents = |v: &Value| -> Vec<(String, String, Vec<String>)> {
+        v["status"]["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p["controllerName"].as_str().unwrap_or_default().to_string(),
+                    p["parentRef"]["sectionName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    conditions_of(&p["conditions"]),
+                )
+            })
+            .collect()
+    };
+    for (ns, kind, plural, name, section, accepted, resolved) in [
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "db",
+            "tcp",
+            "True Accepted",
+            "False RefNotPermitted",
+        ),
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "missing",
+            "tcp",
+            "True Accepted",
+            "False BackendNotFound",
+        ),
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "nomatch",
+            "nope",
+            "False NoMatchingParent",
+            "True ResolvedRefs",
+        ),
+        (
+            &b,
+            "UDPRoute",
+            "udproutes",
+            "refused",
+            "udp",
+            "False NotAllowedByListeners",
+            "True ResolvedRefs",
+        ),
+    ] {
+        let r = get(ns, kind, plural, name);
+        let rg = gen(&r);
+        assert_eq!(
+            parents(&r),
+            [(
+                GATEWAY_CONTROLLER.to_string(),
+                section.to_string(),
+                vec![
+                    format!("Accepted={accepted} g{rg}"),
+                    format!("ResolvedRefs={resolved} g{rg}")
+                ]
+            )],
+            "{kind} {name}: {}",
+            r["status"]
+        );
+    }
+
+    // The status already says it: nothing more to write.
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let later =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    for cl in snap
+        .classes
+        .iter()
+        .filter(|c| mine(&c.metadata.name.clone().unwrap_or_default()))
+    {
+        assert_eq!(
+            status::gateway_class_status(cl, &res, &later),
+            None,
+            "the class"
+        );
+    }
+    for gw in &snap.gateways {
+        assert_eq!(
+            status::gateway_status(gw, &res, &later),
+            None,
+            "the Gateway"
+        );
+    }
+    for r in &snap.tcp_routes {
+        assert_eq!(
+            status::tcp_route_status(r, &res, &later),
+            None,
+            "{:?}",
+            r.metadata.name
+        );
+    }
+    for r in &snap.udp_routes {
+        assert_eq!(
+            status::udp_route_status(r, &res, &later),
+            None,
+            "{:?}",
+            r.metadata.name
+        );
+    }
+    // A ReferenceGrant appears: only db's status changes.
+    b.create_gateway_api(
+        "ReferenceGrant",
+        "referencegrants",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": { "name": "from-a" },
+            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": a.name }],
+                      "to": [{ "group": "", "kind": "Service" }] },
+        }),
+    );
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let changed: Vec<String> = snap
+        .tcp_routes
+        .iter()
+        .filter(|r| status::tcp_route_status(r, &res, &later).is_some())
+        .map(|r| r.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(changed, ["db"]);
+    assert!(snap
+        .gateways
+        .iter()
+        .all(|gw| status::gateway_status(gw, &res, &later).is_none()));
 }

@@ -1273,6 +1273,12 @@ fn gateway_result(
         Cond::yes(reason::ACCEPTED, "the Gateway is valid")
     };
 
+    // A Gateway that is not accepted forwards nothing, so it holds no
+    // port a younger one could use.
+    if !accepted.status {
+        held.retain(|_, (g, _)| g != key);
+    }
+
     let programmed = if !accepted.status {
         Cond::no(
             reason::INVALID,

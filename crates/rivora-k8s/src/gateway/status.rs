@@ -7,8 +7,11 @@
 //!
 //! Each function takes the object as last read and returns `Some(status)`
 //! only when the object's status does not already say it: the controller
-//! writes exactly that (a merge patch of `status`, or a replace of the
-//! status subresource) and writes nothing on `None`. Which is how it
+//! writes exactly that, as a replace of the status subresource carrying
+//! the resourceVersion it read (a concurrent writer's change then fails
+//! the write instead of being lost; a merge patch would replace the
+//! `parents[]` and `listeners[]` lists whole), and writes nothing on
+//! `None`. Which is how it
 //! writes only on change, with no memory of its own:
 //!
 //! ```text
@@ -16,7 +19,9 @@
 //! let now = Time(k8s_openapi::jiff::Timestamp::now());
 //! for gw in cluster.gateways() {
 //!     if let Some(status) = gateway_status(gw, &res, &now) {
-//!         api.patch_status(&name, &pp, &Patch::Merge(json!({ "status": status })))?;
+//!         let mut new = gw.clone();          // resourceVersion as read
+//!         new.status = Some(status);
+//!         api.replace_status(&name, &PostParams::default(), &new).await?; // 409: read again
 //!     }
 //! }
 //! ```

@@ -500,6 +500,22 @@ fn listeners() {
             ],
             not: &[],
         },
+        Row {
+            rule: "an older Gateway that is not accepted holds no port",
+            cluster: |s| {
+                s.gateways[0] = gateway(json!({"spec": {"infrastructure": {"parametersRef": {"group": "", "kind": "ConfigMap", "name": "x"}}}}));
+                let mut g = gateway(json!({"metadata": {"name": "late", "creationTimestamp": "2026-06-01T00:00:00Z"}}));
+                g.spec.listeners.truncate(1);
+                s.gateways.push(g);
+            },
+            want: &[
+                "gateway infra/gw Accepted=False InvalidParameters",
+                "gateway infra/late Accepted=True Accepted",
+                "listener tcp Accepted=True Accepted",
+                "vip tcp/203.0.113.10:5432 []",
+            ],
+            not: &["listener tcp Accepted=False PortUnavailable"],
+        },
     ]);
 }
 
