@@ -62,7 +62,10 @@
 //! - the status rivora-controller is to write, computed by rivora-k8s from
 //!   the objects as stored, written through the CRDs' status subresources
 //!   and read back field by field; read again, nothing more to write
-//!   (`gateway_status_as_computed_is_what_the_crds_accept`).
+//!   (`gateway_status_as_computed_is_what_the_crds_accept`);
+//! - a Gateway listener whose VIP a Service holds: the Service keeps it,
+//!   the Gateway gets a Warning Event
+//!   (`a_gateway_refused_by_the_dataplane_gets_an_event`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! files removed; its log printed if the test panics), every wait has a
@@ -2744,4 +2747,95 @@ fn gateway_status_as_computed_is_what_the_crds_accept() {
         .gateways
         .iter()
         .all(|gw| status::gateway_status(gw, &res, &later).is_none()));
+}
+
+/// A Gateway whose TCP listener's VIP key a LoadBalancer Service already
+/// holds: the Service keeps it (the first claim wins), `rivoractl status`
+/// names both in its conflicts, and the Gateway gets a Warning Event
+/// `NotProgrammed` naming the VIP, the only way its owner can learn what a
+/// node's dataplane refused; its UDP listener, on a free key, forwards.
+#[test]
+fn a_gateway_refused_by_the_dataplane_gets_an_event() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("squatter", &v, &[tcp(VIP_PORT, NAT_BACKEND_PORT)], &[0]);
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let udp4 = vip_name("udp", sa(t.vip4));
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "the Service holds the key", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0], false), &none)
+    });
+    let ports = nat_ports();
+    w.k8s.create_service(&cluster_service("web", &ports));
+    w.slices("web", &v, &ports, &[1, 2], &[]);
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "late" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT },
+                { "name": "udp", "protocol": "UDP", "port": VIP_PORT } ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("late", &v);
+    for (kind, plural, section) in [
+        ("TCPRoute", "tcproutes", "tcp"),
+        ("UDPRoute", "udproutes", "udp"),
+    ] {
+        w.k8s.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": section },
+                "spec": { "parentRefs": [{ "name": "late", "sectionName": section }],
+                          "rules": [{ "backendRefs": [{ "name": "web", "port": VIP_PORT }] }] },
+            }),
+        );
+    }
+    let (m, _) = wait_vips(
+        &w.rd,
+        "UDP the Gateway's, TCP still the Service's",
+        &v,
+        PROGRAMMED,
+        |m| {
+            has(m, &udp4, &w.targets(&[1, 2], false), &none)
+                && has(m, &tcp4, &w.targets(&[0], false), &none)
+        },
+    );
+    assert_eq!(
+        m[&tcp4]["source"],
+        format!("service {}/squatter", w.k8s.name)
+    );
+    assert_eq!(m[&udp4]["source"], format!("gateway {}/late", w.k8s.name));
+    let evs = wait_for(PROGRAMMED, Duration::from_millis(200), || {
+        let evs = w.k8s.events_about("late");
+        evs.iter()
+            .any(|(ty, reason, note)| {
+                ty == "Warning" && reason == "NotProgrammed" && note.contains(&tcp4)
+            })
+            .then_some(evs)
+    });
+    assert!(
+        evs.is_some(),
+        "no Warning NotProgrammed Event on Gateway late naming {tcp4}: {:?}",
+        w.k8s.events_about("late")
+    );
+    let st = w.rd.status();
+    let conflicts = st["conflicts"].to_string();
+    assert!(
+        conflicts.contains(&format!("{}/squatter", w.k8s.name))
+            && conflicts.contains(&format!("{}/late", w.k8s.name)),
+        "rivoractl status names both claimants: {conflicts}"
+    );
+    assert_spread(t, "the Service keeps TCP", sa(t.vip4), Proto::Tcp, &[0]);
+    assert_spread(t, "the Gateway has UDP", sa(t.vip4), Proto::Udp, &[1, 2]);
 }

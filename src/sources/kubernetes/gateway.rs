@@ -25,7 +25,10 @@
 //! can move traffic between them), and a change of a Service or its
 //! EndpointSlices only when a Gateway reads backends from it; only the
 //! Gateways whose VIPs changed are sent. Status is rivora-controller's to
-//! write; rivorad writes none on Gateway API objects.
+//! write; rivorad writes none on Gateway API objects. What only a node
+//! knows, a VIP its dataplane refused (a key another owner holds, no
+//! Maglev slots), is a Warning Event `NotProgrammed` on the Gateway, as on
+//! a Service.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -50,7 +53,7 @@ use rivora_k8s::translate::PolicyUse;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use super::{now_secs, Change, Listed, Msg, State, Watch};
+use super::{now_secs, Change, Listed, Msg, State, Warner, Watch, WARN_NOT_PROGRAMMED};
 use crate::desired::{DesiredVip, Owner, SourceKind};
 use crate::reconciler::{Command, Sender};
 
@@ -516,7 +519,7 @@ impl Cluster for View<'_> {
 /// Resolve the Gateways again if anything they read changed, and send
 /// those whose VIPs changed; after the first such pass, `Synced(Gateway)`.
 /// None when the reconciler is gone.
-pub(super) fn flush(state: &mut State, tx: &Sender) -> Option<()> {
+pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<()> {
     if !state.gw.dirty && state.gw.synced_sent {
         return Some(());
     }
@@ -570,12 +573,25 @@ pub(super) fn flush(state: &mut State, tx: &Sender) -> Option<()> {
             ack: Some(ack),
         })
         .ok()?;
+        let gateway = state.gw.gateways.items.get(&key).cloned();
+        let warner = warner.clone();
         tokio::spawn(async move {
             let Ok(applied) = applied.await else { return };
             if applied.ok() {
                 debug!(gateway = %key, "programmed");
-            } else {
-                warn!(gateway = %key, error = %applied.summary(), "not programmed in full");
+                return;
+            }
+            warn!(gateway = %key, error = %applied.summary(), "not programmed in full");
+            // What the Gateway's owner must know: the controller cannot
+            // see a node's dataplane refuse a VIP.
+            if let Some(gw) = gateway {
+                for (vip, reason) in &applied.failed {
+                    warner.warn(
+                        &*gw,
+                        WARN_NOT_PROGRAMMED,
+                        format!("VIP {vip} is not programmed: {reason}"),
+                    );
+                }
             }
         });
     }

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -537,15 +537,15 @@ fn is_not_found(e: &watcher::Error) -> bool {
 }
 
 /// Where a warning goes once it passed the rate limit: an Event on the
-/// Service (a test collects them instead).
-type WarnSink = Arc<dyn Fn(Arc<Service>, &'static str, String) + Send + Sync>;
+/// object (a Service, a Gateway; a test collects them instead).
+type WarnSink = Arc<dyn Fn(ObjectReference, &'static str, String) + Send + Sync>;
 
-/// When each (Service, reason, message) was last published.
-type Warned = HashMap<(ObjectRef, &'static str, String), Instant>;
+/// When each (kind, object, reason, message) was last published.
+type Warned = HashMap<(String, ObjectRef, &'static str, String), Instant>;
 
-/// Warnings on Services, each (Service, reason, message) at most once
-/// per [`EVENT_REPEAT`]. Shared by the pass and the tasks that wait for
-/// the reconciler's answers.
+/// Warnings on Services and Gateways, each (object, reason, message) at
+/// most once per [`EVENT_REPEAT`]. Shared by the pass and the tasks that
+/// wait for the reconciler's answers.
 #[derive(Clone)]
 struct Warner {
     sink: WarnSink,
@@ -563,7 +563,7 @@ impl Warner {
     /// Warning Events published by `recorder`, off the caller's task.
     fn events(recorder: Recorder) -> Self {
         Self::new(Arc::new(
-            move |svc: Arc<Service>, reason: &'static str, message: String| {
+            move |obj: ObjectReference, reason: &'static str, message: String| {
                 let recorder = recorder.clone();
                 tokio::spawn(async move {
                     let ev = KubeEvent {
@@ -573,28 +573,33 @@ impl Warner {
                         action: "Program".into(),
                         secondary: None,
                     };
-                    if let Err(e) = recorder.publish(&ev, &svc.object_ref(&())).await {
-                        debug!(error = %e, service = %svc.name_any(), "publishing an Event");
+                    if let Err(e) = recorder.publish(&ev, &obj).await {
+                        debug!(error = %e, object = ?obj.name, kind = ?obj.kind, "publishing an Event");
                     }
                 });
             },
         ))
     }
 
-    fn warn(&self, svc: &Arc<Service>, reason: &'static str, message: String) {
+    fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &'static str, message: String) {
         let now = Instant::now();
         {
             let Ok(mut warned) = self.warned.lock() else {
                 return;
             };
             warned.retain(|_, at| now.duration_since(*at) < EVENT_REPEAT);
-            let key = (key_of(&**svc), reason, message.clone());
+            let key = (
+                K::kind(&()).to_string(),
+                key_of(obj),
+                reason,
+                message.clone(),
+            );
             if warned.contains_key(&key) {
                 return;
             }
             warned.insert(key, now);
         }
-        (self.sink)(svc.clone(), reason, message);
+        (self.sink)(obj.object_ref(&()), reason, message);
     }
 }
 
@@ -671,7 +676,7 @@ fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> O
     // Gateways read the Services, EndpointSlices and policies above, so
     // they wait for those lists as well as their own.
     if state.gw.listed() {
-        gateway::flush(state, tx)?;
+        gateway::flush(state, tx, warner)?;
     }
     if !state.synced_sent {
         tx.send(Command::Synced(SourceKind::Service)).ok()?;
@@ -708,7 +713,7 @@ fn flush(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> 
         }
         if let Some(svc) = state.services.items.get(&key) {
             for w in &t.warnings {
-                warner.warn(svc, w.reason, w.message.clone());
+                warner.warn(&**svc, w.reason, w.message.clone());
             }
         }
         let unchanged = match state.sent.get(&key) {
@@ -761,7 +766,7 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
     if let Some(svc) = svc {
         for (vip, reason) in &applied.failed {
             warner.warn(
-                &svc,
+                &*svc,
                 WARN_NOT_PROGRAMMED,
                 format!("VIP {vip} is not programmed: {reason}"),
             );

@@ -84,10 +84,13 @@ impl Harness {
         let (tx, rx) = mpsc::channel();
         let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
         let w = warnings.clone();
-        let warner = Warner::new(Arc::new(move |s: Arc<Service>, reason, msg| {
-            w.lock()
-                .unwrap()
-                .push((key_of(&*s).to_string(), reason, msg));
+        let warner = Warner::new(Arc::new(move |o: ObjectReference, reason, msg| {
+            let key = format!(
+                "{}/{}",
+                o.namespace.unwrap_or_default(),
+                o.name.unwrap_or_default()
+            );
+            w.lock().unwrap().push((key, reason, msg));
         }));
         Self {
             state: State::new(KubeOptions {
