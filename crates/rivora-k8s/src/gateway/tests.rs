@@ -1092,3 +1092,85 @@ fn route_status_parents() {
     let other = udp_route("team-a", "x", T1, json!([{"name": "nope"}]), json!([]));
     assert_eq!(udp_route_status(&other, &resolve(&s), &t0), None);
 }
+
+// ---------------------------------------------------------------------
+// The checked-in CRDs and types
+// ---------------------------------------------------------------------
+
+/// `helm/gateway-api-crds/` holds, per channel, the five CRDs of the
+/// pinned release (the annotations upstream stamps say which), and the
+/// version each generated type speaks is one the experimental CRD serves.
+/// Whether they are still byte for byte the release's is
+/// `scripts/gateway-api.sh --check` (it needs the module proxy).
+#[test]
+fn checked_in_gateway_api_crds_are_the_pinned_release() {
+    use kube::Resource;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../helm/gateway-api-crds");
+    let mut served: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for channel in ["standard", "experimental"] {
+        let mut kinds = Vec::new();
+        let mut entries: Vec<_> = std::fs::read_dir(dir.join(channel))
+            .unwrap_or_else(|e| panic!("reading {channel}: {e}"))
+            .map(|e| e.expect("an entry").path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let text = std::fs::read_to_string(&p).expect("a CRD file");
+            let v: Value =
+                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let ann = &v["metadata"]["annotations"];
+            assert_eq!(
+                ann["gateway.networking.k8s.io/bundle-version"],
+                api::BUNDLE_VERSION,
+                "{}",
+                p.display()
+            );
+            assert_eq!(
+                ann["gateway.networking.k8s.io/channel"],
+                channel,
+                "{}",
+                p.display()
+            );
+            let kind = v["spec"]["names"]["kind"]
+                .as_str()
+                .expect("a kind")
+                .to_string();
+            if channel == "experimental" {
+                let versions = v["spec"]["versions"]
+                    .as_array()
+                    .expect("versions")
+                    .iter()
+                    .filter(|x| x["served"] == true)
+                    .map(|x| x["name"].as_str().unwrap_or_default().to_string())
+                    .collect();
+                served.insert(kind.clone(), versions);
+            }
+            kinds.push(kind);
+        }
+        kinds.sort();
+        assert_eq!(
+            kinds,
+            [
+                "Gateway",
+                "GatewayClass",
+                "ReferenceGrant",
+                "TCPRoute",
+                "UDPRoute"
+            ],
+            "{channel}"
+        );
+    }
+    for (kind, version) in [
+        (GatewayClass::kind(&()), GatewayClass::version(&())),
+        (Gateway::kind(&()), Gateway::version(&())),
+        (ReferenceGrant::kind(&()), ReferenceGrant::version(&())),
+        (TcpRoute::kind(&()), TcpRoute::version(&())),
+        (UdpRoute::kind(&()), UdpRoute::version(&())),
+    ] {
+        assert!(
+            served[kind.as_ref()].iter().any(|v| *v == version),
+            "the {kind} type speaks {version}, which the CRD does not serve: {:?}",
+            served[kind.as_ref()]
+        );
+    }
+}
