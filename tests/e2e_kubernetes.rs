@@ -65,7 +65,10 @@
 //!   (`gateway_status_as_computed_is_what_the_crds_accept`);
 //! - a Gateway listener whose VIP a Service holds: the Service keeps it,
 //!   the Gateway gets a Warning Event
-//!   (`a_gateway_refused_by_the_dataplane_gets_an_event`).
+//!   (`a_gateway_refused_by_the_dataplane_gets_an_event`);
+//! - an API server without the Gateway API CRDs: the watches say so,
+//!   sync empty and warn once; installed later, a Gateway forwards
+//!   (`without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_installed`).
 //!
 //! Every rivorad runs in an RAII guard (SIGTERM, then SIGKILL; its pins and
 //! files removed; its log printed if the test panics), every wait has a
@@ -83,7 +86,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::k8s::{
-    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig, ApiProxy,
+    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig_with, ApiProxy,
     ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass, TestNs,
 };
 use common::netns::{spawn_in, Netns};
@@ -143,15 +146,33 @@ impl World {
         who: Option<(Home, Identity)>,
         extra: &[&str],
     ) -> Self {
-        let kube = Kube::admin();
+        let s = shared();
+        Self::on_server(
+            topo,
+            servers,
+            (&Kube::admin(), s.addr, &s.server.ca_cert),
+            who,
+            extra,
+        )
+    }
+
+    /// On an API server of the test's own: its admin client, address
+    /// and CA.
+    fn on_server(
+        topo: Topology,
+        servers: Servers,
+        (kube, addr, ca): (&Kube, SocketAddr, &Path),
+        who: Option<(Home, Identity)>,
+        extra: &[&str],
+    ) -> Self {
         let k8s = kube.namespace("e2ek-");
-        let proxy = ApiProxy::start(&topo.node, shared().addr);
+        let proxy = ApiProxy::start(&topo.node, addr);
         let (home, id) = match who {
             Some((h, id)) => (h, id),
             None => (Home::new(), Identity::admin()),
         };
         let kubeconfig = home.path("kubeconfig");
-        write_kubeconfig(&kubeconfig, &proxy.url(), &id);
+        write_kubeconfig_with(&kubeconfig, &proxy.url(), ca, &id);
         let node = unique("node-");
         let yaml = home.node_config("n0", topo.node_v4, topo.node_v6);
         let rd = Rivorad::start_kubernetes(&topo.node, home, &yaml, &kubeconfig, &node, extra);
@@ -2838,4 +2859,110 @@ fn a_gateway_refused_by_the_dataplane_gets_an_event() {
     );
     assert_spread(t, "the Service keeps TCP", sa(t.vip4), Proto::Tcp, &[0]);
     assert_spread(t, "the Gateway has UDP", sa(t.vip4), Proto::Udp, &[1, 2]);
+}
+
+/// On an API server of the test's own with no CRD at all: Services are
+/// served as ever; the five Gateway API watches say the CRDs are not
+/// installed, count as listed after their second look (the Gateway source
+/// is synced, so nothing waits on it) and warn once each, not on every
+/// retry. The CRDs installed later, a Gateway is picked up within the
+/// retry period and forwards.
+#[test]
+fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_installed() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let server = common::apiserver::ApiServer::start();
+    let addr: SocketAddr = server
+        .url
+        .strip_prefix("https://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
+    let kube = Kube::new(&server.kubeconfig);
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let id = Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    };
+    let w = World::on_server(
+        topo,
+        servers,
+        (&kube, addr, &server.ca_cert),
+        Some((Home::new(), id)),
+        &[],
+    );
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.service("web", &v, &ports, &[0, 1, 2]);
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "the Service without any CRD", &v, PROGRAMMED, |m| {
+        has(
+            m,
+            &vip_name("tcp", sa(t.vip4)),
+            &w.targets(&[0, 1, 2], false),
+            &none,
+        )
+    });
+    let gateway_watches = [
+        "gateways",
+        "gatewayclasses",
+        "tcproutes",
+        "udproutes",
+        "referencegrants",
+    ];
+    let synced = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let st = w.rd.status();
+        let gw = st["sources"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+            .cloned();
+        gw.is_some_and(|g| g["synced"] == true).then_some(())
+    });
+    assert!(
+        synced.is_some(),
+        "the Gateway source never synced without its CRDs: {}",
+        w.rd.status()
+    );
+    let watches = watches_of(&w.rd);
+    for r in gateway_watches {
+        let (synced, _, last) = &watches[r];
+        assert!(
+            *synced
+                && last.as_deref().is_some_and(|e| e.contains(&format!(
+                    "the Gateway API CRDs ({r} gateway.networking.k8s.io) are not installed"
+                ))),
+            "{r}: {watches:?}"
+        );
+    }
+    // Quietly: one warning each, whatever the retries since.
+    std::thread::sleep(Duration::from_secs(12));
+    let warned =
+        w.rd.log_text()
+            .lines()
+            .filter(|l| l.contains("the Gateway API CRDs are not installed"))
+            .count();
+    assert_eq!(
+        warned,
+        gateway_watches.len(),
+        "warnings about the missing CRDs:\n{}",
+        w.rd.log_text()
+    );
+
+    // Installed: the next look finds them.
+    common::k8s::install_gateway_api_crds(&kube);
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let vip = t.vip(2);
+    gateway_with_route(&w, &class.name, "late", vip.into(), &[1]);
+    let (m, _) = wait_vips(
+        &w.rd,
+        "the Gateway once the CRDs are there",
+        &[IpAddr::V4(vip)],
+        Duration::from_secs(40),
+        |m| has(m, &vip_name("tcp", sa(vip)), &w.targets(&[1], false), &none),
+    );
+    assert_eq!(
+        m[&vip_name("tcp", sa(vip))]["source"],
+        format!("gateway {}/late", w.k8s.name)
+    );
+    assert_spread(t, "the late Gateway", sa(vip), Proto::Tcp, &[1]);
 }

@@ -112,8 +112,20 @@ fn install_crds(kube: &Kube) {
     }
     let mut crds = vec![ServicePolicy::crd()];
     crds.extend(gateway_api_crds());
+    install(kube, &crds);
+}
+
+/// The Gateway API CRDs, installed and served, on `kube`'s server (one of
+/// a test's own: the shared one has them from the start).
+pub fn install_gateway_api_crds(kube: &Kube) {
+    install(kube, &gateway_api_crds());
+}
+
+/// Create `crds` and wait until each is Established and every version it
+/// serves lists.
+fn install(kube: &Kube, crds: &[CustomResourceDefinition]) {
     let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    for crd in &crds {
+    for crd in crds {
         let name = crd.metadata.name.clone().expect("the CRD's name");
         kube.block_on(async {
             match api.create(&PostParams::default(), crd).await {
@@ -123,7 +135,7 @@ fn install_crds(kube: &Kube) {
             }
         });
     }
-    for crd in &crds {
+    for crd in crds {
         let name = crd.metadata.name.clone().expect("the CRD's name");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -527,14 +539,25 @@ impl TestNs {
             .map_err(|e| format!("deleting the Services: {e}"))?;
         k.block_on(k.slices(&self.name).delete_collection(&dp, &lp))
             .map_err(|e| format!("deleting the EndpointSlices: {e}"))?;
-        k.block_on(k.policies(&self.name).delete_collection(&dp, &lp))
-            .map_err(|e| format!("deleting the ServicePolicies: {e}"))?;
+        // CRD kinds: a server of a test's own may not have them (404).
+        let absent_ok = |r: Result<(), kube::Error>, what: &str| match r {
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            r => r.map_err(|e| format!("deleting the {what}: {e}")),
+        };
+        absent_ok(
+            k.block_on(k.policies(&self.name).delete_collection(&dp, &lp))
+                .map(|_| ()),
+            "ServicePolicies",
+        )?;
         for (kind, plural) in GATEWAY_API_NAMESPACED {
-            k.block_on(
-                k.gateway_api(&self.name, kind, plural)
-                    .delete_collection(&dp, &lp),
-            )
-            .map_err(|e| format!("deleting the {plural}: {e}"))?;
+            absent_ok(
+                k.block_on(
+                    k.gateway_api(&self.name, kind, plural)
+                        .delete_collection(&dp, &lp),
+                )
+                .map(|_| ()),
+                plural,
+            )?;
         }
         let api: Api<Namespace> = Api::all(k.client.clone());
         k.block_on(api.delete(&self.name, &dp))
@@ -880,7 +903,12 @@ impl Identity {
 
 /// Write a kubeconfig for `server` (an https URL) as `who`.
 pub fn write_kubeconfig(path: &Path, server: &str, who: &Identity) {
-    let ca = &shared().server.ca_cert;
+    write_kubeconfig_with(path, server, &shared().server.ca_cert, who);
+}
+
+/// [`write_kubeconfig`] for a server of another CA (an [`ApiServer`] of
+/// the test's own).
+pub fn write_kubeconfig_with(path: &Path, server: &str, ca: &Path, who: &Identity) {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: rivora-test\n  cluster:\n    \
          server: {server}\n    certificate-authority: {}\nusers:\n- name: rivorad\n  user:\n    \
