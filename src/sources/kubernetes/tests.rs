@@ -731,3 +731,37 @@ async fn an_unreadable_gateway_keeps_its_last_copy() {
     assert!(sent.gateways.is_empty(), "{sent:?}");
     assert_eq!(h.state.watches[Watch::Gateways as usize].objects, 1);
 }
+
+/// A route naming a Service that does not exist yet: the Gateway is sent
+/// without backends, and again with them once the Service and its slice
+/// appear (the Gateway reads it even while it is missing).
+#[tokio::test]
+async fn a_backend_service_that_appears_later_is_picked_up() {
+    let mut h = Harness::new();
+    let sent = gateway_world(&mut h, vec![gw("10.0.0.9")], vec![route("later")]);
+    assert_eq!(
+        sent.gateways,
+        set(&[("a/gw", &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 []"])])
+    );
+    let later: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": "a", "name": "later"},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .expect("a Service");
+    let sent = h.feed(vec![Msg::Service(Ok(Event::Apply(later)))]);
+    // No endpoints yet: nothing changed, nothing sent.
+    assert!(sent.gateways.is_empty(), "{sent:?}");
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "later-1",
+        "later",
+        &["10.1.0.7"],
+    ))))]);
+    assert_eq!(
+        sent.gateways,
+        set(&[(
+            "a/gw",
+            &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 [10.1.0.7:8080*1]"]
+        )])
+    );
+}

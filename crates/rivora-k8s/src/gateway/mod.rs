@@ -413,8 +413,8 @@ pub struct GatewayResult {
     pub listeners: Vec<ListenerResult>,
     /// What every node forwards for it, sorted by VIP key.
     pub vips: Vec<DesiredVip>,
-    /// The Services its VIPs read backends from (to know what a Service or
-    /// EndpointSlice change touches).
+    /// The Services its listeners' routes name, found or not (to know
+    /// what a Service or EndpointSlice change touches).
     pub services: BTreeSet<ObjectRef>,
 }
 
@@ -1005,7 +1005,25 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                 .first()
                 .and_then(|r| resolved.get(r))
                 .map_or(&[], |(_, refs)| refs.as_slice());
-            services.extend(refs.iter().map(|r| r.key.clone()));
+            // Every Service the route names, resolved or not: one that
+            // appears, or gains endpoints, must bring the Gateway back.
+            if let Some(route) = lr
+                .routes
+                .first()
+                .and_then(|r| routes.iter().find(|x| x.key() == *r))
+            {
+                for (_, b) in &route.backend_refs {
+                    if b.group.as_deref().unwrap_or("").is_empty()
+                        && b.kind.as_deref().unwrap_or("Service") == "Service"
+                    {
+                        let ns = b
+                            .namespace
+                            .clone()
+                            .unwrap_or_else(|| route.namespace.clone());
+                        services.insert(ObjectRef::new(ns, b.name.clone()));
+                    }
+                }
+            }
             let lref = ListenerRef {
                 namespace: key.namespace.clone(),
                 gateway: key.name.clone(),
