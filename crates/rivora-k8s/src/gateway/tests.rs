@@ -1174,3 +1174,5 @@ fn checked_in_gateway_api_crds_are_the_pinned_release() {
         );
     }
 }
+
+mod props;
