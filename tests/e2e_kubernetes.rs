@@ -45,6 +45,30 @@
 //!   (`local_traffic_policy_keeps_this_nodes_endpoints`);
 //! - `-config` with VIPs and `-kubernetes`: refused at start
 //!   (`static_vips_and_kubernetes_are_refused_together`);
+//! - the Gateway API CRDs the chart ships install, serve every version
+//!   rivorad reads and read back as the generated types
+//!   (`gateway_api_crds_install_and_read_as_the_generated_types`);
+//! - a Gateway with a TCP and a UDP listener: routes in two namespaces
+//!   (one admitted by a Selector, one refused), a cross-namespace
+//!   backendRef without and with a ReferenceGrant, weights 1:3 in the
+//!   spread of 2,000 connections, IPv4 and IPv6, a listener's route
+//!   deleted under traffic to the other
+//!   (`gateway_listeners_routes_grants_and_weights`);
+//! - ServicePolicies on Gateway listeners: DSR and a health check on one,
+//!   a SYN limit on another, DSR refused where the backends' port differs
+//!   (`service_policy_sets_a_gateway_listeners_mode_limit_and_health_check`);
+//! - adopted Gateway VIPs pruned only after the Gateway half's first pass
+//!   (`gateway_vips_are_pruned_only_after_the_gateway_pass`);
+//! - the status rivora-controller is to write, computed by rivora-k8s from
+//!   the objects as stored, written through the CRDs' status subresources
+//!   and read back field by field; read again, nothing more to write
+//!   (`gateway_status_as_computed_is_what_the_crds_accept`);
+//! - a Gateway listener whose VIP a Service holds: the Service keeps it,
+//!   the Gateway gets a Warning Event
+//!   (`a_gateway_refused_by_the_dataplane_gets_an_event`);
+//! - an API server without the Gateway API CRDs: the watches say so,
+//!   sync empty and warn once; installed later, a Gateway forwards
+//!   (`without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_installed`);
 //! - the whole path: a Service created as a user writes it (no address)
 //!   gets its IPv4 and IPv6 addresses from the real rivora-controller and
 //!   an AddressPool, and TCP and UDP through both reach every backend
@@ -66,8 +90,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::k8s::{
-    endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig, ApiProxy, ApiState, Ep,
-    Identity, Kube, Rbac, SvcPort, TestNs,
+    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig_with, ApiProxy,
+    ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass, TestNs,
 };
 use common::netns::{spawn_in, Netns};
 use common::rivorad::{rivorad_bin, Home, Rivorad};
@@ -126,15 +150,33 @@ impl World {
         who: Option<(Home, Identity)>,
         extra: &[&str],
     ) -> Self {
-        let kube = Kube::admin();
+        let s = shared();
+        Self::on_server(
+            topo,
+            servers,
+            (&Kube::admin(), s.addr, &s.server.ca_cert),
+            who,
+            extra,
+        )
+    }
+
+    /// On an API server of the test's own: its admin client, address
+    /// and CA.
+    fn on_server(
+        topo: Topology,
+        servers: Servers,
+        (kube, addr, ca): (&Kube, SocketAddr, &Path),
+        who: Option<(Home, Identity)>,
+        extra: &[&str],
+    ) -> Self {
         let k8s = kube.namespace("e2ek-");
-        let proxy = ApiProxy::start(&topo.node, shared().addr);
+        let proxy = ApiProxy::start(&topo.node, addr);
         let (home, id) = match who {
             Some((h, id)) => (h, id),
             None => (Home::new(), Identity::admin()),
         };
         let kubeconfig = home.path("kubeconfig");
-        write_kubeconfig(&kubeconfig, &proxy.url(), &id);
+        write_kubeconfig_with(&kubeconfig, &proxy.url(), ca, &id);
         let node = unique("node-");
         let yaml = home.node_config("n0", topo.node_v4, topo.node_v6);
         let rd = Rivorad::start_kubernetes(&topo.node, home, &yaml, &kubeconfig, &node, extra);
@@ -167,6 +209,19 @@ impl World {
         ready: &[usize],
         terminating: &[usize],
     ) {
+        self.slices_in(&self.k8s, name, vips, ports, ready, terminating);
+    }
+
+    /// [`World::slices`] for a Service of another namespace.
+    fn slices_in(
+        &self,
+        k8s: &TestNs,
+        name: &str,
+        vips: &[IpAddr],
+        ports: &[SvcPort],
+        ready: &[usize],
+        terminating: &[usize],
+    ) {
         for v6 in [false, true] {
             if !vips.iter().any(|v| v.is_ipv6() == v6) {
                 continue;
@@ -183,8 +238,7 @@ impl World {
             eps.extend(terminating.iter().map(|&i| Ep::terminating(addr(i))));
             let eps: Vec<Ep> = eps.into_iter().map(|e| e.on(&self.node)).collect();
             let slice = format!("{name}-v{}", if v6 { 6 } else { 4 });
-            self.k8s
-                .apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
+            k8s.apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
         }
     }
 
@@ -942,7 +996,8 @@ fn invalid_service_policies_are_refused_by_the_api_server() {
         (
             "no-services",
             json!({ "services": [], "mode": "dsr" }),
-            vec!["spec.services"],
+            // Neither Services nor listeners: nothing to govern.
+            vec!["a policy names at least one Service or listener"],
         ),
         (
             "bad-rate",
@@ -983,9 +1038,18 @@ fn invalid_service_policies_are_refused_by_the_api_server() {
 /// changes. Events are what it writes on Services.
 fn rivorad_rules() -> Value {
     json!([
-        { "apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+    ])
+}
+
+/// What the Gateway half reads.
+fn gateway_rules() -> Value {
+    json!([
+        { "apiGroups": ["gateway.networking.k8s.io"],
+          "resources": ["gateways", "gatewayclasses", "tcproutes", "udproutes", "referencegrants"],
+          "verbs": ["get", "list", "watch"] },
     ])
 }
 
@@ -1025,7 +1089,17 @@ fn watches_of(rd: &Rivorad) -> BTreeMap<String, (bool, u64, Option<String>)> {
         .collect()
 }
 
-const WATCHES: [&str; 3] = ["services", "endpointslices", "servicepolicies"];
+const WATCHES: [&str; 9] = [
+    "services",
+    "endpointslices",
+    "servicepolicies",
+    "gateways",
+    "gatewayclasses",
+    "tcproutes",
+    "udproutes",
+    "referencegrants",
+    "namespaces",
+];
 
 /// Two Services: `keep` (vip(1)) and `gone` (vip(2)), with -persist-datapath
 /// so that the datapath forwards while rivorad is down. A loop of new
@@ -1057,6 +1131,7 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
     let id = Identity::user(&id_dir, &user);
     let rbac = Rbac::new(&kube, &user);
     rbac.grant("watch", rivorad_rules());
+    rbac.grant("gateway", gateway_rules());
     rbac.grant("policies", policy_rules());
     let allowed_policies = || rbac.allowed("list", "rivora.io", "servicepolicies");
     assert!(
@@ -1159,7 +1234,7 @@ fn restarts_without_the_api_prune_nothing_and_leftovers_go_after_the_first_pass(
         log.contains("watch failed; retrying"),
         "no failed watch in rivorad's log with the API server dead:\n{log}"
     );
-    // rivoractl status: none of the three synced, each with its error.
+    // rivoractl status: no watch synced, each with its error.
     for (r, (synced, errors, last)) in watches_of(&w.rd) {
         assert!(
             !synced && errors > 0 && last.is_some(),
@@ -1420,7 +1495,1484 @@ fn static_vips_and_kubernetes_are_refused_together() {
 }
 
 // ---------------------------------------------------------------------
-// 10. rivora-controller assigns, rivorad forwards
+// 10. Gateway API: the CRDs, and Gateways with their routes as VIPs
+// ---------------------------------------------------------------------
+
+const GATEWAY_CONTROLLER: &str = "rivora.io/gateway-controller";
+
+/// Create `obj` (kind, plural at the version its `apiVersion` says) and
+/// read it back as the Rust type `K`.
+fn round_trip<K: serde::de::DeserializeOwned>(
+    k8s: &TestNs,
+    kind: &str,
+    plural: &str,
+    obj: Value,
+) -> K {
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    k8s.create_gateway_api(kind, plural, obj.clone());
+    let version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+    let ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            version.rsplit('/').next().unwrap_or("v1"),
+            kind,
+        ),
+        plural,
+    );
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(k8s.kube.client.clone(), &k8s.name, &ar);
+    let got = k8s
+        .kube
+        .block_on(api.get(&name))
+        .unwrap_or_else(|e| panic!("reading {kind} {name} through {version}: {e}"));
+    let v = serde_json::to_value(&got).expect("JSON");
+    serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("{kind} as stored does not read as the Rust type: {e}\n{v}"))
+}
+
+/// The CRDs the chart ships (helm/gateway-api-crds/experimental) install
+/// and serve every version rivorad reads (Gateway v1, ReferenceGrant v1
+/// and v1beta1, the routes v1 and v1alpha2); what the API server stores,
+/// defaults filled in, reads as the generated types; the schema refuses a
+/// Service backendRef without a port; and the ServicePolicy schema now
+/// takes listeners but refuses a policy that names nothing.
+#[test]
+fn gateway_api_crds_install_and_read_as_the_generated_types() {
+    use rivora_k8s::gateway::api::{
+        gateways::Gateway, referencegrants::ReferenceGrant, tcproutes::TcpRoute,
+        udproutes::UdpRoute,
+    };
+    shared();
+    let kube = Kube::admin();
+    let ns = kube.namespace("gwcrd-");
+    let gw: Gateway = round_trip(
+        &ns,
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "gw"},
+            "spec": {"gatewayClassName": "rivora", "listeners": [
+                {"name": "tcp", "protocol": "TCP", "port": 5432},
+                {"name": "udp", "protocol": "UDP", "port": 53,
+                 "allowedRoutes": {"namespaces": {"from": "Selector",
+                    "selector": {"matchLabels": {"team": "a"}}}}}]}
+        }),
+    );
+    assert_eq!(gw.spec.listeners.len(), 2);
+    // The API server fills in the defaults: routes from the same namespace.
+    let from = gw.spec.listeners[0]
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.clone());
+    assert_eq!(format!("{from:?}"), "Some(Same)");
+    for (version, name) in [("v1", "r1"), ("v1alpha2", "r2")] {
+        let route: TcpRoute = round_trip(
+            &ns,
+            "TCPRoute",
+            "tcproutes",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "TCPRoute",
+                "metadata": {"name": name},
+                "spec": {"parentRefs": [{"name": "gw", "sectionName": "tcp"}],
+                         "rules": [{"backendRefs": [{"name": "db", "port": 5432, "weight": 3}]}]}
+            }),
+        );
+        let p = &route.spec.parent_refs.as_deref().unwrap_or_default()[0];
+        assert_eq!(
+            (p.group.as_deref(), p.kind.as_deref()),
+            (Some("gateway.networking.k8s.io"), Some("Gateway")),
+            "{version}: parentRef defaults"
+        );
+        assert_eq!(route.spec.rules[0].backend_refs[0].weight, Some(3));
+        let udp: UdpRoute = round_trip(
+            &ns,
+            "UDPRoute",
+            "udproutes",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "UDPRoute",
+                "metadata": {"name": name},
+                "spec": {"parentRefs": [{"name": "gw", "port": 53}],
+                         "rules": [{"backendRefs": [{"name": "dns", "port": 53}]}]}
+            }),
+        );
+        assert_eq!(
+            udp.spec.parent_refs.as_deref().unwrap_or_default()[0].port,
+            Some(53)
+        );
+    }
+    for (version, name) in [("v1", "g1"), ("v1beta1", "g2")] {
+        let g: ReferenceGrant = round_trip(
+            &ns,
+            "ReferenceGrant",
+            "referencegrants",
+            json!({
+                "apiVersion": format!("gateway.networking.k8s.io/{version}"), "kind": "ReferenceGrant",
+                "metadata": {"name": name},
+                "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": "other"}],
+                         "to": [{"group": "", "kind": "Service"}]}
+            }),
+        );
+        assert_eq!(g.spec.from[0].kind, "TCPRoute");
+    }
+    let api = ns.kube.gateway_api(&ns.name, "TCPRoute", "tcproutes");
+    let bad: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+        "metadata": {"name": "no-port", "namespace": ns.name},
+        "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [{"name": "db"}]}]}
+    }))
+    .expect("an object");
+    let err = kube
+        .block_on(api.create(&kube::api::PostParams::default(), &bad))
+        .expect_err("a Service backendRef without a port is refused");
+    assert!(err.to_string().contains("port"), "{err}");
+    // ServicePolicy: listeners accepted, nothing named refused.
+    ns.create_policy(
+        "l",
+        json!({"listeners": [{"gateway": "gw", "listener": "tcp"}], "mode": "dsr"}),
+    )
+    .unwrap_or_else(|e| panic!("a policy naming a listener was refused: {e}"));
+    let err = ns
+        .create_policy("empty", json!({"mode": "dsr"}))
+        .expect_err("a policy naming nothing is refused");
+    assert!(
+        err.to_string()
+            .contains("a policy names at least one Service or listener"),
+        "{err}"
+    );
+}
+
+/// A VIP's backends by target, with their weights, from `vip list`.
+fn backends_of(m: &BTreeMap<String, Value>, name: &str) -> Option<BTreeMap<String, u64>> {
+    m.get(name).map(weights)
+}
+
+/// A Gateway of Rivora's class with a TCP and a UDP listener (port 80,
+/// routes from namespaces labelled with this test's team), its
+/// addresses written as rivora-controller would (an IPv4 and an IPv6
+/// VIP), Services `one` (backend 0) in namespace A, labelled for the team,
+/// and `two` (backends 1 and 2) in namespace B, labelled for another.
+///
+/// - Routes in two namespaces: B's UDPRoute (the older) is refused by the
+///   Selector, so the UDP listener carries A's UDPRoute (backend 0); were
+///   B's admitted, it would win and UDP would reach backends 1 and 2.
+/// - A's TCPRoute names `one` (weight 1) and B's `two` (weight 3): without
+///   a ReferenceGrant in B only `one` is resolved (every connection to
+///   backend 0); with one, `vip list` shows Maglev weights 2:3:3 and of
+///   2,000 connections backend 0 takes 25 % (within 5 points), backends 1
+///   and 2 the rest.
+/// - `vip list` names the source `gateway NS/gw`; IPv6 VIPs carry the
+///   IPv6 endpoints and forward.
+/// - A's UDPRoute deleted under a loop of TCP connections: the UDP VIPs
+///   stay with no backend and stop answering, the TCP listener's VIP
+///   fails no connection.
+#[test]
+fn gateway_listeners_routes_grants_and_weights() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let team = unique("team-");
+    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
+    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
+    let ports = nat_ports();
+    let vips = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
+    a.create_service(&cluster_service("one", &ports));
+    w.slices_in(&a, "one", &vips, &ports, &[0], &[]);
+    b.create_service(&cluster_service("two", &ports));
+    w.slices_in(&b, "two", &vips, &ports, &[1, 2], &[]);
+
+    let selector =
+        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT,
+                  "allowedRoutes": { "namespaces": selector } },
+                { "name": "udp", "protocol": "UDP", "port": VIP_PORT,
+                  "allowedRoutes": { "namespaces": selector } },
+            ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("gw", &vips);
+    let parent =
+        |section: &str| json!([{ "name": "gw", "namespace": w.k8s.name, "sectionName": section }]);
+    b.create_gateway_api(
+        "UDPRoute",
+        "udproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "UDPRoute",
+            "metadata": { "name": "refused" },
+            "spec": { "parentRefs": parent("udp"),
+                      "rules": [{ "backendRefs": [{ "name": "two", "port": VIP_PORT }] }] },
+        }),
+    );
+    // creationTimestamp has whole seconds: A's routes are younger.
+    std::thread::sleep(Duration::from_millis(1100));
+    a.create_gateway_api(
+        "UDPRoute",
+        "udproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "UDPRoute",
+            "metadata": { "name": "dns" },
+            "spec": { "parentRefs": parent("udp"),
+                      "rules": [{ "backendRefs": [{ "name": "one", "port": VIP_PORT }] }] },
+        }),
+    );
+    a.create_gateway_api(
+        "TCPRoute",
+        "tcproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+            "metadata": { "name": "db" },
+            "spec": { "parentRefs": parent("tcp"),
+                      "rules": [{ "backendRefs": [
+                          { "name": "one", "port": VIP_PORT, "weight": 1 },
+                          { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 },
+                      ] }] },
+        }),
+    );
+
+    let (tcp4, udp4) = (vip_name("tcp", sa(t.vip4)), vip_name("udp", sa(t.vip4)));
+    let (tcp6, udp6) = (
+        vip_name("tcp", SocketAddr::new(t.vip6.into(), VIP_PORT)),
+        vip_name("udp", SocketAddr::new(t.vip6.into(), VIP_PORT)),
+    );
+    let none = BTreeSet::new();
+    let b0 = w.targets(&[0], false);
+    let b0v6 = w.targets(&[0], true);
+    let (m, _) = wait_vips(
+        &w.rd,
+        "the Gateway's VIPs, two without a grant",
+        &vips,
+        PROGRAMMED,
+        |m| {
+            has(m, &tcp4, &b0, &none)
+                && has(m, &udp4, &b0, &none)
+                && has(m, &tcp6, &b0v6, &none)
+                && has(m, &udp6, &b0v6, &none)
+        },
+    );
+    assert_eq!(
+        m.len(),
+        4,
+        "one VIP per (address, listener port, protocol): {m:?}"
+    );
+    let source = format!("gateway {}/gw", w.k8s.name);
+    for (name, v) in &m {
+        assert_eq!(v["source"], source, "{name}: {v}");
+        assert_eq!(v["mode"], "nat", "{name}: {v}");
+    }
+    assert_spread(
+        t,
+        "no ReferenceGrant: `one` alone",
+        sa(t.vip4),
+        Proto::Tcp,
+        &[0],
+    );
+    assert_spread(
+        t,
+        "B's UDPRoute refused by the Selector",
+        sa(t.vip4),
+        Proto::Udp,
+        &[0],
+    );
+    let v6 = exchanges(
+        &t.client,
+        SocketAddr::new(t.vip6.into(), VIP_PORT),
+        Proto::Tcp,
+        10,
+        STEP,
+    );
+    assert!(
+        v6.iter()
+            .all(|r| r.as_ref().is_ok_and(|h| h.backend == t.backends[0].name)),
+        "TCP over IPv6 to backend 0: {v6:?}"
+    );
+
+    // The ReferenceGrant in B: `two` resolved, weights 1:3 across the
+    // Services, spread over their ready endpoints.
+    b.create_gateway_api(
+        "ReferenceGrant",
+        "referencegrants",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": { "name": "from-a" },
+            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": a.name }],
+                      "to": [{ "group": "", "kind": "Service", "name": "two" }] },
+        }),
+    );
+    let want: BTreeMap<String, u64> = [(0, 2), (1, 3), (2, 3)]
+        .into_iter()
+        .map(|(i, wt)| (w.target(i, false).to_string(), wt))
+        .collect();
+    wait_vips(&w.rd, "granted: weights 2:3:3", &vips, PROGRAMMED, |m| {
+        backends_of(m, &tcp4).as_ref() == Some(&want)
+    });
+    const N: usize = 2000;
+    let results = exchanges(&t.client, sa(t.vip4), Proto::Tcp, N, STEP);
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {N} connections failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(results.len(), N);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for h in results.iter().flatten() {
+        *counts.entry(h.backend.clone()).or_default() += 1;
+    }
+    let share = |i: usize| counts.get(&t.backends[i].name).copied().unwrap_or(0) as f64 / N as f64;
+    let (s0, s12) = (share(0), share(1) + share(2));
+    eprintln!("weights 1:3 over {N} connections: {counts:?} (Service one {s0:.3}, two {s12:.3})");
+    assert!(
+        (s0 - 0.25).abs() <= 0.05 && (s12 - 0.75).abs() <= 0.05,
+        "Service one (weight 1) took {s0:.3} and two (weight 3) {s12:.3} of {N} connections, not 0.25 and 0.75 within 0.05: {counts:?}"
+    );
+    // Within `two` both endpoints take a share. Not an even one to 5
+    // points: a slice of 12 Maglev slots gives weights 2:3:3 as 3:5:4
+    // slots (0.417 and 0.333), exact only for the Services' 3:9.
+    for i in [1, 2] {
+        assert!(
+            share(i) >= 0.25,
+            "backend {i}: {:.3} of {N}: {counts:?}",
+            share(i)
+        );
+    }
+
+    // A's UDPRoute deleted under TCP load: UDP loses its backends, TCP
+    // fails nothing.
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(t.vip4));
+    load.wait("before the UDPRoute goes", t0, 20);
+    a.delete_gateway_api("UDPRoute", "udproutes", "dns");
+    let (m, gone) = wait_vips(
+        &w.rd,
+        "UDPRoute deleted: UDP VIPs without backends",
+        &vips,
+        PROGRAMMED,
+        |m| has(m, &udp4, &none, &none) && has(m, &udp6, &none, &none) && m.contains_key(&tcp4),
+    );
+    assert_eq!(
+        backends_of(&m, &tcp4).as_ref(),
+        Some(&want),
+        "the TCP listener's VIP unchanged"
+    );
+    load.wait("after the UDPRoute went", gone, 50);
+    let attempts = load.finish();
+    assert_no_failure("TCP while the UDP listener's route went", &attempts, t0);
+    assert_unanswered(t, "UDP without a route", sa(t.vip4), &[Proto::Udp]);
+
+    // rivoractl status: the gateway source synced and owning one object;
+    // every watch synced.
+    let st = w.rd.status();
+    let gw_source = st["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+        .unwrap_or_else(|| panic!("no gateway source in {st}"));
+    assert_eq!(gw_source["synced"], true, "{gw_source}");
+    assert!(
+        gw_source["objects"].as_u64().is_some_and(|n| n >= 1),
+        "{gw_source}"
+    );
+    let watches = watches_of(&w.rd);
+    assert!(
+        WATCHES.iter().all(|r| watches[*r].0),
+        "every watch synced: {watches:?}"
+    );
+    eprintln!(
+        "{} TCP connections while the UDPRoute went, none failed",
+        attempts.len()
+    );
+}
+
+/// Gateway `name` in the World's namespace with one TCP listener on
+/// VIP_PORT at `vip`, and a TCPRoute to Service `name` (ClusterIP) whose
+/// endpoints are `backends`.
+fn gateway_with_route(w: &World, class: &str, name: &str, vip: IpAddr, backends: &[usize]) {
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.k8s.create_service(&cluster_service(name, &ports));
+    w.slices(name, &[vip], &ports, backends, &[]);
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": name },
+            "spec": { "gatewayClassName": class, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT } ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses(name, &[vip]);
+    w.k8s.create_gateway_api(
+        "TCPRoute",
+        "tcproutes",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TCPRoute",
+            "metadata": { "name": name },
+            "spec": { "parentRefs": [{ "name": name, "sectionName": "tcp" }],
+                      "rules": [{ "backendRefs": [{ "name": name, "port": VIP_PORT }] }] },
+        }),
+    );
+}
+
+/// initsync with Gateways: two Gateways, `keep` (vip(1)) and `gone`
+/// (vip(2)), with -persist-datapath and a loop of connections to `keep`
+/// from the first restart to the end. rivorad stopped, `gone` deleted,
+/// the Gateway API watches forbidden (RBAC), rivorad started: the Service
+/// half completes its pass, the Gateway half cannot, so both VIPs stay
+/// adopted and unclaimed and `gone` still forwards. Once the watches may
+/// list, the Gateway pass claims `keep` (`gateway NS/keep`) and prunes
+/// `gone`; no connection to `keep` fails throughout.
+#[test]
+fn gateway_vips_are_pruned_only_after_the_gateway_pass() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).ipv4_only().build();
+    let servers = Servers::for_topology(&topo, false);
+    let kube = Kube::admin();
+    let home = Home::new();
+    let id_dir = home.path("identity");
+    std::fs::create_dir(&id_dir).expect("creating the identity dir");
+    let user = unique("rivorad-e2e-");
+    let id = Identity::user(&id_dir, &user);
+    let rbac = Rbac::new(&kube, &user);
+    rbac.grant("watch", rivorad_rules());
+    rbac.grant("policies", policy_rules());
+    rbac.grant("gateway", gateway_rules());
+    let allowed = || rbac.allowed("list", "gateway.networking.k8s.io", "gateways");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            allowed().then_some(())
+        })
+        .is_some(),
+        "the user may not list gateways after the grant"
+    );
+    let persist = ["-persist-datapath"];
+    let mut w = World::as_identity(topo, servers, Some((home, id)), &persist);
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let t = &w.topo;
+    let (keep, gone) = (t.vip(1), t.vip(2));
+    let v = [IpAddr::V4(keep), IpAddr::V4(gone)];
+    gateway_with_route(&w, &class.name, "keep", keep.into(), &[0, 1]);
+    gateway_with_route(&w, &class.name, "gone", gone.into(), &[2]);
+    let (nk, ng) = (vip_name("tcp", sa(keep)), vip_name("tcp", sa(gone)));
+    let none = BTreeSet::new();
+    let (k2, g1) = (w.targets(&[0, 1], false), w.targets(&[2], false));
+    wait_vips(&w.rd, "keep and gone programmed", &v, PROGRAMMED, |m| {
+        has(m, &nk, &k2, &none) && has(m, &ng, &g1, &none)
+    });
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([
+            (nk.clone(), format!("gateway {}/keep", w.k8s.name)),
+            (ng.clone(), format!("gateway {}/gone", w.k8s.name)),
+        ])
+    );
+
+    let t0 = Instant::now();
+    let load = Load::start(&t.client, sa(keep));
+    load.wait("first run", t0, 10);
+
+    let st = w.rd.stop();
+    assert!(st.success(), "rivorad exited with {st} on SIGTERM");
+    w.k8s.delete_gateway_api("Gateway", "gateways", "gone");
+    rbac.revoke("gateway");
+    assert!(
+        wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            (!allowed()).then_some(())
+        })
+        .is_some(),
+        "the user may still list gateways after the revoke"
+    );
+    w.rd.restart(&persist);
+    // The Service half's pass is done; the Gateway half's cannot be.
+    let passed = wait_for(PROGRAMMED, Duration::from_millis(50), || {
+        let log = w.rd.log_text();
+        (log.contains("Kubernetes: first full pass sent")
+            && log.lines().any(|l| {
+                l.contains("watch failed; retrying")
+                    && l.contains("gateways")
+                    && l.to_lowercase().contains("forbidden")
+            }))
+        .then_some(())
+    });
+    assert!(
+        passed.is_some(),
+        "no Service pass, or no forbidden Gateway watch:\n{}",
+        w.rd.log_text()
+    );
+    let pins = w.rd.home.pin_dir().to_path_buf();
+    let deadline = Instant::now() + HOLD;
+    while Instant::now() < deadline {
+        assert_eq!(
+            tcp_in_maps(&pins, sa(gone)).as_ref(),
+            Some(&g1),
+            "gone's adopted VIP changed or went"
+        );
+        assert_eq!(
+            tcp_in_maps(&pins, sa(keep)).as_ref(),
+            Some(&k2),
+            "keep's adopted VIP changed or went"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([
+            (nk.clone(), "unclaimed".to_string()),
+            (ng.clone(), "unclaimed".to_string())
+        ]),
+        "before the Gateway pass both are adopted and unclaimed"
+    );
+    assert!(
+        !w.rd.log_text().contains("pruned adopted VIPs"),
+        "pruned before the Gateway pass:\n{}",
+        w.rd.log_text()
+    );
+    let st = w.rd.status();
+    let gw_source = st["sources"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+        .unwrap_or_else(|| panic!("no gateway source in {st}"));
+    assert_eq!(gw_source["synced"], false, "{gw_source}");
+    let watches = watches_of(&w.rd);
+    let (synced, _, last) = &watches["gateways"];
+    assert!(
+        !synced
+            && last
+                .as_deref()
+                .is_some_and(|e| e.to_lowercase().contains("forbidden")),
+        "the gateways watch says it is forbidden: {watches:?}"
+    );
+    assert_spread(&w.topo, "gone, adopted", sa(gone), Proto::Tcp, &[2]);
+
+    // The Gateway watches may list: the pass claims keep, prunes gone.
+    rbac.grant("gateway", gateway_rules());
+    let (_, pruned) = wait_vips(
+        &w.rd,
+        "the Gateway pass: keep claimed, gone pruned",
+        &v,
+        Duration::from_secs(60),
+        |m| has(m, &nk, &k2, &none) && m.len() == 1 && tcp_in_maps(&pins, sa(gone)).is_none(),
+    );
+    assert_eq!(
+        sources_on(&w.rd, &v),
+        BTreeMap::from([(nk.clone(), format!("gateway {}/keep", w.k8s.name))])
+    );
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("Gateway API: first full pass sent") && log.contains("pruned adopted VIPs"),
+        "the Gateway pass and the prune in rivorad's log:\n{log}"
+    );
+    assert_unanswered(&w.topo, "gone pruned", sa(gone), &[Proto::Tcp]);
+    load.wait("after the prune", pruned, 20);
+    let attempts = load.finish();
+    assert_no_failure("keep, through the restart and the prune", &attempts, t0);
+    eprintln!(
+        "{} connections to keep through the restart, none failed",
+        attempts.len()
+    );
+}
+
+/// A ServicePolicy names Gateway listeners: `web-dsr` makes the TCP
+/// listener DSR with a TCP health check (the UDP listener on the same
+/// port, same Service, stays NAT), `limited` gives another listener a SYN
+/// limit (its VIP counts rate-limited SYNs, the DSR one none), and
+/// `remap-dsr` asks DSR for a listener whose backends listen on another
+/// port: not applied (the VIP stays NAT) and the policy says
+/// `Accepted=False ModeNotApplicable`.
+#[test]
+fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).dsr_vips_beside_nat().build();
+    let vip4 = topo.vip(2);
+    let mut servers = Servers::new();
+    for b in &topo.backends {
+        servers.tcp(&b.ns, &b.name, SocketAddr::from(([0u16; 8], VIP_PORT)));
+        servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
+        servers.udp_echo(&b.ns, &b.name, sa(vip4));
+    }
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let v = [IpAddr::V4(vip4)];
+    let port = |name: &'static str, proto: &'static str, port: u16| SvcPort {
+        name,
+        proto,
+        port,
+        target: VIP_PORT,
+    };
+    let ports = [
+        port("tcp", "TCP", VIP_PORT),
+        port("udp", "UDP", VIP_PORT),
+        port("remap", "TCP", VIP_PORT + 1),
+        port("limited", "TCP", VIP_PORT + 2),
+    ];
+    w.k8s.create_service(&cluster_service("web", &ports));
+    w.slices("web", &v, &ports, &[0, 1, 2], &[]);
+    let listener = |name: &str, proto: &str, port: u16| json!({ "name": name, "protocol": proto, "port": port });
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                listener("tcp", "TCP", VIP_PORT), listener("udp", "UDP", VIP_PORT),
+                listener("remap", "TCP", VIP_PORT + 1), listener("limited", "TCP", VIP_PORT + 2) ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("gw", &v);
+    for (kind, plural, section, svc_port) in [
+        ("TCPRoute", "tcproutes", "tcp", VIP_PORT),
+        ("UDPRoute", "udproutes", "udp", VIP_PORT),
+        ("TCPRoute", "tcproutes", "remap", VIP_PORT + 1),
+        ("TCPRoute", "tcproutes", "limited", VIP_PORT + 2),
+    ] {
+        w.k8s.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": section },
+                "spec": { "parentRefs": [{ "name": "gw", "sectionName": section }],
+                          "rules": [{ "backendRefs": [{ "name": "web", "port": svc_port }] }] },
+            }),
+        );
+    }
+    let at = |p: u16| SocketAddr::new(vip4.into(), p);
+    let (tcp4, udp4) = (vip_name("tcp", sa(vip4)), vip_name("udp", sa(vip4)));
+    let (remap4, limited4) = (
+        vip_name("tcp", at(VIP_PORT + 1)),
+        vip_name("tcp", at(VIP_PORT + 2)),
+    );
+    let all: BTreeSet<String> = t
+        .backends
+        .iter()
+        .map(|b| SocketAddr::new(b.v4.into(), VIP_PORT).to_string())
+        .collect();
+    let none = BTreeSet::new();
+    let modes = |m: &BTreeMap<String, Value>| -> Vec<String> {
+        [&tcp4, &udp4, &remap4, &limited4]
+            .iter()
+            .map(|n| {
+                m.get(*n).map_or("-".to_string(), |v| {
+                    v["mode"].as_str().unwrap_or("?").to_string()
+                })
+            })
+            .collect()
+    };
+    let everyone = |m: &BTreeMap<String, Value>| {
+        [&tcp4, &udp4, &remap4, &limited4]
+            .iter()
+            .all(|n| has(m, n, &all, &none))
+    };
+    wait_vips(&w.rd, "four listeners, NAT", &v, PROGRAMMED, |m| {
+        everyone(m) && modes(m) == ["nat", "nat", "nat", "nat"]
+    });
+    let probes = || -> BTreeMap<String, String> {
+        w.rd.ctl_json(&["backend", "list"])
+            .as_array()
+            .expect("backend list is an array")
+            .iter()
+            .filter(|b| b["target"].as_str().is_some_and(|x| all.contains(x)))
+            .map(|b| {
+                (
+                    b["target"].as_str().unwrap_or_default().to_string(),
+                    b["probe"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert!(
+        probes().values().all(|p| p == "disabled"),
+        "no health check yet: {:?}",
+        probes()
+    );
+
+    for (name, spec) in [
+        (
+            "web-dsr",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "tcp" }], "mode": "dsr",
+                            "healthCheck": { "type": "tcp", "interval": "500ms", "timeout": "250ms" } }),
+        ),
+        (
+            "limited",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "limited" }],
+                            "synRateLimit": { "ratePerSec": 1, "burst": 1 } }),
+        ),
+        (
+            "remap-dsr",
+            json!({ "listeners": [{ "gateway": "gw", "listener": "remap" }], "mode": "dsr" }),
+        ),
+    ] {
+        w.k8s
+            .create_policy(name, spec)
+            .unwrap_or_else(|e| panic!("creating ServicePolicy {name}: {e}"));
+    }
+    wait_vips(
+        &w.rd,
+        "the TCP listener DSR, the others NAT",
+        &v,
+        PROGRAMMED,
+        |m| everyone(m) && modes(m) == ["dsr", "nat", "nat", "nat"],
+    );
+    wait_condition(&w.k8s, "web-dsr", "Accepted", "True", "Accepted");
+    wait_condition(&w.k8s, "limited", "Accepted", "True", "Accepted");
+    wait_condition(
+        &w.k8s,
+        "remap-dsr",
+        "Accepted",
+        "False",
+        "ModeNotApplicable",
+    );
+    // Where the backends saw the requests addressed to: the VIP under
+    // DSR, their own address under NAT.
+    for (p, dsr) in [(Proto::Tcp, true), (Proto::Udp, false)] {
+        for h in assert_spread(t, "by policy", sa(vip4), p, &[0, 1, 2]) {
+            let b = t
+                .backends
+                .iter()
+                .find(|b| b.name == h.backend)
+                .expect("a known backend");
+            let want = if dsr {
+                sa(vip4)
+            } else {
+                SocketAddr::new(b.v4.into(), VIP_PORT)
+            };
+            assert_eq!(
+                canonical(h.local),
+                want,
+                "{p:?}: where {} saw the request addressed to",
+                b.name
+            );
+        }
+    }
+    // The health check runs on the listener's backends.
+    let probed = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        probes().values().all(|p| p == "healthy").then_some(())
+    });
+    assert!(
+        probed.is_some(),
+        "the listener policy's health check: {:?}",
+        probes()
+    );
+    // The SYN limit: a burst of 1 at 1/s, five connections at once.
+    let r = exchanges(
+        &t.client,
+        at(VIP_PORT + 2),
+        Proto::Tcp,
+        5,
+        Duration::from_millis(500),
+    );
+    let limited = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        let m = vips_on(&w.rd, &v);
+        let n = m
+            .get(&limited4)
+            .and_then(|x| x["rate_limited"].as_u64())
+            .unwrap_or(0);
+        (n > 0).then_some((n, m))
+    });
+    let (n, m) = limited.unwrap_or_else(|| panic!("no rate-limited SYN on {limited4}: {r:?}"));
+    assert_eq!(
+        m[&tcp4]["rate_limited"], 0,
+        "the DSR listener has no limit: {}",
+        m[&tcp4]
+    );
+    eprintln!("{n} SYNs rate-limited on {limited4}");
+}
+
+/// Every `K` of namespace `ns`.
+fn list_in<K>(kube: &Kube, ns: &str) -> Vec<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    kube.block_on(
+        kube::Api::<K>::namespaced(kube.client.clone(), ns).list(&kube::api::ListParams::default()),
+    )
+    .unwrap_or_else(|e| panic!("listing {} in {ns}: {e}", K::plural(&Default::default())))
+    .items
+}
+
+/// The objects of Gateway API and the Services and EndpointSlices of
+/// `namespaces`, as the API server has them now: what rivora-controller
+/// will resolve.
+fn snapshot_of(kube: &Kube, namespaces: &[&str]) -> rivora_k8s::gateway::Snapshot {
+    use rivora_k8s::gateway::api::{gatewayclasses::GatewayClass, referencegrants::ReferenceGrant};
+    let lp = kube::api::ListParams::default();
+    let c = &kube.client;
+    let mut s = rivora_k8s::gateway::Snapshot {
+        classes: kube
+            .block_on(kube::Api::<GatewayClass>::all(c.clone()).list(&lp))
+            .expect("listing GatewayClasses")
+            .items,
+        ..Default::default()
+    };
+    for ns in namespaces {
+        s.gateways.extend(list_in(kube, ns));
+        s.tcp_routes.extend(list_in(kube, ns));
+        s.udp_routes.extend(list_in(kube, ns));
+        s.grants.extend(list_in::<ReferenceGrant>(kube, ns));
+        s.services.extend(list_in(kube, ns));
+        s.slices.extend(list_in(kube, ns));
+        let n = kube
+            .block_on(kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(c.clone()).get(ns))
+            .unwrap_or_else(|e| panic!("reading namespace {ns}: {e}"));
+        s.namespaces
+            .insert(ns.to_string(), n.metadata.labels.unwrap_or_default());
+    }
+    s
+}
+
+/// One status subresource write of `obj` with `status`, conditioned on
+/// the resourceVersion read (a concurrent writer's change is never lost).
+fn write_status<K>(api: &kube::Api<K>, kube: &Kube, obj: &K, status: Value)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut v = serde_json::to_value(obj).expect("JSON");
+    v["status"] = status;
+    let o: K = serde_json::from_value(v).expect("the object with its status");
+    let name = obj.meta().name.clone().unwrap_or_default();
+    kube.block_on(api.replace_status(&name, &kube::api::PostParams::default(), &o))
+        .unwrap_or_else(|e| panic!("writing the status of {name}: {e}"));
+}
+
+/// Conditions as `type=status reason gN`.
+fn conditions_of(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={} {} g{}",
+                c["type"].as_str().unwrap_or_default(),
+                c["status"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+                c["observedGeneration"].as_i64().unwrap_or(-1)
+            )
+        })
+        .collect()
+}
+
+/// The status rivora-controller is to write (rivora-k8s's status
+/// functions, over the objects as the API server has them), written
+/// through the status subresources of the upstream CRDs: the schema takes
+/// every field, and what is read back says, field by field, what the
+/// Gateway API specification names: the class `Accepted`; the Gateway
+/// `Accepted=True ListenersNotValid` (one listener HTTP) and `Programmed`;
+/// each listener's `supportedKinds`, `attachedRoutes` and conditions (an
+/// UnsupportedProtocol one, it and a TCP one on its port in
+/// ProtocolConflict); each route's parent
+/// entry with Rivora's controllerName, `Accepted` (Accepted,
+/// NotAllowedByListeners for the namespace the Selector refuses,
+/// NoMatchingParent) and `ResolvedRefs` (ResolvedRefs, RefNotPermitted,
+/// BackendNotFound), all at the objects' generations. Read again, the
+/// status already says it all: nothing more to write.
+#[test]
+fn gateway_status_as_computed_is_what_the_crds_accept() {
+    use rivora_k8s::gateway::api::{
+        gatewayclasses::GatewayClass, gateways::Gateway, tcproutes::TcpRoute, udproutes::UdpRoute,
+    };
+    use rivora_k8s::gateway::{resolve, status};
+    shared();
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let team = unique("team-");
+    let g = kube.namespace("e2ekg-");
+    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
+    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    a.create_service(&cluster_service("one", &ports));
+    a.apply_slice(&endpoint_slice(
+        "one-v4",
+        "one",
+        false,
+        &ports,
+        &[Ep::ready(std::net::Ipv4Addr::new(10, 250, 0, 1))],
+    ));
+    b.create_service(&cluster_service("two", &nat_ports()));
+    let selector =
+        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
+    g.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "udp", "protocol": "UDP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "web", "protocol": "HTTP", "port": 8080 },
+                // TCP beside HTTP on one port: both conflicted (two TCP
+                // listeners on one port the v1.7.0 schema refuses itself).
+                { "name": "clash", "protocol": "TCP", "port": 8080 },
+            ] },
+        }),
+    );
+    g.set_gateway_addresses(
+        "gw",
+        &[IpAddr::V4(std::net::Ipv4Addr::new(10, 250, 100, 1))],
+    );
+    let parent =
+        |section: &str| json!([{ "name": "gw", "namespace": g.name, "sectionName": section }]);
+    let route =
+        |ns: &TestNs, kind: &str, plural: &str, name: &str, section: &str, backends: Value| {
+            ns.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": name },
+                "spec": { "parentRefs": parent(section), "rules": [{ "backendRefs": backends }] },
+            }),
+        );
+        };
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "db",
+        "tcp",
+        json!([
+        { "name": "one", "port": VIP_PORT, "weight": 1 },
+        { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "missing",
+        "tcp",
+        json!([{ "name": "nosuch", "port": VIP_PORT }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "nomatch",
+        "nope",
+        json!([{ "name": "one", "port": VIP_PORT }]),
+    );
+    route(
+        &b,
+        "UDPRoute",
+        "udproutes",
+        "refused",
+        "udp",
+        json!([{ "name": "two", "port": VIP_PORT }]),
+    );
+
+    let names = [g.name.as_str(), a.name.as_str(), b.name.as_str()];
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let c = &kube.client;
+    let mine = |name: &str| name == class.name;
+    let mut written = 0;
+    for cl in snap
+        .classes
+        .iter()
+        .filter(|c| mine(&c.metadata.name.clone().unwrap_or_default()))
+    {
+        let st = status::gateway_class_status(cl, &res, &now).expect("the class needs a status");
+        write_status(
+            &kube::Api::<GatewayClass>::all(c.clone()),
+            &kube,
+            cl,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for gw in &snap.gateways {
+        let st = status::gateway_status(gw, &res, &now).expect("the Gateway needs a status");
+        write_status(
+            &kube::Api::<Gateway>::namespaced(c.clone(), &g.name),
+            &kube,
+            gw,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for r in &snap.tcp_routes {
+        let st = status::tcp_route_status(r, &res, &now).expect("a TCPRoute needs a status");
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        write_status(
+            &kube::Api::<TcpRoute>::namespaced(c.clone(), &ns),
+            &kube,
+            r,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    for r in &snap.udp_routes {
+        let st = status::udp_route_status(r, &res, &now).expect("a UDPRoute needs a status");
+        let ns = r.metadata.namespace.clone().unwrap_or_default();
+        write_status(
+            &kube::Api::<UdpRoute>::namespaced(c.clone(), &ns),
+            &kube,
+            r,
+            serde_json::to_value(st).expect("JSON"),
+        );
+        written += 1;
+    }
+    assert_eq!(
+        written, 6,
+        "one class, one Gateway, three TCPRoutes, one UDPRoute"
+    );
+
+    // Read back, field by field.
+    let get = |ns: &TestNs, kind: &str, plural: &str, name: &str| {
+        ns.gateway_api_object(kind, plural, name)
+            .unwrap_or_else(|| panic!("{kind} {name} is gone"))
+    };
+    let cls: Value = {
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+            c.clone(),
+            &common::k8s::gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        serde_json::to_value(kube.block_on(api.get(&class.name)).expect("the class")).expect("JSON")
+    };
+    let gen = |v: &Value| v["metadata"]["generation"].as_i64().unwrap_or(-1);
+    assert_eq!(
+        conditions_of(&cls["status"]["conditions"]),
+        [format!("Accepted=True Accepted g{}", gen(&cls))]
+    );
+    assert_eq!(
+        cls["status"]["supportedFeatures"],
+        json!([{"name": "Gateway"}, {"name": "ReferenceGrant"}, {"name": "TCPRoute"}, {"name": "UDPRoute"}])
+    );
+    let gw = get(&g, "Gateway", "gateways", "gw");
+    let gg = gen(&gw);
+    assert_eq!(
+        gw["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": "10.250.100.1" }]),
+        "the addresses kept"
+    );
+    assert_eq!(
+        conditions_of(&gw["status"]["conditions"]),
+        [
+            format!("Accepted=True ListenersNotValid g{gg}"),
+            format!("Programmed=True Programmed g{gg}")
+        ]
+    );
+    let listeners: BTreeMap<String, (i64, Value, Vec<String>)> = gw["status"]["listeners"]
+        .as_array()
+        .expect("listener status")
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap_or_default().to_string(),
+                (
+                    l["attachedRoutes"].as_i64().unwrap_or(-1),
+                    l["supportedKinds"].clone(),
+                    conditions_of(&l["conditions"]),
+                ),
+            )
+        })
+        .collect();
+    let kinds = |k: &str| json!([{ "group": "gateway.networking.k8s.io", "kind": k }]);
+    let ok = |extra: [&str; 2]| -> Vec<String> {
+        let mut v = vec![format!("Accepted=True Accepted g{gg}")];
+        v.push(format!("Conflicted={} g{gg}", extra[0]));
+        v.push(format!("ResolvedRefs=True ResolvedRefs g{gg}"));
+        v.push(format!("Programmed={} g{gg}", extra[1]));
+        v
+    };
+    assert_eq!(
+        listeners["tcp"],
+        (
+            2,
+            kinds("TCPRoute"),
+            ok(["False NoConflicts", "True Programmed"])
+        ),
+        "tcp: db and missing attached"
+    );
+    assert_eq!(
+        listeners["udp"],
+        (
+            0,
+            kinds("UDPRoute"),
+            ok(["False NoConflicts", "True Programmed"])
+        ),
+        "udp: the refused route not counted"
+    );
+    assert_eq!(
+        listeners["web"],
+        (
+            0,
+            json!([]),
+            vec![
+                format!("Accepted=False UnsupportedProtocol g{gg}"),
+                format!("Conflicted=True ProtocolConflict g{gg}"),
+                format!("ResolvedRefs=True ResolvedRefs g{gg}"),
+                format!("Programmed=False Invalid g{gg}"),
+            ]
+        )
+    );
+    assert_eq!(
+        listeners["clash"],
+        (
+            0,
+            kinds("TCPRoute"),
+            ok(["True ProtocolConflict", "False Invalid"])
+        ),
+        "clash"
+    );
+    let parents = |v: &Value| -> Vec<(String, String, Vec<String>)> {
+        v["status"]["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p["controllerName"].as_str().unwrap_or_default().to_string(),
+                    p["parentRef"]["sectionName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    conditions_of(&p["conditions"]),
+                )
+            })
+            .collect()
+    };
+    for (ns, kind, plural, name, section, accepted, resolved) in [
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "db",
+            "tcp",
+            "True Accepted",
+            "False RefNotPermitted",
+        ),
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "missing",
+            "tcp",
+            "True Accepted",
+            "False BackendNotFound",
+        ),
+        (
+            &a,
+            "TCPRoute",
+            "tcproutes",
+            "nomatch",
+            "nope",
+            "False NoMatchingParent",
+            "True ResolvedRefs",
+        ),
+        (
+            &b,
+            "UDPRoute",
+            "udproutes",
+            "refused",
+            "udp",
+            "False NotAllowedByListeners",
+            "True ResolvedRefs",
+        ),
+    ] {
+        let r = get(ns, kind, plural, name);
+        let rg = gen(&r);
+        assert_eq!(
+            parents(&r),
+            [(
+                GATEWAY_CONTROLLER.to_string(),
+                section.to_string(),
+                vec![
+                    format!("Accepted={accepted} g{rg}"),
+                    format!("ResolvedRefs={resolved} g{rg}")
+                ]
+            )],
+            "{kind} {name}: {}",
+            r["status"]
+        );
+    }
+
+    // The status already says it: nothing more to write.
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let later =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    for cl in snap
+        .classes
+        .iter()
+        .filter(|c| mine(&c.metadata.name.clone().unwrap_or_default()))
+    {
+        assert_eq!(
+            status::gateway_class_status(cl, &res, &later),
+            None,
+            "the class"
+        );
+    }
+    for gw in &snap.gateways {
+        assert_eq!(
+            status::gateway_status(gw, &res, &later),
+            None,
+            "the Gateway"
+        );
+    }
+    for r in &snap.tcp_routes {
+        assert_eq!(
+            status::tcp_route_status(r, &res, &later),
+            None,
+            "{:?}",
+            r.metadata.name
+        );
+    }
+    for r in &snap.udp_routes {
+        assert_eq!(
+            status::udp_route_status(r, &res, &later),
+            None,
+            "{:?}",
+            r.metadata.name
+        );
+    }
+    // A ReferenceGrant appears: only db's status changes.
+    b.create_gateway_api(
+        "ReferenceGrant",
+        "referencegrants",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": { "name": "from-a" },
+            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": a.name }],
+                      "to": [{ "group": "", "kind": "Service" }] },
+        }),
+    );
+    let snap = snapshot_of(&kube, &names);
+    let res = resolve(&snap);
+    let changed: Vec<String> = snap
+        .tcp_routes
+        .iter()
+        .filter(|r| status::tcp_route_status(r, &res, &later).is_some())
+        .map(|r| r.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(changed, ["db"]);
+    assert!(snap
+        .gateways
+        .iter()
+        .all(|gw| status::gateway_status(gw, &res, &later).is_none()));
+}
+
+/// A Gateway whose TCP listener's VIP key a LoadBalancer Service already
+/// holds: the Service keeps it (the first claim wins), `rivoractl status`
+/// names both in its conflicts, and the Gateway gets a Warning Event
+/// `NotProgrammed` naming the VIP, the only way its owner can learn what a
+/// node's dataplane refused; its UDP listener, on a free key, forwards.
+#[test]
+fn a_gateway_refused_by_the_dataplane_gets_an_event() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let kube = Kube::admin();
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("squatter", &v, &[tcp(VIP_PORT, NAT_BACKEND_PORT)], &[0]);
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let udp4 = vip_name("udp", sa(t.vip4));
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "the Service holds the key", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0], false), &none)
+    });
+    let ports = nat_ports();
+    w.k8s.create_service(&cluster_service("web", &ports));
+    w.slices("web", &v, &ports, &[1, 2], &[]);
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "late" },
+            "spec": { "gatewayClassName": class.name, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT },
+                { "name": "udp", "protocol": "UDP", "port": VIP_PORT } ] },
+        }),
+    );
+    w.k8s.set_gateway_addresses("late", &v);
+    for (kind, plural, section) in [
+        ("TCPRoute", "tcproutes", "tcp"),
+        ("UDPRoute", "udproutes", "udp"),
+    ] {
+        w.k8s.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": section },
+                "spec": { "parentRefs": [{ "name": "late", "sectionName": section }],
+                          "rules": [{ "backendRefs": [{ "name": "web", "port": VIP_PORT }] }] },
+            }),
+        );
+    }
+    let (m, _) = wait_vips(
+        &w.rd,
+        "UDP the Gateway's, TCP still the Service's",
+        &v,
+        PROGRAMMED,
+        |m| {
+            has(m, &udp4, &w.targets(&[1, 2], false), &none)
+                && has(m, &tcp4, &w.targets(&[0], false), &none)
+        },
+    );
+    assert_eq!(
+        m[&tcp4]["source"],
+        format!("service {}/squatter", w.k8s.name)
+    );
+    assert_eq!(m[&udp4]["source"], format!("gateway {}/late", w.k8s.name));
+    let evs = wait_for(PROGRAMMED, Duration::from_millis(200), || {
+        let evs = w.k8s.events_about("late");
+        evs.iter()
+            .any(|(ty, reason, note)| {
+                ty == "Warning" && reason == "NotProgrammed" && note.contains(&tcp4)
+            })
+            .then_some(evs)
+    });
+    assert!(
+        evs.is_some(),
+        "no Warning NotProgrammed Event on Gateway late naming {tcp4}: {:?}",
+        w.k8s.events_about("late")
+    );
+    let st = w.rd.status();
+    let conflicts = st["conflicts"].to_string();
+    assert!(
+        conflicts.contains(&format!("{}/squatter", w.k8s.name))
+            && conflicts.contains(&format!("{}/late", w.k8s.name)),
+        "rivoractl status names both claimants: {conflicts}"
+    );
+    assert_spread(t, "the Service keeps TCP", sa(t.vip4), Proto::Tcp, &[0]);
+    assert_spread(t, "the Gateway has UDP", sa(t.vip4), Proto::Udp, &[1, 2]);
+}
+
+/// On an API server of the test's own with no CRD at all: Services are
+/// served as ever; the five Gateway API watches say the CRDs are not
+/// installed, count as listed after their second look (the Gateway source
+/// is synced, so nothing waits on it) and warn once each, not on every
+/// retry. The CRDs installed later, a Gateway is picked up within the
+/// retry period and forwards.
+#[test]
+fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_installed() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let server = common::apiserver::ApiServer::start();
+    let addr: SocketAddr = server
+        .url
+        .strip_prefix("https://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
+    let kube = Kube::new(&server.kubeconfig);
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let id = Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    };
+    let w = World::on_server(
+        topo,
+        servers,
+        (&kube, addr, &server.ca_cert),
+        Some((Home::new(), id)),
+        &[],
+    );
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.service("web", &v, &ports, &[0, 1, 2]);
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "the Service without any CRD", &v, PROGRAMMED, |m| {
+        has(
+            m,
+            &vip_name("tcp", sa(t.vip4)),
+            &w.targets(&[0, 1, 2], false),
+            &none,
+        )
+    });
+    let gateway_watches = [
+        "gateways",
+        "gatewayclasses",
+        "tcproutes",
+        "udproutes",
+        "referencegrants",
+    ];
+    let synced = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let st = w.rd.status();
+        let gw = st["sources"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["kind"] == "gateway"))
+            .cloned();
+        gw.is_some_and(|g| g["synced"] == true).then_some(())
+    });
+    assert!(
+        synced.is_some(),
+        "the Gateway source never synced without its CRDs: {}",
+        w.rd.status()
+    );
+    let watches = watches_of(&w.rd);
+    for r in gateway_watches {
+        let (synced, _, last) = &watches[r];
+        assert!(
+            *synced
+                && last.as_deref().is_some_and(|e| e.contains(&format!(
+                    "the Gateway API CRDs ({r} gateway.networking.k8s.io) are not installed"
+                ))),
+            "{r}: {watches:?}"
+        );
+    }
+    // Quietly: one warning each, whatever the retries since.
+    std::thread::sleep(Duration::from_secs(12));
+    let warned =
+        w.rd.log_text()
+            .lines()
+            .filter(|l| l.contains("the Gateway API CRDs are not installed"))
+            .count();
+    assert_eq!(
+        warned,
+        gateway_watches.len(),
+        "warnings about the missing CRDs:\n{}",
+        w.rd.log_text()
+    );
+
+    // Installed: the next look finds them.
+    common::k8s::install_gateway_api_crds(&kube);
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let vip = t.vip(2);
+    gateway_with_route(&w, &class.name, "late", vip.into(), &[1]);
+    let (m, _) = wait_vips(
+        &w.rd,
+        "the Gateway once the CRDs are there",
+        &[IpAddr::V4(vip)],
+        Duration::from_secs(40),
+        |m| has(m, &vip_name("tcp", sa(vip)), &w.targets(&[1], false), &none),
+    );
+    assert_eq!(
+        m[&vip_name("tcp", sa(vip))]["source"],
+        format!("gateway {}/late", w.k8s.name)
+    );
+    assert_spread(t, "the late Gateway", sa(vip), Proto::Tcp, &[1]);
+}
+
+// ---------------------------------------------------------------------
+// 11. rivora-controller assigns, rivorad forwards
 // ---------------------------------------------------------------------
 
 #[test]
@@ -1463,7 +3015,7 @@ fn a_service_gets_its_address_from_the_controller_and_forwards() {
     };
     let dir = tempfile::tempdir().expect("a temp dir");
     let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &shared().server.url, &Identity::admin());
+    common::k8s::write_kubeconfig(&kubeconfig, &shared().server.url, &Identity::admin());
     let selector = format!("test.rivora.io/scope={pool}");
     let mut args = vec![
         "-namespace",

@@ -220,6 +220,7 @@ impl Daemon {
         rec.register(crate::desired::SourceKind::File);
         if opts.kubernetes {
             rec.register(crate::desired::SourceKind::Service);
+            rec.register(crate::desired::SourceKind::Gateway);
         }
         let t1 = std::time::Instant::now();
         let (ack, mut applied) = tokio::sync::oneshot::channel();

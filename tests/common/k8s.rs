@@ -2,7 +2,8 @@
 //!
 //! - [`shared`]: one real kube-apiserver + etcd per test process
 //!   ([`ApiServer`]), started by the first test that asks, with Rivora's
-//!   CRDs installed from `helm/crds/` (as the chart would, before any
+//!   CRDs installed from `helm/crds/` and the Gateway API's from
+//!   `helm/gateway-api-crds/experimental/` (as the chart would, before any
 //!   rivorad runs). The watchdog of `scripts/apiserver.sh` stops it when
 //!   the test process ends. Tests keep apart by Kubernetes namespace.
 //! - [`Kube`]: a blocking client for the tests themselves (an admin,
@@ -95,7 +96,9 @@ pub fn shared() -> &'static Shared {
 
 /// The CRDs as `helm/crds/` ships them. The checked-in YAML must be what
 /// the types generate (a unit test of rivora-k8s says so too); what is
-/// installed is that same object.
+/// installed is that same object. Then the Gateway API's, as
+/// `helm/gateway-api-crds/experimental/` ships them (the channel that
+/// serves TCPRoute and UDPRoute at v1alpha2 as well as v1).
 fn install_crds(kube: &Kube) {
     for f in rivora_k8s::crd_files() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f.path);
@@ -107,66 +110,126 @@ fn install_crds(kube: &Kube) {
             path.display()
         );
     }
-    for crd in rivora_k8s::crds() {
-        install_crd(kube, &crd);
+    let mut crds = rivora_k8s::crds();
+    crds.extend(gateway_api_crds());
+    install(kube, &crds);
+}
+
+/// The Gateway API CRDs, installed and served, on `kube`'s server (one of
+/// a test's own: the shared one has them from the start).
+pub fn install_gateway_api_crds(kube: &Kube) {
+    install(kube, &gateway_api_crds());
+}
+
+/// Create `crds` and wait until each is Established and every version it
+/// serves lists.
+fn install(kube: &Kube, crds: &[CustomResourceDefinition]) {
+    let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
+    for crd in crds {
+        let name = crd.metadata.name.clone().expect("the CRD's name");
+        kube.block_on(async {
+            match api.create(&PostParams::default(), crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => panic!("installing CRD {name}: {e}"),
+            }
+        });
+    }
+    for crd in crds {
+        let name = crd.metadata.name.clone().expect("the CRD's name");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = kube
+                .block_on(api.get(&name))
+                .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
+            let established = got
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if established {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CRD {name} not Established within 30 s: {:?}",
+                got.status
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Served too (Established comes a moment before discovery serves
+        // it): every version the CRD serves lists.
+        let spec = &crd.spec;
+        for v in spec.versions.iter().filter(|v| v.served) {
+            let ar = ApiResource {
+                group: spec.group.clone(),
+                version: v.name.clone(),
+                api_version: format!("{}/{}", spec.group, v.name),
+                kind: spec.names.kind.clone(),
+                plural: spec.names.plural.clone(),
+            };
+            let list: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
+            let served = super::traffic::wait_for(
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                || kube.block_on(list.list(&ListParams::default())).ok(),
+            );
+            assert!(
+                served.is_some(),
+                "{} {} never served",
+                ar.api_version,
+                ar.plural
+            );
+        }
     }
 }
 
-/// Create `crd` (an existing one is kept) and wait until it is served.
-pub fn install_crd(kube: &Kube, crd: &CustomResourceDefinition) {
-    let name = crd.metadata.name.clone().expect("the CRD's name");
-    let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    kube.block_on(async {
-        match api.create(&PostParams::default(), crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("installing CRD {name}: {e}"),
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = kube
-            .block_on(api.get(&name))
-            .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
-        let established = got
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "CRD {name} not Established within 30 s: {:?}",
-            got.status
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Served too (Established comes a moment before discovery serves it).
-    let version = crd
-        .spec
-        .versions
+/// The namespaced Gateway API kinds Rivora reads: (kind, plural).
+pub const GATEWAY_API_NAMESPACED: [(&str, &str); 4] = [
+    ("Gateway", "gateways"),
+    ("TCPRoute", "tcproutes"),
+    ("UDPRoute", "udproutes"),
+    ("ReferenceGrant", "referencegrants"),
+];
+
+/// A Gateway API kind at v1.
+pub fn gateway_api_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+/// Where the Gateway API CRDs the tests install are checked in.
+pub const GATEWAY_API_CRDS: &str = "helm/gateway-api-crds/experimental";
+
+/// The Gateway API CRDs Rivora reads, as the chart ships them.
+pub fn gateway_api_crds() -> Vec<CustomResourceDefinition> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(GATEWAY_API_CRDS);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        5,
+        "the five Gateway API CRDs in {}",
+        dir.display()
+    );
+    files
         .iter()
-        .find(|v| v.served)
-        .map(|v| v.name.clone())
-        .unwrap_or_else(|| panic!("CRD {name} serves no version"));
-    let ar = ApiResource {
-        group: crd.spec.group.clone(),
-        version: version.clone(),
-        api_version: format!("{}/{version}", crd.spec.group),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    };
-    let objects: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
-    let served =
-        super::traffic::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
-            kube.block_on(objects.list(&ListParams::default())).ok()
-        });
-    assert!(served.is_some(), "{name} never served");
+        .map(|p| {
+            let text = std::fs::read_to_string(p)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+            serde_yaml_ng::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", p.display()))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------
@@ -212,11 +275,17 @@ impl Kube {
 
     /// A fresh namespace, emptied and deleted on drop.
     pub fn namespace(&self, prefix: &str) -> TestNs {
+        self.namespace_labelled(prefix, json!({}))
+    }
+
+    /// A fresh namespace with `labels` (a JSON object), emptied and
+    /// deleted on drop.
+    pub fn namespace_labelled(&self, prefix: &str, labels: Value) -> TestNs {
         let name = unique(prefix);
         let ns: Namespace = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": { "name": name },
+            "metadata": { "name": name, "labels": labels },
         }))
         .expect("a Namespace");
         let api: Api<Namespace> = Api::all(self.client.clone());
@@ -236,6 +305,12 @@ impl Kube {
         Api::namespaced(self.client.clone(), ns)
     }
 
+    /// Gateway API objects of `kind` (v1, which every kind Rivora reads
+    /// serves) as raw objects.
+    pub fn gateway_api(&self, ns: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &gateway_api_resource(kind, plural))
+    }
+
     /// ServicePolicies as raw objects: what the schema refuses cannot be
     /// said with the Rust type.
     fn policies(&self, ns: &str) -> Api<DynamicObject> {
@@ -248,9 +323,9 @@ impl Kube {
 }
 
 /// A namespace of Kubernetes objects for one test. Dropped: its Services,
-/// EndpointSlices and ServicePolicies are deleted (so no other test's
-/// rivorad keeps programming them), then the namespace, whose finalizer
-/// is cleared by hand.
+/// EndpointSlices, ServicePolicies and Gateway API objects are deleted (so
+/// no other test's rivorad keeps programming them), then the namespace,
+/// whose finalizer is cleared by hand.
 pub struct TestNs {
     pub kube: Kube,
     pub name: String,
@@ -354,6 +429,76 @@ impl TestNs {
             .map(|o| serde_json::to_value(o).expect("JSON"))
     }
 
+    /// Create a Gateway API object of `kind` (`plural`) from its JSON, at
+    /// the version its `apiVersion` names; the namespace is this one.
+    pub fn create_gateway_api(&self, kind: &str, plural: &str, mut obj: Value) {
+        obj["metadata"]["namespace"] = json!(self.name);
+        let version = obj["apiVersion"]
+            .as_str()
+            .and_then(|v| v.rsplit('/').next())
+            .unwrap_or("v1")
+            .to_string();
+        let ar = ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", &version, kind),
+            plural,
+        );
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.kube.client.clone(), &self.name, &ar);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let o: DynamicObject = serde_json::from_value(obj).expect("an object");
+        self.kube
+            .block_on(api.create(&PostParams::default(), &o))
+            .unwrap_or_else(|e| panic!("creating {kind} {}/{name}: {e}", self.name));
+    }
+
+    /// Delete a Gateway API object.
+    pub fn delete_gateway_api(&self, kind: &str, plural: &str, name: &str) {
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, kind, plural)
+                    .delete(name, &DeleteParams::default()),
+            )
+            .unwrap_or_else(|e| panic!("deleting {kind} {}/{name}: {e}", self.name));
+    }
+
+    /// A Gateway API object as stored, if any.
+    pub fn gateway_api_object(&self, kind: &str, plural: &str, name: &str) -> Option<Value> {
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, kind, plural)
+                    .get_opt(name),
+            )
+            .unwrap_or_else(|e| panic!("reading {kind} {}/{name}: {e}", self.name))
+            .map(|o| serde_json::to_value(o).expect("JSON"))
+    }
+
+    /// Write a Gateway's `status.addresses` through the status subresource,
+    /// as rivora-controller does once it has assigned them.
+    pub fn set_gateway_addresses(&self, gateway: &str, ips: &[IpAddr]) {
+        let addresses: Vec<Value> = ips
+            .iter()
+            .map(|ip| json!({ "type": "IPAddress", "value": ip.to_string() }))
+            .collect();
+        let patch = json!({ "status": { "addresses": addresses } });
+        self.kube
+            .block_on(
+                self.kube
+                    .gateway_api(&self.name, "Gateway", "gateways")
+                    .patch_status(gateway, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "patching the status of Gateway {}/{gateway}: {e}",
+                    self.name
+                )
+            });
+    }
+
     /// The Events about object `name` (any kind) in this namespace:
     /// (type, reason, note), from events.k8s.io and the core API alike.
     pub fn events_about(&self, name: &str) -> Vec<(String, String, String)> {
@@ -401,8 +546,26 @@ impl TestNs {
             .map_err(|e| format!("deleting the Services: {e}"))?;
         k.block_on(k.slices(&self.name).delete_collection(&dp, &lp))
             .map_err(|e| format!("deleting the EndpointSlices: {e}"))?;
-        k.block_on(k.policies(&self.name).delete_collection(&dp, &lp))
-            .map_err(|e| format!("deleting the ServicePolicies: {e}"))?;
+        // CRD kinds: a server of a test's own may not have them (404).
+        let absent_ok = |r: Result<(), kube::Error>, what: &str| match r {
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            r => r.map_err(|e| format!("deleting the {what}: {e}")),
+        };
+        absent_ok(
+            k.block_on(k.policies(&self.name).delete_collection(&dp, &lp))
+                .map(|_| ()),
+            "ServicePolicies",
+        )?;
+        for (kind, plural) in GATEWAY_API_NAMESPACED {
+            absent_ok(
+                k.block_on(
+                    k.gateway_api(&self.name, kind, plural)
+                        .delete_collection(&dp, &lp),
+                )
+                .map(|_| ()),
+                plural,
+            )?;
+        }
         let api: Api<Namespace> = Api::all(k.client.clone());
         k.block_on(api.delete(&self.name, &dp))
             .map_err(|e| format!("deleting the namespace: {e}"))?;
@@ -466,6 +629,69 @@ pub fn udp(port: u16, target: u16) -> SvcPort {
         proto: "UDP",
         port,
         target,
+    }
+}
+
+/// A ClusterIP Service (what a route's backendRefs name), both families
+/// when the cluster has them.
+pub fn cluster_service(name: &str, ports: &[SvcPort]) -> Service {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| {
+            json!({ "name": p.name, "protocol": p.proto, "port": p.port, "targetPort": p.target })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": name },
+        "spec": { "ports": ports },
+    }))
+    .expect("a Service")
+}
+
+/// A GatewayClass of a unique name, deleted on drop (cluster-scoped:
+/// no namespace takes it along).
+pub struct TestGatewayClass {
+    kube: Kube,
+    pub name: String,
+}
+
+impl TestGatewayClass {
+    pub fn new(kube: &Kube, controller: &str) -> Self {
+        let name = unique("rivora-e2e-");
+        let api: Api<DynamicObject> = Api::all_with(
+            kube.client.clone(),
+            &gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": { "name": name },
+            "spec": { "controllerName": controller },
+        }))
+        .expect("a GatewayClass");
+        kube.block_on(api.create(&PostParams::default(), &obj))
+            .unwrap_or_else(|e| panic!("creating GatewayClass {name}: {e}"));
+        Self {
+            kube: kube.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for TestGatewayClass {
+    fn drop(&mut self) {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.kube.client.clone(),
+            &gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        if let Err(e) = self
+            .kube
+            .block_on(api.delete(&self.name, &DeleteParams::default()))
+        {
+            eprintln!("deleting GatewayClass {}: {e}", self.name);
+        }
     }
 }
 
@@ -684,7 +910,12 @@ impl Identity {
 
 /// Write a kubeconfig for `server` (an https URL) as `who`.
 pub fn write_kubeconfig(path: &Path, server: &str, who: &Identity) {
-    let ca = &shared().server.ca_cert;
+    write_kubeconfig_with(path, server, &shared().server.ca_cert, who);
+}
+
+/// [`write_kubeconfig`] for a server of another CA (an [`ApiServer`] of
+/// the test's own).
+pub fn write_kubeconfig_with(path: &Path, server: &str, ca: &Path, who: &Identity) {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: rivora-test\n  cluster:\n    \
          server: {server}\n    certificate-authority: {}\nusers:\n- name: rivorad\n  user:\n    \

@@ -6,6 +6,7 @@
 //! VIPs a node should forward ([`translate`]). Pure and libbpf-free: the
 //! watchers that feed it live in rivorad and rivora-controller.
 
+pub mod gateway;
 pub mod ipam;
 pub mod policy;
 pub mod pool;

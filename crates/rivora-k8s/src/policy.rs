@@ -29,6 +29,8 @@ use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::gateway::ListenerRef;
+
 /// Kubernetes' default ClientIP affinity timeout (3 hours), also ours.
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
 
@@ -45,7 +47,7 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
     status = "ServicePolicyStatus",
     shortname = "svcpol",
     category = "rivora",
-    doc = "Rivora's settings (mode, SYN limit, health check, affinity, weights) for Services of its namespace, by name.",
+    doc = "Rivora's settings (mode, SYN limit, health check, affinity, weights) for Services and Gateway listeners of its namespace, by name.",
     printcolumn = r#"{"name":"Services","type":"string","jsonPath":".spec.services"}"#,
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
     printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
@@ -53,15 +55,26 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = RecursiveTransform(kubernetes_shapes))]
+#[x_kube(validation = Rule::new("(has(self.services) ? size(self.services) : 0) + (has(self.listeners) ? size(self.listeners) : 0) > 0").message("a policy names at least one Service or listener"))]
 pub struct ServicePolicySpec {
     /// Names of the Services in this namespace the policy applies to. A
     /// Service named by an older policy stays with that one.
+    #[serde(default)]
     #[schemars(
-        length(min = 1, max = 64),
+        length(max = 64),
         inner(length(min = 1, max = 63), regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")),
         extend("x-kubernetes-list-type" = "set")
     )]
     pub services: Vec<String>,
+
+    /// Gateway listeners in this namespace the policy applies to, by the
+    /// Gateway's name and the listener's: their VIPs take the policy's
+    /// mode, SYN limit, health check and affinity (`weights` is for
+    /// Services: a route's backendRefs weigh a listener's backends). A
+    /// listener named by an older policy stays with that one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "atomic"))]
+    pub listeners: Vec<ListenerTarget>,
 
     /// How packets reach the backends: `nat` (default), `dsr` (same L2
     /// segment, MAC rewrite) or `l3dsr` (IP-in-IP to the backend). DSR
@@ -92,6 +105,18 @@ pub struct ServicePolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub weights: Vec<WeightRule>,
+}
+
+/// One listener of a Gateway in the policy's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerTarget {
+    /// The Gateway's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub gateway: String,
+    /// The listener's name (what a route's `sectionName` says).
+    #[schemars(length(min = 1, max = 253))]
+    pub listener: String,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,13 +442,17 @@ impl std::fmt::Display for ObjectRef {
     }
 }
 
-/// Which policy governs which Service, and what each policy lost.
+/// Which policy governs which Service and listener, and what each policy
+/// lost.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyChoice {
     /// Service -> the policy that applies to it.
     pub winners: BTreeMap<ObjectRef, ObjectRef>,
-    /// Policy -> the Services it names that an older policy holds, each
-    /// with that policy's name.
+    /// Gateway listener -> the policy that applies to it.
+    pub listener_winners: BTreeMap<ListenerRef, ObjectRef>,
+    /// Policy -> the targets it names that an older policy holds
+    /// (`Service web`, `Gateway gw listener tcp`), each with that policy's
+    /// name.
     pub lost: BTreeMap<ObjectRef, Vec<(String, String)>>,
 }
 
@@ -431,6 +460,11 @@ impl PolicyChoice {
     /// The policy that applies to a Service, if any.
     pub fn policy_for(&self, service: &ObjectRef) -> Option<&ObjectRef> {
         self.winners.get(service)
+    }
+
+    /// The policy that applies to a Gateway listener, if any.
+    pub fn policy_for_listener(&self, listener: &ListenerRef) -> Option<&ObjectRef> {
+        self.listener_winners.get(listener)
     }
 }
 
@@ -468,10 +502,29 @@ pub fn choose_policies<'a>(policies: impl IntoIterator<Item = &'a ServicePolicy>
         for svc in &spec.services {
             let key = ObjectRef::new(policy.namespace.clone(), svc.clone());
             match out.winners.get(&key) {
-                Some(older) if *older != policy => lost.push((svc.clone(), older.name.clone())),
+                Some(older) if *older != policy => {
+                    lost.push((format!("Service {svc}"), older.name.clone()))
+                }
                 Some(_) => {}
                 None => {
                     out.winners.insert(key, policy.clone());
+                }
+            }
+        }
+        for l in &spec.listeners {
+            let key = ListenerRef {
+                namespace: policy.namespace.clone(),
+                gateway: l.gateway.clone(),
+                listener: l.listener.clone(),
+            };
+            match out.listener_winners.get(&key) {
+                Some(older) if *older != policy => lost.push((
+                    format!("Gateway {} listener {}", l.gateway, l.listener),
+                    older.name.clone(),
+                )),
+                Some(_) => {}
+                None => {
+                    out.listener_winners.insert(key, policy.clone());
                 }
             }
         }
@@ -506,10 +559,11 @@ pub fn policy_conditions(
     };
     let lost_text = lost
         .iter()
-        .map(|(s, p)| format!("Service {s} is governed by the older ServicePolicy {p}"))
+        .map(|(s, p)| format!("{s} is governed by the older ServicePolicy {p}"))
         .collect::<Vec<_>>()
         .join("; ");
-    let holds_none = !policy.spec.services.is_empty() && lost.len() >= policy.spec.services.len();
+    let targets = policy.spec.services.len() + policy.spec.listeners.len();
+    let holds_none = targets > 0 && lost.len() >= targets;
     let accepted = match issue {
         Some(i) => cond("Accepted", false, i.reason, i.message.clone()),
         None if holds_none => cond("Accepted", false, REASON_CONFLICTED, lost_text.clone()),
@@ -525,7 +579,7 @@ pub fn policy_conditions(
             "Conflicted",
             false,
             REASON_NO_CONFLICT,
-            "no older policy names these Services".into(),
+            "no older policy names these Services or listeners".into(),
         )
     } else {
         cond("Conflicted", true, REASON_CONFLICTED, lost_text)
@@ -623,10 +677,80 @@ mod tests {
         assert_eq!(
             choice.lost,
             BTreeMap::from([
-                (r("shop", "a-new"), vec![("web".into(), "z-old".into())]),
-                (r("shop", "b-twin"), vec![("db".into(), "a-new".into())]),
-                (r("shop", "0-unsaved"), vec![("api".into(), "z-old".into())]),
+                (
+                    r("shop", "a-new"),
+                    vec![("Service web".into(), "z-old".into())]
+                ),
+                (
+                    r("shop", "b-twin"),
+                    vec![("Service db".into(), "a-new".into())]
+                ),
+                (
+                    r("shop", "0-unsaved"),
+                    vec![("Service api".into(), "z-old".into())]
+                ),
             ])
+        );
+    }
+
+    /// Listeners are settled as Services are: the oldest policy naming
+    /// one holds it, and a policy left with nothing it names is not
+    /// accepted.
+    #[test]
+    fn the_oldest_policy_wins_each_listener() {
+        let old = pol(
+            "infra",
+            "old",
+            Some("2026-01-01T00:00:00Z"),
+            json!({"listeners": [{"gateway": "gw", "listener": "tcp"}]}),
+        );
+        let new = pol(
+            "infra",
+            "new",
+            Some("2026-02-01T00:00:00Z"),
+            json!({"services": ["web"], "listeners": [{"gateway": "gw", "listener": "tcp"}, {"gateway": "gw", "listener": "udp"}]}),
+        );
+        let shut_out = pol(
+            "infra",
+            "shut-out",
+            Some("2026-03-01T00:00:00Z"),
+            json!({"listeners": [{"gateway": "gw", "listener": "udp"}]}),
+        );
+        let choice = choose_policies([&shut_out, &new, &old]);
+        let l = |listener: &str| ListenerRef {
+            namespace: "infra".into(),
+            gateway: "gw".into(),
+            listener: listener.into(),
+        };
+        assert_eq!(
+            choice.policy_for_listener(&l("tcp")),
+            Some(&r("infra", "old"))
+        );
+        assert_eq!(
+            choice.policy_for_listener(&l("udp")),
+            Some(&r("infra", "new"))
+        );
+        assert_eq!(
+            choice.policy_for(&r("infra", "web")),
+            Some(&r("infra", "new"))
+        );
+        let now = at("2026-04-01T00:00:00Z");
+        let show = |p: &ServicePolicy| {
+            policy_conditions(p, &choice, None, &now)
+                .into_iter()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            show(&new),
+            [
+                "Accepted=True Accepted: the policy is valid and applied",
+                "Conflicted=True Conflicted: Gateway gw listener tcp is governed by the older ServicePolicy old",
+            ]
+        );
+        assert_eq!(
+            show(&shut_out)[0],
+            "Accepted=False Conflicted: Gateway gw listener udp is governed by the older ServicePolicy new"
         );
     }
 
@@ -665,7 +789,7 @@ mod tests {
             show(policy_conditions(&old, &choice, None, &now)),
             [
                 "Accepted=True Accepted: the policy is valid and applied",
-                "Conflicted=False NoConflict: no older policy names these Services",
+                "Conflicted=False NoConflict: no older policy names these Services or listeners",
             ]
         );
         assert_eq!(

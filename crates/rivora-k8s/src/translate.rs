@@ -213,7 +213,7 @@ fn endpoint_state(c: Option<&EndpointConditions>) -> Option<EndpointState> {
     }
 }
 
-fn protocol(p: Option<&str>) -> Result<Protocol, &str> {
+pub(crate) fn protocol(p: Option<&str>) -> Result<Protocol, &str> {
     match p.unwrap_or("TCP") {
         "TCP" => Ok(Protocol::Tcp),
         "UDP" => Ok(Protocol::Udp),
@@ -256,18 +256,7 @@ fn translate<S: Borrow<EndpointSlice>>(
     for ip in ingress.iter().filter_map(|i| i.ip.as_deref()) {
         match ip.parse::<IpAddr>() {
             Ok(a) => {
-                // The address checks of the model, with no port or
-                // backend to fail on.
-                let probe = Vip {
-                    addr: a,
-                    ports: Ports::One(1),
-                    proto: Protocol::Tcp,
-                    mode: Mode::Nat,
-                    affinity: Affinity::None,
-                    rate_limit: None,
-                    backends: Vec::new(),
-                };
-                if let Err(e) = probe.validate() {
+                if let Err(e) = vip_address(a) {
                     warn(
                         WARN_INVALID_ADDRESS,
                         format!("ingress address {ip} cannot be a VIP: {e}"),
@@ -389,6 +378,50 @@ fn translate<S: Borrow<EndpointSlice>>(
         }
     }
     Ok(out)
+}
+
+/// Whether `a` can be a VIP: the address checks of the model, with no
+/// port or backend to fail on.
+pub(crate) fn vip_address(a: IpAddr) -> Result<(), rivora_model::model::ModelError> {
+    Vip {
+        addr: a,
+        ports: Ports::One(1),
+        proto: Protocol::Tcp,
+        mode: Mode::Nat,
+        affinity: Affinity::None,
+        rate_limit: None,
+        backends: Vec::new(),
+    }
+    .validate()
+}
+
+/// The backends behind one port of a Service for a VIP on `vip`, as a
+/// route's backendRef sees them: its EndpointSlices (those labelled for
+/// `service` in its namespace), the VIP's family, ready endpoints with
+/// weight 1 and terminating-but-serving ones with weight 0. The same
+/// reading as a LoadBalancer Service's own VIPs, without its traffic
+/// policy or ServicePolicy weights.
+pub(crate) fn service_port_backends<S: Borrow<EndpointSlice>>(
+    service: &Service,
+    slices: &[S],
+    vip: IpAddr,
+    port_name: &str,
+    proto: Protocol,
+) -> Vec<Backend> {
+    let namespace = service.namespace().unwrap_or_default();
+    let name = service.name_any();
+    let ours: Vec<&EndpointSlice> = slices
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|s| {
+            s.metadata
+                .namespace
+                .as_deref()
+                .is_none_or(|n| n == namespace)
+                && s.labels().get(SERVICE_NAME_LABEL) == Some(&name)
+        })
+        .collect();
+    backends(&ours, vip, port_name, proto, None, None)
 }
 
 /// The backends of one VIP, ordered by address and port. An endpoint

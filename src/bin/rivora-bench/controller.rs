@@ -160,7 +160,11 @@ pub fn run(results: &mut Results) -> Result<()> {
     let rt = runtime()?;
     let client = rt.block_on(client(&api.kubeconfig))?;
     rt.block_on(async {
-        install_crd(&client, <rivora_k8s::AddressPool as kube::CustomResourceExt>::crd()).await?;
+        install_crd(
+            &client,
+            <rivora_k8s::AddressPool as kube::CustomResourceExt>::crd(),
+        )
+        .await?;
         let nss: Api<Namespace> = Api::all(client.clone());
         nss.create(
             &PostParams::default(),
@@ -193,7 +197,10 @@ pub fn run(results: &mut Results) -> Result<()> {
     let created: Vec<(String, Instant)> = rt.block_on(async {
         let t0 = Instant::now();
         while holder(&client).await?.is_none() {
-            ensure!(t0.elapsed() < Duration::from_secs(60), "no leader within 60 s");
+            ensure!(
+                t0.elapsed() < Duration::from_secs(60),
+                "no leader within 60 s"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         stream::iter(0..SERVICES)
@@ -229,7 +236,12 @@ pub fn run(results: &mut Results) -> Result<()> {
             list.items
                 .iter()
                 .filter_map(|s| {
-                    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?[0]
+                    s.status
+                        .as_ref()?
+                        .load_balancer
+                        .as_ref()?
+                        .ingress
+                        .as_ref()?[0]
                         .ip
                         .as_deref()?
                         .parse()

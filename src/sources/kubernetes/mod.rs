@@ -1,7 +1,10 @@
 //! Kubernetes as a source: LoadBalancer Services, their EndpointSlices
 //! and Rivora's `ServicePolicy`, watched, translated by
 //! [`rivora_k8s::service_vips`] and sent to the reconciler, one owner per
-//! Service (`service ns/name`).
+//! Service (`service ns/name`); and beside them, sharing those stores,
+//! Gateways and their routes ([`gateway`], one owner per Gateway,
+//! `gateway ns/name`), which say `Synced(Gateway)` after their own first
+//! pass.
 //!
 //! The three watches keep full copies of what they list. Nothing is sent
 //! until each has finished its first full list: a Service translated
@@ -30,16 +33,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::histogram::Histogram;
+use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
+use rivora_k8s::gateway::api::gateways::Gateway;
+use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
+use rivora_k8s::gateway::api::tcproutes::TcpRoute;
+use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::policy::{
     check_policy, choose_policies, merge_condition, policy_conditions, ObjectRef, PolicyChoice,
     PolicyIssue,
@@ -49,6 +58,7 @@ use rivora_k8s::{service_vips, ServicePolicy, ServicePolicyStatus, TranslateOpti
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
+use self::gateway::{GatewayState, GwEvent};
 use super::WatchState;
 use crate::desired::{DesiredVip, Owner, SourceKind};
 use crate::reconciler::{Applied, Command, Sender};
@@ -67,11 +77,34 @@ pub const PROGRAMMING_BUCKETS: [f64; 20] = [
 /// are sent: a first list of 10,000 objects still programs in steps.
 const BATCH: usize = 4096;
 
+mod gateway;
+
 /// The watches, in the order their states are published.
-pub const RESOURCES: [&str; 3] = ["services", "endpointslices", "servicepolicies"];
-const SERVICES: usize = 0;
-const SLICES: usize = 1;
-const POLICIES: usize = 2;
+pub const RESOURCES: [&str; 9] = [
+    "services",
+    "endpointslices",
+    "servicepolicies",
+    "gateways",
+    "gatewayclasses",
+    "tcproutes",
+    "udproutes",
+    "referencegrants",
+    "namespaces",
+];
+
+/// A watch, by its index in [`RESOURCES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Watch {
+    Services = 0,
+    EndpointSlices = 1,
+    ServicePolicies = 2,
+    Gateways = 3,
+    GatewayClasses = 4,
+    TcpRoutes = 5,
+    UdpRoutes = 6,
+    ReferenceGrants = 7,
+    Namespaces = 8,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -164,6 +197,12 @@ enum Msg {
     Service(watcher::Result<Event<Service>>),
     Slice(watcher::Result<Event<EndpointSlice>>),
     Policy(watcher::Result<Event<ServicePolicy>>),
+    Gateway(GwEvent<Gateway>),
+    GatewayClass(GwEvent<GatewayClass>),
+    TcpRoute(GwEvent<TcpRoute>),
+    UdpRoute(GwEvent<UdpRoute>),
+    Grant(GwEvent<ReferenceGrant>),
+    Namespace(watcher::Result<Event<PartialObjectMeta<Namespace>>>),
 }
 
 fn now_secs() -> u64 {
@@ -267,6 +306,8 @@ struct State {
     policies_dirty: bool,
     watches: Vec<WatchState>,
     synced_sent: bool,
+    /// The Gateway half.
+    gw: GatewayState,
 }
 
 impl State {
@@ -290,6 +331,7 @@ impl State {
                 })
                 .collect(),
             synced_sent: false,
+            gw: GatewayState::default(),
         }
     }
 
@@ -298,29 +340,42 @@ impl State {
     }
 
     fn touch(&mut self, svc: ObjectRef, seen: Option<Instant>) {
+        self.gw.service_changed(&svc);
         let e = self.dirty.entry(svc).or_insert(seen);
         if e.is_none() {
             *e = seen;
         }
     }
 
-    fn failed(&mut self, watch: usize, e: &watcher::Error) {
-        let w = &mut self.watches[watch];
+    fn failed(&mut self, watch: Watch, e: &watcher::Error) {
+        self.failed_text(watch, e.to_string());
+    }
+
+    fn failed_text(&mut self, watch: Watch, e: String) {
+        let w = &mut self.watches[watch as usize];
         w.errors += 1;
-        w.last_error = Some(e.to_string());
-        w.last_error_at = now_secs();
         warn!(resource = w.resource, error = %e, "watch failed; retrying");
+        w.last_error = Some(e);
+        w.last_error_at = now_secs();
     }
 
     fn handle(&mut self, msg: Msg, now: Instant) {
         match msg {
-            Msg::Service(Err(e)) => self.failed(SERVICES, &e),
-            Msg::Slice(Err(e)) => self.failed(SLICES, &e),
+            Msg::Service(Err(e)) => self.failed(Watch::Services, &e),
+            Msg::Slice(Err(e)) => self.failed(Watch::EndpointSlices, &e),
+            Msg::Gateway(ev) => self.handle_gateway(Watch::Gateways, ev, |g| &mut g.gateways),
+            Msg::GatewayClass(ev) => {
+                self.handle_gateway(Watch::GatewayClasses, ev, |g| &mut g.classes)
+            }
+            Msg::TcpRoute(ev) => self.handle_gateway(Watch::TcpRoutes, ev, |g| &mut g.tcp_routes),
+            Msg::UdpRoute(ev) => self.handle_gateway(Watch::UdpRoutes, ev, |g| &mut g.udp_routes),
+            Msg::Grant(ev) => self.handle_gateway(Watch::ReferenceGrants, ev, |g| &mut g.grants),
+            Msg::Namespace(ev) => self.handle_namespace(ev),
             // Without the CRD there are no policies to wait for: go on
             // with none, and pick them up once it is installed (the
             // watcher keeps retrying the list, quietly).
             Msg::Policy(Err(e)) if is_not_found(&e) => {
-                let w = &mut self.watches[POLICIES];
+                let w = &mut self.watches[Watch::ServicePolicies as usize];
                 w.last_error = Some(
                     "the ServicePolicy CRD (servicepolicies.rivora.io) is not installed: Services get no policy"
                         .into(),
@@ -334,7 +389,7 @@ impl State {
                     debug!(error = %e, "the ServicePolicy CRD is still not installed");
                 }
             }
-            Msg::Policy(Err(e)) => self.failed(POLICIES, &e),
+            Msg::Policy(Err(e)) => self.failed(Watch::ServicePolicies, &e),
             Msg::Service(Ok(ev)) => match self.services.apply(ev) {
                 Change::None => {}
                 Change::One(old, new) => {
@@ -407,6 +462,7 @@ impl State {
                 };
                 self.choice = choose_policies(self.policies.items.values().map(|p| &**p));
                 self.policies_dirty = true;
+                self.gw.policies_changed();
                 // A policy can only name Services of its own namespace.
                 let touched: Vec<ObjectRef> = self
                     .services
@@ -420,19 +476,29 @@ impl State {
                 }
             }
         }
-        for (i, n) in [
-            self.services.items.len(),
-            self.slices.items.len(),
-            self.policies.items.len(),
+        for (w, n, synced) in [
+            (
+                Watch::Services,
+                self.services.items.len(),
+                self.services.synced,
+            ),
+            (
+                Watch::EndpointSlices,
+                self.slices.items.len(),
+                self.slices.synced,
+            ),
+            (
+                Watch::ServicePolicies,
+                self.policies.items.len(),
+                self.policies.synced,
+            ),
         ]
         .into_iter()
-        .enumerate()
+        .chain(self.gw.counts())
         {
-            self.watches[i].objects = n;
+            self.watches[w as usize].objects = n;
+            self.watches[w as usize].synced = synced;
         }
-        self.watches[SERVICES].synced = self.services.synced;
-        self.watches[SLICES].synced = self.slices.synced;
-        self.watches[POLICIES].synced = self.policies.synced;
     }
 
     /// Translate one Service as the watches have it now.
@@ -471,15 +537,15 @@ fn is_not_found(e: &watcher::Error) -> bool {
 }
 
 /// Where a warning goes once it passed the rate limit: an Event on the
-/// Service (a test collects them instead).
-type WarnSink = Arc<dyn Fn(Arc<Service>, &'static str, String) + Send + Sync>;
+/// object (a Service, a Gateway; a test collects them instead).
+type WarnSink = Arc<dyn Fn(ObjectReference, &'static str, String) + Send + Sync>;
 
-/// When each (Service, reason, message) was last published.
-type Warned = HashMap<(ObjectRef, &'static str, String), Instant>;
+/// When each (kind, object, reason, message) was last published.
+type Warned = HashMap<(String, ObjectRef, &'static str, String), Instant>;
 
-/// Warnings on Services, each (Service, reason, message) at most once
-/// per [`EVENT_REPEAT`]. Shared by the pass and the tasks that wait for
-/// the reconciler's answers.
+/// Warnings on Services and Gateways, each (object, reason, message) at
+/// most once per [`EVENT_REPEAT`]. Shared by the pass and the tasks that
+/// wait for the reconciler's answers.
 #[derive(Clone)]
 struct Warner {
     sink: WarnSink,
@@ -497,7 +563,7 @@ impl Warner {
     /// Warning Events published by `recorder`, off the caller's task.
     fn events(recorder: Recorder) -> Self {
         Self::new(Arc::new(
-            move |svc: Arc<Service>, reason: &'static str, message: String| {
+            move |obj: ObjectReference, reason: &'static str, message: String| {
                 let recorder = recorder.clone();
                 tokio::spawn(async move {
                     let ev = KubeEvent {
@@ -507,28 +573,33 @@ impl Warner {
                         action: "Program".into(),
                         secondary: None,
                     };
-                    if let Err(e) = recorder.publish(&ev, &svc.object_ref(&())).await {
-                        debug!(error = %e, service = %svc.name_any(), "publishing an Event");
+                    if let Err(e) = recorder.publish(&ev, &obj).await {
+                        debug!(error = %e, object = ?obj.name, kind = ?obj.kind, "publishing an Event");
                     }
                 });
             },
         ))
     }
 
-    fn warn(&self, svc: &Arc<Service>, reason: &'static str, message: String) {
+    fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &'static str, message: String) {
         let now = Instant::now();
         {
             let Ok(mut warned) = self.warned.lock() else {
                 return;
             };
             warned.retain(|_, at| now.duration_since(*at) < EVENT_REPEAT);
-            let key = (key_of(&**svc), reason, message.clone());
+            let key = (
+                K::kind(&()).to_string(),
+                key_of(obj),
+                reason,
+                message.clone(),
+            );
             if warned.contains_key(&key) {
                 return;
             }
             warned.insert(key, now);
         }
-        (self.sink)(svc.clone(), reason, message);
+        (self.sink)(obj.object_ref(&()), reason, message);
     }
 }
 
@@ -559,7 +630,9 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
     .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
     .map(Msg::Policy)
     .boxed();
-    let mut events = futures::stream::select_all([services, slices, policies]);
+    let mut streams = vec![services, slices, policies];
+    streams.extend(gateway::streams(&client));
+    let mut events = futures::stream::select_all(streams);
     let warner = Warner::events(Recorder::new(
         client.clone(),
         Reporter {
@@ -568,7 +641,7 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
         },
     ));
     let mut state = State::new(opts);
-    info!(node = %state.opts.node_name, "watching Services, EndpointSlices and ServicePolicies");
+    info!(node = %state.opts.node_name, "watching Services, EndpointSlices, ServicePolicies, Gateways and their routes");
     while let Some(first) = events.next().await {
         let now = Instant::now();
         state.handle(first, now);
@@ -600,6 +673,11 @@ fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> O
         return Some(false);
     }
     flush(state, tx, out, warner)?;
+    // Gateways read the Services, EndpointSlices and policies above, so
+    // they wait for those lists as well as their own.
+    if state.gw.listed() {
+        gateway::flush(state, tx, warner)?;
+    }
     if !state.synced_sent {
         tx.send(Command::Synced(SourceKind::Service)).ok()?;
         state.synced_sent = true;
@@ -635,7 +713,7 @@ fn flush(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> 
         }
         if let Some(svc) = state.services.items.get(&key) {
             for w in &t.warnings {
-                warner.warn(svc, w.reason, w.message.clone());
+                warner.warn(&**svc, w.reason, w.message.clone());
             }
         }
         let unchanged = match state.sent.get(&key) {
@@ -688,7 +766,7 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
     if let Some(svc) = svc {
         for (vip, reason) in &applied.failed {
             warner.warn(
-                &svc,
+                &*svc,
                 WARN_NOT_PROGRAMMED,
                 format!("VIP {vip} is not programmed: {reason}"),
             );
@@ -701,6 +779,9 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
 fn policy_status_updates(state: &State, now: &Time) -> Vec<(ObjectRef, ServicePolicyStatus)> {
     let mut issues: BTreeMap<&ObjectRef, &PolicyIssue> = BTreeMap::new();
     for (policy, issue) in state.rejected.values() {
+        issues.entry(policy).or_insert(issue);
+    }
+    for (policy, issue) in &state.gw.rejected {
         issues.entry(policy).or_insert(issue);
     }
     let mut out = Vec::new();

@@ -7,6 +7,7 @@ use std::sync::{mpsc, Mutex};
 
 use serde_json::json;
 
+use super::gateway::GwEvent;
 use super::*;
 
 fn svc(ns: &str, name: &str, ip: &str) -> Service {
@@ -68,11 +69,14 @@ struct Harness {
 }
 
 /// What one step sent: Service owner -> the VIP keys it wants (empty:
-/// withdrawn), and whether Synced(Service) followed.
+/// withdrawn), and whether Synced(Service) followed; the same for
+/// Gateways.
 #[derive(Debug, Default, PartialEq)]
 struct Sent {
     set: BTreeMap<String, Vec<String>>,
     synced: bool,
+    gateways: BTreeMap<String, Vec<String>>,
+    gateways_synced: bool,
 }
 
 impl Harness {
@@ -80,10 +84,13 @@ impl Harness {
         let (tx, rx) = mpsc::channel();
         let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
         let w = warnings.clone();
-        let warner = Warner::new(Arc::new(move |s: Arc<Service>, reason, msg| {
-            w.lock()
-                .unwrap()
-                .push((key_of(&*s).to_string(), reason, msg));
+        let warner = Warner::new(Arc::new(move |o: ObjectReference, reason, msg| {
+            let key = format!(
+                "{}/{}",
+                o.namespace.unwrap_or_default(),
+                o.name.unwrap_or_default()
+            );
+            w.lock().unwrap().push((key, reason, msg));
         }));
         Self {
             state: State::new(KubeOptions {
@@ -108,16 +115,40 @@ impl Harness {
         while let Ok(c) = self.rx.try_recv() {
             match c {
                 Command::SetDesired { owner, vips, ack } => {
-                    assert_eq!(owner.source, SourceKind::Service);
-                    assert!(!sent.synced, "a Service sent after Synced in one step");
-                    let keys = vips.iter().map(|v| v.vip.key().to_string()).collect();
-                    sent.set.insert(owner.object.to_string(), keys);
+                    let keys = vips
+                        .iter()
+                        .map(|v| {
+                            let bs: Vec<String> = v
+                                .vip
+                                .backends
+                                .iter()
+                                .map(|b| format!("{}:{}*{}", b.addr, b.port, b.weight))
+                                .collect();
+                            if owner.source == SourceKind::Gateway {
+                                format!("{} [{}]", v.vip.key(), bs.join(" "))
+                            } else {
+                                v.vip.key().to_string()
+                            }
+                        })
+                        .collect();
+                    if owner.source == SourceKind::Gateway {
+                        assert!(
+                            !sent.gateways_synced,
+                            "a Gateway sent after Synced in one step"
+                        );
+                        sent.gateways.insert(owner.object.to_string(), keys);
+                    } else {
+                        assert_eq!(owner.source, SourceKind::Service);
+                        assert!(!sent.synced, "a Service sent after Synced in one step");
+                        sent.set.insert(owner.object.to_string(), keys);
+                    }
                     // Answer as the reconciler would.
                     if let Some(ack) = ack {
                         let _ = ack.send(Applied { failed: Vec::new() });
                     }
                 }
                 Command::Synced(SourceKind::Service) => sent.synced = true,
+                Command::Synced(SourceKind::Gateway) => sent.gateways_synced = true,
                 _ => panic!("unexpected command"),
             }
         }
@@ -159,17 +190,19 @@ async fn nothing_is_sent_until_every_watch_has_listed_then_all_and_synced() {
     assert_eq!(sent, Sent::default());
     let sent = h.feed(slices(vec![slice("a", "web-1", "web", &["10.1.0.1"])]));
     assert_eq!(sent, Sent::default());
-    assert!(!h.state.watches[POLICIES].synced);
+    assert!(!h.state.watches[Watch::ServicePolicies as usize].synced);
     let sent = h.feed(policies(vec![]));
     assert_eq!(
         sent,
         Sent {
             set: set(&[("a/web", &["tcp/10.0.0.1:80"])]),
-            synced: true
+            synced: true,
+            ..Default::default()
         }
     );
-    assert!(h.state.watches.iter().all(|w| w.synced));
-    assert_eq!(h.state.watches[SERVICES].objects, 1);
+    // The Service half's watches; the Gateway half has its own pass.
+    assert!(h.state.watches[..3].iter().all(|w| w.synced));
+    assert_eq!(h.state.watches[Watch::Services as usize].objects, 1);
     // Synced is said once.
     let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
         "a",
@@ -181,7 +214,8 @@ async fn nothing_is_sent_until_every_watch_has_listed_then_all_and_synced() {
         sent,
         Sent {
             set: set(&[("a/web", &["tcp/10.0.0.1:80"])]),
-            synced: false
+            synced: false,
+            ..Default::default()
         }
     );
 }
@@ -196,7 +230,7 @@ async fn an_unreachable_api_server_sends_nothing_and_never_syncs() {
         Msg::Policy(Err(err())),
     ]);
     assert_eq!(sent, Sent::default());
-    for w in &h.state.watches {
+    for w in &h.state.watches[..3] {
         assert!(!w.synced, "{w:?}");
         assert_eq!(w.errors, 1, "{w:?}");
         assert!(w.last_error.is_some() && w.last_error_at > 0, "{w:?}");
@@ -211,7 +245,7 @@ async fn a_missing_policy_crd_means_no_policies_not_no_sync() {
     let sent = h.feed(vec![Msg::Policy(Err(not_found()))]);
     assert!(sent.synced);
     assert_eq!(sent.set, set(&[("a/web", &["tcp/10.0.0.1:80"])]));
-    let w = &h.state.watches[POLICIES];
+    let w = &h.state.watches[Watch::ServicePolicies as usize];
     assert!(w.synced);
     assert!(
         w.last_error
@@ -466,4 +500,268 @@ fn policy_conditions_are_written_only_when_they_change() {
         Arc::make_mut(p).status = Some(st);
     }
     assert!(policy_status_updates(&state, &now).is_empty());
+}
+
+// ---------------------------------------------------------------------
+// The Gateway half
+// ---------------------------------------------------------------------
+
+fn gw_listed<K>(items: Vec<K>) -> Vec<GwEvent<K>> {
+    let mut v = vec![GwEvent::Watch(Ok(Event::Init))];
+    v.extend(
+        items
+            .into_iter()
+            .map(|i| GwEvent::Watch(Ok(Event::InitApply(Ok(i))))),
+    );
+    v.push(GwEvent::Watch(Ok(Event::InitDone)));
+    v
+}
+
+fn gw_class() -> GatewayClass {
+    serde_json::from_value(json!({"metadata": {"name": "rivora"},
+        "spec": {"controllerName": rivora_k8s::gateway::CONTROLLER_NAME}}))
+    .expect("a GatewayClass")
+}
+
+fn gw(addr: &str) -> Gateway {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "a", "name": "gw", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"gatewayClassName": "rivora", "listeners": [
+            {"name": "tcp", "protocol": "TCP", "port": 5432},
+            {"name": "udp", "protocol": "UDP", "port": 53}]},
+        "status": {"addresses": [{"type": "IPAddress", "value": addr}]}
+    }))
+    .expect("a Gateway")
+}
+
+fn route(backend: &str) -> TcpRoute {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "a", "name": "r", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"parentRefs": [{"name": "gw", "sectionName": "tcp"}],
+                 "rules": [{"backendRefs": [{"name": backend, "port": 80}]}]}
+    }))
+    .expect("a TCPRoute")
+}
+
+/// A ClusterIP Service `a/db` (TCP 80, "http"), the backend of routes.
+fn db() -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "a", "name": "db"},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .expect("a Service")
+}
+
+/// Everything listed: the Service half (with `a/db` and its slice) and
+/// every Gateway API watch with the given objects.
+fn gateway_world(h: &mut Harness, gateways: Vec<Gateway>, routes: Vec<TcpRoute>) -> Sent {
+    let mut msgs = services(vec![db()]);
+    msgs.extend(slices(vec![slice(
+        "a",
+        "db-1",
+        "db",
+        &["10.1.0.1", "10.1.0.2"],
+    )]));
+    msgs.extend(policies(vec![]));
+    msgs.extend(
+        gw_listed(vec![gw_class()])
+            .into_iter()
+            .map(Msg::GatewayClass),
+    );
+    msgs.extend(gw_listed(gateways).into_iter().map(Msg::Gateway));
+    msgs.extend(gw_listed(routes).into_iter().map(Msg::TcpRoute));
+    msgs.extend(gw_listed(vec![]).into_iter().map(Msg::UdpRoute));
+    msgs.extend(gw_listed(vec![]).into_iter().map(Msg::Grant));
+    msgs.extend(listed(vec![]).into_iter().map(Msg::Namespace));
+    h.feed(msgs)
+}
+
+#[tokio::test]
+async fn gateways_are_sent_after_both_halves_listed_then_synced() {
+    let mut h = Harness::new();
+    // The Service half alone: Services go, Gateways wait.
+    let mut msgs = services(vec![db()]);
+    msgs.extend(slices(vec![slice("a", "db-1", "db", &["10.1.0.1"])]));
+    msgs.extend(policies(vec![]));
+    msgs.extend(
+        gw_listed(vec![gw("10.0.0.9")])
+            .into_iter()
+            .map(Msg::Gateway),
+    );
+    let sent = h.feed(msgs);
+    assert!(
+        sent.synced && sent.gateways.is_empty() && !sent.gateways_synced,
+        "{sent:?}"
+    );
+    assert!(!h.state.watches[Watch::TcpRoutes as usize].synced);
+
+    let mut h = Harness::new();
+    let sent = gateway_world(&mut h, vec![gw("10.0.0.9")], vec![route("db")]);
+    assert_eq!(
+        sent.gateways,
+        set(&[(
+            "a/gw",
+            &[
+                "udp/10.0.0.9:53 []",
+                "tcp/10.0.0.9:5432 [10.1.0.1:8080*1 10.1.0.2:8080*1]"
+            ]
+        )])
+    );
+    assert!(sent.gateways_synced);
+    assert!(
+        h.state.watches.iter().all(|w| w.synced),
+        "{:?}",
+        h.state.watches
+    );
+    assert_eq!(h.state.watches[Watch::Gateways as usize].objects, 1);
+
+    // An EndpointSlice change of a Service a Gateway reads: sent again.
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "db-1",
+        "db",
+        &["10.1.0.1"],
+    ))))]);
+    assert_eq!(
+        sent.gateways,
+        set(&[(
+            "a/gw",
+            &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 [10.1.0.1:8080*1]"]
+        )])
+    );
+    assert!(!sent.gateways_synced, "Synced is said once");
+    // A Service no Gateway reads: the Gateway is not sent.
+    let sent = h.feed(services(vec![db(), svc("b", "web", "10.0.0.1")]));
+    assert!(sent.gateways.is_empty(), "{sent:?}");
+    // The route deleted: the VIP stays, with no backend.
+    let sent = h.feed(vec![Msg::TcpRoute(GwEvent::Watch(Ok(Event::Delete(Ok(
+        route("db"),
+    )))))]);
+    assert_eq!(
+        sent.gateways,
+        set(&[("a/gw", &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 []"])])
+    );
+    // The Gateway deleted: withdrawn.
+    let sent = h.feed(vec![Msg::Gateway(GwEvent::Watch(Ok(Event::Delete(Ok(
+        gw("10.0.0.9"),
+    )))))]);
+    assert_eq!(sent.gateways, set(&[("a/gw", &[])]));
+}
+
+#[tokio::test]
+async fn without_the_gateway_api_crds_the_half_says_so_and_syncs_on_the_second_look() {
+    let mut h = Harness::new();
+    let mut msgs = services(vec![]);
+    msgs.extend(slices(vec![]));
+    msgs.extend(policies(vec![]));
+    msgs.extend(listed(vec![]).into_iter().map(Msg::Namespace));
+    let not_installed = || {
+        vec![
+            Msg::Gateway(GwEvent::NotInstalled),
+            Msg::GatewayClass(GwEvent::NotInstalled),
+            Msg::TcpRoute(GwEvent::NotInstalled),
+            Msg::UdpRoute(GwEvent::NotInstalled),
+            Msg::Grant(GwEvent::NotInstalled),
+        ]
+    };
+    msgs.extend(not_installed());
+    let sent = h.feed(msgs);
+    // One answer is not enough: discovery can lag just after a start.
+    assert!(sent.synced && !sent.gateways_synced, "{sent:?}");
+    let w = &h.state.watches[Watch::TcpRoutes as usize];
+    assert!(!w.synced);
+    assert!(
+        w.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("tcproutes gateway.networking.k8s.io) are not installed"),
+        "{w:?}"
+    );
+    let sent = h.feed(not_installed());
+    assert!(sent.gateways_synced && sent.gateways.is_empty(), "{sent:?}");
+    assert!(
+        h.state.watches.iter().all(|w| w.synced),
+        "{:?}",
+        h.state.watches
+    );
+    // Installed later: Gateways are picked up.
+    let mut msgs: Vec<Msg> = gw_listed(vec![gw_class()])
+        .into_iter()
+        .map(Msg::GatewayClass)
+        .collect();
+    msgs.extend(
+        gw_listed(vec![gw("10.0.0.9")])
+            .into_iter()
+            .map(Msg::Gateway),
+    );
+    let sent = h.feed(msgs);
+    assert_eq!(
+        sent.gateways,
+        set(&[("a/gw", &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 []"])])
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_gateway_keeps_its_last_copy() {
+    let mut h = Harness::new();
+    gateway_world(&mut h, vec![gw("10.0.0.9")], vec![route("db")]);
+    let bad = || gateway::Unreadable {
+        key: ObjectRef::new("a", "gw"),
+        error: "unknown variant `Somewhere`".into(),
+    };
+    // An update that cannot be read changes nothing.
+    let sent = h.feed(vec![Msg::Gateway(GwEvent::Watch(Ok(Event::Apply(Err(
+        bad(),
+    )))))]);
+    assert!(sent.gateways.is_empty(), "{sent:?}");
+    let w = &h.state.watches[Watch::Gateways as usize];
+    assert!(
+        w.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("gateways a/gw cannot be read"),
+        "{w:?}"
+    );
+    // Nor does a relist that cannot read it: the old copy stays.
+    let sent = h.feed(vec![
+        Msg::Gateway(GwEvent::Watch(Ok(Event::Init))),
+        Msg::Gateway(GwEvent::Watch(Ok(Event::InitApply(Err(bad()))))),
+        Msg::Gateway(GwEvent::Watch(Ok(Event::InitDone))),
+    ]);
+    assert!(sent.gateways.is_empty(), "{sent:?}");
+    assert_eq!(h.state.watches[Watch::Gateways as usize].objects, 1);
+}
+
+/// A route naming a Service that does not exist yet: the Gateway is sent
+/// without backends, and again with them once the Service and its slice
+/// appear (the Gateway reads it even while it is missing).
+#[tokio::test]
+async fn a_backend_service_that_appears_later_is_picked_up() {
+    let mut h = Harness::new();
+    let sent = gateway_world(&mut h, vec![gw("10.0.0.9")], vec![route("later")]);
+    assert_eq!(
+        sent.gateways,
+        set(&[("a/gw", &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 []"])])
+    );
+    let later: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": "a", "name": "later"},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .expect("a Service");
+    let sent = h.feed(vec![Msg::Service(Ok(Event::Apply(later)))]);
+    // No endpoints yet: nothing changed, nothing sent.
+    assert!(sent.gateways.is_empty(), "{sent:?}");
+    let sent = h.feed(vec![Msg::Slice(Ok(Event::Apply(slice(
+        "a",
+        "later-1",
+        "later",
+        &["10.1.0.7"],
+    ))))]);
+    assert_eq!(
+        sent.gateways,
+        set(&[(
+            "a/gw",
+            &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 [10.1.0.7:8080*1]"]
+        )])
+    );
 }

@@ -1,0 +1,608 @@
+//! The Gateway half of the Kubernetes source: GatewayClasses, Gateways,
+//! TCPRoutes, UDPRoutes, ReferenceGrants and Namespaces (for
+//! `allowedRoutes` selectors) watched beside the Services, EndpointSlices
+//! and ServicePolicies the Service half already holds (one copy of each,
+//! shared), resolved by [`rivora_k8s::gateway::resolve`] and sent to the
+//! reconciler, one owner per Gateway (`gateway ns/name`).
+//!
+//! The Gateway API kinds are read at whichever version the cluster serves,
+//! newest first (v1, then TCPRoute/UDPRoute v1alpha2 or ReferenceGrant
+//! v1beta1, Gateway API releases before v1.7), found by discovery and
+//! found again when a watch says the version is gone. Without the CRDs the
+//! watch says so (`the Gateway API CRDs ... are not installed`) and looks
+//! again every [`NOT_INSTALLED_RETRY`], quietly; after two such answers it
+//! counts as listed (empty), so a cluster without Gateway API does not hold
+//! back the prune of adopted VIPs. Two, not one: just after an API server
+//! starts, discovery can briefly miss CRDs it serves a moment later.
+//!
+//! An object the types cannot read (a field of a release newer than the
+//! types, say) is logged and counted on its watch, and its last readable
+//! copy is kept: its VIPs keep forwarding as they were.
+//!
+//! Nothing is sent before every watch of both halves has listed; then
+//! every Gateway is sent and `Synced(Gateway)` follows. After that a change
+//! of a Gateway API object resolves every Gateway again (few, and a route
+//! can move traffic between them), and a change of a Service or its
+//! EndpointSlices only when a Gateway reads backends from it; only the
+//! Gateways whose VIPs changed are sent. Status is rivora-controller's to
+//! write; rivorad writes none on Gateway API objects. What only a node
+//! knows, a VIP its dataplane refused (a key another owner holds, no
+//! Maglev slots), is a Warning Event `NotProgrammed` on the Gateway, as on
+//! a Service.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Resource, ResourceExt};
+use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
+use rivora_k8s::gateway::api::gateways::Gateway;
+use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
+use rivora_k8s::gateway::api::tcproutes::TcpRoute;
+use rivora_k8s::gateway::api::udproutes::UdpRoute;
+use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route};
+use rivora_k8s::policy::{ObjectRef, PolicyIssue, ServicePolicy};
+use rivora_k8s::translate::PolicyUse;
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use super::{now_secs, Change, Listed, Msg, State, Warner, Watch, WARN_NOT_PROGRAMMED};
+use crate::desired::{DesiredVip, Owner, SourceKind};
+use crate::reconciler::{Command, Sender};
+
+/// How often discovery is asked again while the Gateway API CRDs are not
+/// installed.
+pub const NOT_INSTALLED_RETRY: Duration = Duration::from_secs(10);
+/// The first second look, soon after the first answer.
+const NOT_INSTALLED_CONFIRM: Duration = Duration::from_secs(2);
+
+/// An object a watch delivered that the types cannot read.
+#[derive(Debug, Clone)]
+pub struct Unreadable {
+    pub key: ObjectRef,
+    pub error: String,
+}
+
+/// What a Gateway API watch says.
+pub enum GwEvent<K> {
+    Watch(watcher::Result<Event<Result<K, Unreadable>>>),
+    /// Discovery found none of the versions: the CRD is not installed.
+    NotInstalled,
+    /// Discovery itself failed (the API server unreachable, forbidden).
+    Failed(String),
+}
+
+/// One kind Rivora reads, and the versions it reads it at, newest first.
+struct Kind {
+    kind: &'static str,
+    plural: &'static str,
+    versions: &'static [&'static str],
+}
+
+const GROUP: &str = rivora_k8s::gateway::GROUP;
+
+const GATEWAYS: Kind = Kind {
+    kind: "Gateway",
+    plural: "gateways",
+    versions: &["v1", "v1beta1"],
+};
+const CLASSES: Kind = Kind {
+    kind: "GatewayClass",
+    plural: "gatewayclasses",
+    versions: &["v1", "v1beta1"],
+};
+const TCP_ROUTES: Kind = Kind {
+    kind: "TCPRoute",
+    plural: "tcproutes",
+    versions: &["v1", "v1alpha2"],
+};
+const UDP_ROUTES: Kind = Kind {
+    kind: "UDPRoute",
+    plural: "udproutes",
+    versions: &["v1", "v1alpha2"],
+};
+const GRANTS: Kind = Kind {
+    kind: "ReferenceGrant",
+    plural: "referencegrants",
+    versions: &["v1", "v1beta1"],
+};
+
+/// The version of `kind` the cluster serves, newest first; None when it
+/// serves none (the CRD is not installed).
+async fn served_version(client: &Client, kind: &Kind) -> Result<Option<&'static str>, kube::Error> {
+    for v in kind.versions {
+        match client
+            .list_api_group_resources(&format!("{GROUP}/{v}"))
+            .await
+        {
+            Ok(list) if list.resources.iter().any(|r| r.name == kind.plural) => return Ok(Some(v)),
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+fn not_found(e: &watcher::Error) -> bool {
+    super::is_not_found(e)
+}
+
+/// An object as the types read it.
+fn read<K: Resource + serde::de::DeserializeOwned>(mut o: DynamicObject) -> Result<K, Unreadable> {
+    o.metadata.managed_fields = None;
+    let key = ObjectRef::new(
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    );
+    o.try_parse::<K>().map_err(|e| Unreadable {
+        key,
+        error: e.to_string(),
+    })
+}
+
+fn map_event<A, B>(ev: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
+    match ev {
+        Event::Apply(o) => Event::Apply(f(o)),
+        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+/// A watch of one Gateway API kind at whichever version the cluster
+/// serves, each object read as `K`. Runs on a task of its own, which ends
+/// when the stream is dropped.
+fn versioned<K>(client: Client, kind: Kind, wrap: fn(GwEvent<K>) -> Msg) -> BoxStream<'static, Msg>
+where
+    K: Resource + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        let send = |ev: GwEvent<K>| tx.unbounded_send(wrap(ev)).is_ok();
+        let mut confirm = true;
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let version = match served_version(&client, &kind).await {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    if !send(GwEvent::NotInstalled) {
+                        return;
+                    }
+                    let wait = if confirm {
+                        NOT_INSTALLED_CONFIRM
+                    } else {
+                        NOT_INSTALLED_RETRY
+                    };
+                    confirm = false;
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(e) => {
+                    if !send(GwEvent::Failed(format!(
+                        "discovering {GROUP} {}: {e}",
+                        kind.plural
+                    ))) {
+                        return;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(500);
+            confirm = true;
+            debug!(kind = kind.kind, version, "watching");
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(GROUP, version, kind.kind),
+                kind.plural,
+            );
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(ev) = events.next().await {
+                // The version went away (the CRD was replaced or removed):
+                // discovery again.
+                if matches!(&ev, Err(e) if not_found(e)) {
+                    break;
+                }
+                let ev = ev.map(|e| map_event(e, read::<K>));
+                if !send(GwEvent::Watch(ev)) {
+                    return;
+                }
+            }
+        }
+    });
+    rx.boxed()
+}
+
+/// The Gateway half's watches, merged into the source's stream.
+pub fn streams(client: &Client) -> Vec<BoxStream<'static, Msg>> {
+    let namespaces = watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o| o.managed_fields_mut().clear())
+    .map(Msg::Namespace)
+    .boxed();
+    vec![
+        versioned::<Gateway>(client.clone(), GATEWAYS, Msg::Gateway),
+        versioned::<GatewayClass>(client.clone(), CLASSES, Msg::GatewayClass),
+        versioned::<TcpRoute>(client.clone(), TCP_ROUTES, Msg::TcpRoute),
+        versioned::<UdpRoute>(client.clone(), UDP_ROUTES, Msg::UdpRoute),
+        versioned::<ReferenceGrant>(client.clone(), GRANTS, Msg::Grant),
+        namespaces,
+    ]
+}
+
+impl<K: Resource> Listed<K> {
+    /// An event of a Gateway API watch: as [`Listed::apply`], except that
+    /// an object the types cannot read keeps its last readable copy.
+    fn apply_read(
+        &mut self,
+        ev: Event<Result<K, Unreadable>>,
+        bad: &mut Vec<Unreadable>,
+    ) -> Change<K> {
+        match ev {
+            Event::Apply(Ok(o)) => self.apply(Event::Apply(o)),
+            Event::Delete(Ok(o)) => self.apply(Event::Delete(o)),
+            Event::Delete(Err(u)) => Change::One(self.items.remove(&u.key), None),
+            Event::Apply(Err(u)) => {
+                bad.push(u);
+                Change::None
+            }
+            Event::Init => self.apply(Event::Init),
+            Event::InitApply(Ok(o)) => self.apply(Event::InitApply(o)),
+            Event::InitApply(Err(u)) => {
+                if let Some(old) = self.items.get(&u.key).cloned() {
+                    self.relisting
+                        .get_or_insert_with(HashMap::new)
+                        .insert(u.key.clone(), old);
+                }
+                bad.push(u);
+                Change::None
+            }
+            Event::InitDone => self.apply(Event::InitDone),
+        }
+    }
+}
+
+/// What was last sent for a Gateway.
+struct SentGateway {
+    vips: Vec<DesiredVip>,
+}
+
+/// The Gateway half's state, inside [`State`].
+#[derive(Default)]
+pub struct GatewayState {
+    pub gateways: Listed<Gateway>,
+    pub classes: Listed<GatewayClass>,
+    pub tcp_routes: Listed<TcpRoute>,
+    pub udp_routes: Listed<UdpRoute>,
+    pub grants: Listed<ReferenceGrant>,
+    pub namespaces: Listed<PartialObjectMeta<Namespace>>,
+    /// "Not installed" answers in a row, per watch.
+    not_installed: HashMap<Watch, u32>,
+    /// Every Gateway must be resolved again.
+    dirty: bool,
+    sent: HashMap<ObjectRef, SentGateway>,
+    /// Service -> the Gateways that read backends from it.
+    readers: HashMap<ObjectRef, BTreeSet<ObjectRef>>,
+    /// Policy -> why it is not applied to a listener it names.
+    pub rejected: BTreeMap<ObjectRef, PolicyIssue>,
+    synced_sent: bool,
+}
+
+impl GatewayState {
+    /// Whether every Gateway API watch has listed (or found its CRD
+    /// missing twice).
+    pub fn listed(&self) -> bool {
+        self.gateways.synced
+            && self.classes.synced
+            && self.tcp_routes.synced
+            && self.udp_routes.synced
+            && self.grants.synced
+            && self.namespaces.synced
+    }
+
+    /// A Service or its EndpointSlices changed.
+    pub fn service_changed(&mut self, svc: &ObjectRef) {
+        if self.readers.contains_key(svc) {
+            self.dirty = true;
+        }
+    }
+
+    /// A ServicePolicy changed: a listener may have gained or lost one.
+    pub fn policies_changed(&mut self) {
+        self.dirty = true;
+    }
+
+    pub fn counts(&self) -> [(Watch, usize, bool); 6] {
+        [
+            (
+                Watch::Gateways,
+                self.gateways.items.len(),
+                self.gateways.synced,
+            ),
+            (
+                Watch::GatewayClasses,
+                self.classes.items.len(),
+                self.classes.synced,
+            ),
+            (
+                Watch::TcpRoutes,
+                self.tcp_routes.items.len(),
+                self.tcp_routes.synced,
+            ),
+            (
+                Watch::UdpRoutes,
+                self.udp_routes.items.len(),
+                self.udp_routes.synced,
+            ),
+            (
+                Watch::ReferenceGrants,
+                self.grants.items.len(),
+                self.grants.synced,
+            ),
+            (
+                Watch::Namespaces,
+                self.namespaces.items.len(),
+                self.namespaces.synced,
+            ),
+        ]
+    }
+}
+
+impl State {
+    /// One event of a Gateway API watch.
+    pub(super) fn handle_gateway<K: Resource>(
+        &mut self,
+        watch: Watch,
+        ev: GwEvent<K>,
+        listed: impl Fn(&mut GatewayState) -> &mut Listed<K>,
+    ) {
+        match ev {
+            GwEvent::Watch(Err(e)) => self.failed(watch, &e),
+            GwEvent::Failed(e) => self.failed_text(watch, e),
+            GwEvent::NotInstalled => {
+                let n = {
+                    let n = self.gw.not_installed.entry(watch).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                let w = &mut self.watches[watch as usize];
+                w.last_error = Some(format!(
+                    "the Gateway API CRDs ({} {GROUP}) are not installed: no Gateway VIPs",
+                    w.resource
+                ));
+                w.last_error_at = now_secs();
+                let l = listed(&mut self.gw);
+                if n >= 2 && !l.synced {
+                    // As an empty list; kept, should objects be cached.
+                    l.synced = true;
+                    self.gw.dirty = true;
+                    self.watches[watch as usize].errors += 1;
+                    warn!(
+                        resource = self.watches[watch as usize].resource,
+                        "the Gateway API CRDs are not installed: no Gateway VIPs until they are"
+                    );
+                } else {
+                    debug!(
+                        resource = self.watches[watch as usize].resource,
+                        "the Gateway API CRDs are still not installed"
+                    );
+                }
+            }
+            GwEvent::Watch(Ok(ev)) => {
+                self.gw.not_installed.remove(&watch);
+                let mut bad = Vec::new();
+                let change = listed(&mut self.gw).apply_read(ev, &mut bad);
+                for u in bad {
+                    let w = &mut self.watches[watch as usize];
+                    w.errors += 1;
+                    w.last_error = Some(format!(
+                        "{} {} cannot be read: {}",
+                        w.resource, u.key, u.error
+                    ));
+                    w.last_error_at = now_secs();
+                    warn!(resource = w.resource, object = %u.key, error = %u.error, "an object the types cannot read: its last readable copy is kept");
+                }
+                if !matches!(change, Change::None) {
+                    self.gw.dirty = true;
+                }
+            }
+        }
+    }
+
+    /// An event of the Namespace watch (labels, for `Selector`).
+    pub(super) fn handle_namespace(
+        &mut self,
+        ev: watcher::Result<Event<PartialObjectMeta<Namespace>>>,
+    ) {
+        match ev {
+            Err(e) => self.failed(Watch::Namespaces, &e),
+            Ok(ev) => {
+                let labels_changed = match self.gw.namespaces.apply(ev) {
+                    Change::None => false,
+                    Change::One(old, new) => {
+                        old.as_ref().map(|o| o.labels()) != new.as_ref().map(|n| n.labels())
+                    }
+                    Change::All(_) => true,
+                };
+                if labels_changed {
+                    self.gw.dirty = true;
+                }
+            }
+        }
+    }
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The stores of both halves, as the Gateway rules read them.
+struct View<'a>(&'a State);
+
+impl Cluster for View<'_> {
+    fn gateway_classes(&self) -> Vec<&GatewayClass> {
+        self.0.gw.classes.items.values().map(|c| &**c).collect()
+    }
+
+    fn gateways(&self) -> Vec<&Gateway> {
+        self.0.gw.gateways.items.values().map(|g| &**g).collect()
+    }
+
+    fn routes(&self) -> Vec<Route> {
+        let g = &self.0.gw;
+        g.tcp_routes
+            .items
+            .values()
+            .map(|r| Route::from(&**r))
+            .chain(g.udp_routes.items.values().map(|r| Route::from(&**r)))
+            .collect()
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        let ns = self
+            .0
+            .gw
+            .namespaces
+            .items
+            .get(&ObjectRef::new("", namespace))?;
+        Some(ns.metadata.labels.as_ref().unwrap_or(&NO_LABELS))
+    }
+
+    fn reference_grants(&self, namespace: &str) -> Vec<&ReferenceGrant> {
+        self.0
+            .gw
+            .grants
+            .items
+            .iter()
+            .filter(|(k, _)| k.namespace == namespace)
+            .map(|(_, g)| &**g)
+            .collect()
+    }
+
+    fn service(&self, namespace: &str, name: &str) -> Option<&Service> {
+        self.0
+            .services
+            .items
+            .get(&ObjectRef::new(namespace, name))
+            .map(|s| &**s)
+    }
+
+    fn endpoint_slices(&self, namespace: &str, service: &str) -> Vec<&EndpointSlice> {
+        let st = self.0;
+        st.slices_of
+            .get(&ObjectRef::new(namespace, service))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| st.slices.items.get(k).map(|s| &**s))
+            .collect()
+    }
+
+    fn listener_policy(&self, listener: &ListenerRef) -> Option<&ServicePolicy> {
+        let p = self.0.choice.policy_for_listener(listener)?;
+        self.0.policies.items.get(p).map(|p| &**p)
+    }
+}
+
+/// Resolve the Gateways again if anything they read changed, and send
+/// those whose VIPs changed; after the first such pass, `Synced(Gateway)`.
+/// None when the reconciler is gone.
+pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<()> {
+    if !state.gw.dirty && state.gw.synced_sent {
+        return Some(());
+    }
+    state.gw.dirty = false;
+    let res = gw::resolve(&View(state));
+    let mut rejected = BTreeMap::new();
+    for g in res.gateways.values() {
+        for l in &g.listeners {
+            if let (PolicyUse::Rejected(issue), Some(p)) = (&l.policy, &l.policy_ref) {
+                rejected.entry(p.clone()).or_insert_with(|| issue.clone());
+            }
+        }
+    }
+    if rejected != state.gw.rejected {
+        state.gw.rejected = rejected;
+        state.policies_dirty = true;
+    }
+    let mut wanted: HashMap<ObjectRef, (Vec<DesiredVip>, BTreeSet<ObjectRef>)> = res
+        .gateways
+        .into_iter()
+        .filter(|(_, g)| !g.vips.is_empty())
+        .map(|(k, g)| (k, (g.vips, g.services)))
+        .collect();
+    let mut keys: BTreeSet<ObjectRef> = wanted.keys().cloned().collect();
+    keys.extend(state.gw.sent.keys().cloned());
+    let mut readers: HashMap<ObjectRef, BTreeSet<ObjectRef>> = HashMap::new();
+    for key in keys {
+        let (vips, services) = wanted.remove(&key).unwrap_or_default();
+        for s in &services {
+            readers.entry(s.clone()).or_default().insert(key.clone());
+        }
+        let unchanged = match state.gw.sent.get(&key) {
+            Some(s) => s.vips == vips,
+            None => vips.is_empty(),
+        };
+        if unchanged {
+            continue;
+        }
+        if vips.is_empty() {
+            state.gw.sent.remove(&key);
+        } else {
+            state
+                .gw
+                .sent
+                .insert(key.clone(), SentGateway { vips: vips.clone() });
+        }
+        let (ack, applied) = oneshot::channel();
+        tx.send(Command::SetDesired {
+            owner: Owner::new(SourceKind::Gateway, key.to_string()),
+            vips,
+            ack: Some(ack),
+        })
+        .ok()?;
+        let gateway = state.gw.gateways.items.get(&key).cloned();
+        let warner = warner.clone();
+        tokio::spawn(async move {
+            let Ok(applied) = applied.await else { return };
+            if applied.ok() {
+                debug!(gateway = %key, "programmed");
+                return;
+            }
+            warn!(gateway = %key, error = %applied.summary(), "not programmed in full");
+            // What the Gateway's owner must know: the controller cannot
+            // see a node's dataplane refuse a VIP.
+            if let Some(gw) = gateway {
+                for (vip, reason) in &applied.failed {
+                    warner.warn(
+                        &*gw,
+                        WARN_NOT_PROGRAMMED,
+                        format!("VIP {vip} is not programmed: {reason}"),
+                    );
+                }
+            }
+        });
+    }
+    state.gw.readers = readers;
+    if !state.gw.synced_sent {
+        tx.send(Command::Synced(SourceKind::Gateway)).ok()?;
+        state.gw.synced_sent = true;
+        info!(
+            gateways = state.gw.sent.len(),
+            "Gateway API: first full pass sent; leftovers may now be pruned"
+        );
+    }
+    Some(())
+}
