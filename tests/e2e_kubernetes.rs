@@ -3100,3 +3100,237 @@ impl Drop for PoolGuard {
         }
     }
 }
+
+// ---------------------------------------------------------------------
+// 12. rivora-controller gives a Gateway its address and status
+// ---------------------------------------------------------------------
+
+/// The whole Gateway path on an API server of the test's own (the
+/// controller serves every Gateway of Rivora's class in its cluster, and
+/// the other Gateway tests write those statuses themselves): a
+/// GatewayClass, a Gateway with a TCP and a UDP listener and a route on
+/// each, and a pool of the lab's one VIP. rivora-controller assigns the
+/// address and writes every status (class, Gateway, listeners, routes);
+/// rivorad forwards TCP and UDP through it to every backend. A second
+/// Gateway, for which no address is left, is `Programmed=False
+/// AddressNotAssigned` with the allocator's reason and a Warning Event.
+#[test]
+fn a_gateway_gets_its_address_and_status_from_the_controller_and_forwards() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let server = common::apiserver::ApiServer::start();
+    let addr: SocketAddr = server
+        .url
+        .strip_prefix("https://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
+    let kube = Kube::new(&server.kubeconfig);
+    common::k8s::install_crds(&kube);
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let id = Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    };
+    let w = World::on_server(
+        topo,
+        servers,
+        (&kube, addr, &server.ca_cert),
+        Some((Home::new(), id.clone())),
+        &[],
+    );
+    let t = &w.topo;
+    let vip = IpAddr::V4(t.vip4);
+    let pools: kube::Api<rivora_k8s::AddressPool> = kube::Api::all(kube.client.clone());
+    let p: rivora_k8s::AddressPool = serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "AddressPool",
+        "metadata": { "name": "lab" },
+        "spec": { "addresses": [t.vip4.to_string()] },
+    }))
+    .expect("an AddressPool");
+    kube.block_on(pools.create(&Default::default(), &p))
+        .expect("creating the AddressPool");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
+    let mut args = vec!["-namespace", &w.k8s.name];
+    args.extend(common::controller::FAST_LEASE);
+    let _ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+
+    let classes = kube.gateway_api_all("GatewayClass", "gatewayclasses");
+    let class: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": { "name": "rivora" },
+        "spec": { "controllerName": GATEWAY_CONTROLLER },
+    }))
+    .expect("a GatewayClass");
+    kube.block_on(classes.create(&Default::default(), &class))
+        .expect("creating the GatewayClass");
+    let ports = nat_ports();
+    w.k8s.create_service(&cluster_service("web", &ports));
+    w.slices("web", &[vip], &ports, &[0, 1, 2], &[]);
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": "rivora", "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT },
+                { "name": "udp", "protocol": "UDP", "port": VIP_PORT } ] },
+        }),
+    );
+    for (kind, plural, section) in [
+        ("TCPRoute", "tcproutes", "tcp"),
+        ("UDPRoute", "udproutes", "udp"),
+    ] {
+        w.k8s.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": section },
+                "spec": { "parentRefs": [{ "name": "gw", "sectionName": section }],
+                          "rules": [{ "backendRefs": [{ "name": "web", "port": VIP_PORT }] }] },
+            }),
+        );
+    }
+    let get = |kind: &str, plural: &str, name: &str| -> Value {
+        let api = kube.gateway_api(&w.k8s.name, kind, plural);
+        kube.block_on(api.get_opt(name))
+            .unwrap_or_else(|e| panic!("reading {kind} {name}: {e}"))
+            .map(|o| serde_json::to_value(o).expect("JSON"))
+            .unwrap_or(Value::Null)
+    };
+    let cond = |conds: &Value, type_: &str| -> (String, String) {
+        conds
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["type"] == type_))
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or_default().to_string(),
+                    c["reason"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .unwrap_or_default()
+    };
+    let yes = |r: &str| ("True".to_string(), r.to_string());
+    let gw = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let g = get("Gateway", "gateways", "gw");
+        let st = &g["status"];
+        let ok = st["addresses"] == json!([{ "type": "IPAddress", "value": vip.to_string() }])
+            && cond(&st["conditions"], "Programmed") == yes("Programmed")
+            && st["listeners"]
+                .as_array()
+                .is_some_and(|l| l.len() == 2 && l.iter().all(|l| l["attachedRoutes"] == 1));
+        ok.then_some(g)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the controller never wrote gw's address and status: {:#}",
+            get("Gateway", "gateways", "gw")["status"]
+        )
+    });
+    let st = &gw["status"];
+    assert_eq!(cond(&st["conditions"], "Accepted"), yes("Accepted"));
+    for l in st["listeners"].as_array().expect("listeners") {
+        for (type_, want) in [
+            ("Accepted", yes("Accepted")),
+            ("Programmed", yes("Programmed")),
+            ("ResolvedRefs", yes("ResolvedRefs")),
+            ("Conflicted", ("False".into(), "NoConflicts".into())),
+        ] {
+            assert_eq!(
+                cond(&l["conditions"], type_),
+                want,
+                "listener {}: {l:#}",
+                l["name"]
+            );
+        }
+    }
+    let c = kube
+        .block_on(classes.get("rivora"))
+        .map(|o| serde_json::to_value(o).expect("JSON"))
+        .expect("the class");
+    assert_eq!(
+        cond(&c["status"]["conditions"], "Accepted"),
+        yes("Accepted")
+    );
+    for (kind, plural, name) in [
+        ("TCPRoute", "tcproutes", "tcp"),
+        ("UDPRoute", "udproutes", "udp"),
+    ] {
+        let parents = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+            let r = get(kind, plural, name);
+            let p = r["status"]["parents"].as_array()?.first()?.clone();
+            (cond(&p["conditions"], "ResolvedRefs") == yes("ResolvedRefs")).then_some(p)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{kind} {name}: no parent status: {}",
+                get(kind, plural, name)
+            )
+        });
+        assert_eq!(parents["controllerName"], GATEWAY_CONTROLLER);
+        assert_eq!(cond(&parents["conditions"], "Accepted"), yes("Accepted"));
+    }
+
+    // rivorad forwards what the controller addressed.
+    let none = BTreeSet::new();
+    let names = [vip_name("tcp", sa(vip)), vip_name("udp", sa(vip))];
+    wait_vips(
+        &w.rd,
+        "the Gateway's VIPs programmed",
+        &[vip],
+        PROGRAMMED,
+        |m| {
+            names
+                .iter()
+                .all(|n| has(m, n, &w.targets(&[0, 1, 2], false), &none))
+        },
+    );
+    for p in [Proto::Tcp, Proto::Udp] {
+        assert_spread(t, "controller-addressed Gateway", sa(vip), p, &[0, 1, 2]);
+    }
+
+    // No address left for a second Gateway.
+    w.k8s.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw2" },
+            "spec": { "gatewayClassName": "rivora", "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": VIP_PORT } ] },
+        }),
+    );
+    let gw2 = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let g = get("Gateway", "gateways", "gw2");
+        (cond(&g["status"]["conditions"], "Programmed")
+            == ("False".into(), "AddressNotAssigned".into()))
+            .then_some(g)
+    })
+    .unwrap_or_else(|| panic!("gw2: {:#}", get("Gateway", "gateways", "gw2")["status"]));
+    let msg = gw2["status"]["conditions"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == "Programmed"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.contains("no free IPv4 address"), "{msg}");
+    let ev = wait_for(PROGRAMMED, Duration::from_millis(200), || {
+        let e = w.k8s.events_about("gw2");
+        e.iter()
+            .any(|(t, r, _)| t == "Warning" && r == "NoAddressAvailable")
+            .then_some(e)
+    });
+    assert!(
+        ev.is_some(),
+        "no Warning Event on gw2: {:?}",
+        w.k8s.events_about("gw2")
+    );
+    // gw kept its address.
+    assert_eq!(
+        get("Gateway", "gateways", "gw")["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": vip.to_string() }])
+    );
+}
