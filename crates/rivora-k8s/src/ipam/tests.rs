@@ -1305,13 +1305,15 @@ fn a_gateways_claim_reads_requests_families_and_listener_ports() {
         serde_json::from_value(v).expect("a Gateway")
     };
     let none = BTreeMap::new();
-    assert!(gateway_claim(&gw(json!({})), false, &none).is_none(), "not Rivora's class");
+    assert!(
+        gateway_claim(&gw(json!({})), false, &none).is_none(),
+        "not Rivora's class"
+    );
     let c = gateway_claim(&gw(json!({})), true, &none).expect("a claim");
     assert_eq!(c.object, ClaimRef::gateway("n", "g"));
     assert_eq!(c.wanted(), vec![Family::V4]);
     assert_eq!(c.request, Request::Auto);
-    let ports: BTreeSet<(String, i32)> =
-        [("TCP".to_string(), 80), ("UDP".to_string(), 53)].into();
+    let ports: BTreeSet<(String, i32)> = [("TCP".to_string(), 80), ("UDP".to_string(), 53)].into();
     assert_eq!(c.sharing.ports, ports);
     // Requested addresses give the families; another address type is not
     // the allocator's (the rules refuse it).
