@@ -33,7 +33,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# What does not program the dataplane must not link libbpf (rivoractl
 	@# builds on a machine without clang or libelf).
-	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease; do \
+	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube; do \
 		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
 			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)
@@ -136,8 +136,9 @@ bench: deps
 	@scripts/bpffs.sh
 	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
 	$(MAKE) apiserver
-	# The restart area and the lab run the real rivorad, built beside the bench.
-	$(CARGO) build --release --bins
+	# The restart, k8s and controller areas and the lab run the real
+	# rivorad and rivora-controller, built beside the bench.
+	$(CARGO) build --workspace --release --bins
 	./target/release/rivora-bench
 	scripts/lab-bench.sh
 

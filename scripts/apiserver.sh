@@ -247,6 +247,8 @@ start_apiserver() {
 	etcd_url=$(cat "$d/etcd-url")
 	for _ in 1 2 3 4 5; do
 		port=$(pick_port)
+		# Dual-stack Service ranges: a Service's ipFamilies are then what a
+		# dual-stack cluster gives it, which the controller assigns by.
 		# --endpoint-reconciler-type=none: the default reconciler publishes
 		# the advertise address as the `kubernetes` Service's endpoint, and
 		# validation refuses a loopback one (an error every 10 s, no
@@ -258,7 +260,7 @@ start_apiserver() {
 			--client-ca-file="$d/ca.crt" \
 			--service-account-issuer=https://kubernetes.default.svc \
 			--service-account-key-file="$d/sa.pub" --service-account-signing-key-file="$d/sa.key" \
-			--service-cluster-ip-range=10.96.0.0/16 \
+			--service-cluster-ip-range=10.96.0.0/16,fd00:96::/112 \
 			--authorization-mode=RBAC --allow-privileged=true \
 			--cert-dir="$d/certs" --profiling=false \
 			--endpoint-reconciler-type=none \

@@ -45,6 +45,10 @@
 //!   (`local_traffic_policy_keeps_this_nodes_endpoints`);
 //! - `-config` with VIPs and `-kubernetes`: refused at start
 //!   (`static_vips_and_kubernetes_are_refused_together`);
+//! - the whole path: a Service created as a user writes it (no address)
+//!   gets its IPv4 and IPv6 addresses from the real rivora-controller and
+//!   an AddressPool, and TCP and UDP through both reach every backend
+//!   (`a_service_gets_its_address_from_the_controller_and_forwards`);
 //! - the Gateway API CRDs the chart ships install, serve every version
 //!   rivorad reads and read back as the generated types
 //!   (`gateway_api_crds_install_and_read_as_the_generated_types`);
@@ -86,8 +90,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::k8s::{
-    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig_with, ApiProxy,
-    ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass, TestNs,
+    cluster_service, endpoint_slice, lb_service, shared, tcp, udp, write_kubeconfig,
+    write_kubeconfig_with, ApiProxy, ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass,
+    TestNs,
 };
 use common::netns::{spawn_in, Netns};
 use common::rivorad::{rivorad_bin, Home, Rivorad};
@@ -1349,8 +1354,8 @@ fn dual_stack_service_gets_a_vip_per_family() {
     let w = World::new(topo, servers, &[]);
     let t = &w.topo;
     let v = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
-    // The API server runs single-stack (no IPv6 service range): the
-    // Service asks for dual stack where available; its ingress holds both.
+    // The Service asks for dual stack where available (the API server
+    // has both service ranges); its ingress holds both.
     w.k8s.create_service(&lb_service(
         "web",
         &nat_ports(),
@@ -2965,4 +2970,134 @@ fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_instal
         format!("gateway {}/late", w.k8s.name)
     );
     assert_spread(t, "the late Gateway", sa(vip), Proto::Tcp, &[1]);
+}
+
+// ---------------------------------------------------------------------
+// 10. rivora-controller assigns, rivorad forwards
+// ---------------------------------------------------------------------
+
+#[test]
+fn a_service_gets_its_address_from_the_controller_and_forwards() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    // A class of this test's own: the other tests' rivorads leave this
+    // Service alone, and this test's controller touches no other.
+    let class = format!("test.rivora.io/{}", unique("c"));
+    let w = World::new(
+        topo,
+        servers,
+        &["-load-balancer-class", &class, "-require-class"],
+    );
+    let t = &w.topo;
+    let vips = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
+    // A pool of exactly the lab's VIPs (the client routes them to the
+    // node), for this namespace only.
+    let pool = unique("e2ek-pool-");
+    let p: rivora_k8s::AddressPool = serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1",
+        "kind": "AddressPool",
+        "metadata": { "name": pool, "labels": { "test.rivora.io/scope": pool } },
+        "spec": {
+            "addresses": [t.vip4.to_string(), t.vip6.to_string()],
+            "namespaceSelector": {
+                "matchLabels": { "kubernetes.io/metadata.name": w.k8s.name },
+            },
+        },
+    }))
+    .expect("an AddressPool");
+    let kube = &w.k8s.kube;
+    let pools: kube::Api<rivora_k8s::AddressPool> = kube::Api::all(kube.client.clone());
+    kube.block_on(pools.create(&Default::default(), &p))
+        .unwrap_or_else(|e| panic!("creating AddressPool {pool}: {e}"));
+    let _pool_gone = PoolGuard {
+        kube: kube.clone(),
+        name: pool.clone(),
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_kubeconfig(&kubeconfig, &shared().server.url, &Identity::admin());
+    let selector = format!("test.rivora.io/scope={pool}");
+    let mut args = vec![
+        "-namespace",
+        &w.k8s.name,
+        "-load-balancer-class",
+        &class,
+        "-require-class",
+        "-pool-selector",
+        &selector,
+    ];
+    args.extend(common::controller::FAST_LEASE);
+    let _ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+
+    // The Service as a user writes it: no address, Rivora's class.
+    let mut svc = lb_service(
+        "web",
+        &nat_ports(),
+        json!({ "ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"] }),
+    );
+    if let Some(s) = svc.spec.as_mut() {
+        s.load_balancer_class = Some(class.clone());
+    }
+    w.k8s.create_service(&svc);
+    w.slices("web", &vips, &nat_ports(), &[0, 1, 2], &[]);
+    let want: Vec<String> = vips.iter().map(ToString::to_string).collect();
+    let assigned = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let s = w.k8s.service("web")?;
+        let got: Vec<String> = s
+            .status?
+            .load_balancer?
+            .ingress?
+            .into_iter()
+            .filter_map(|i| i.ip)
+            .collect();
+        (got == want).then_some(got)
+    });
+    assert!(
+        assigned.is_some(),
+        "the controller never wrote {want:?} into web's status: {:?}",
+        w.k8s.service("web").and_then(|s| s.status)
+    );
+    let none = BTreeSet::new();
+    let names: Vec<(String, bool)> = [false, true]
+        .into_iter()
+        .flat_map(|v6| {
+            let vip = if v6 { sa(t.vip6) } else { sa(t.vip4) };
+            ["tcp", "udp"].map(|p| (vip_name(p, vip), v6))
+        })
+        .collect();
+    wait_vips(
+        &w.rd,
+        "the assigned VIPs programmed",
+        &vips,
+        PROGRAMMED,
+        |m| {
+            names
+                .iter()
+                .all(|(n, v6)| has(m, n, &w.targets(&[0, 1, 2], *v6), &none))
+        },
+    );
+    for vip in [sa(t.vip4), sa(t.vip6)] {
+        for p in [Proto::Tcp, Proto::Udp] {
+            assert_spread(t, "controller-assigned VIP", vip, p, &[0, 1, 2]);
+        }
+    }
+}
+
+/// Deletes a cluster-scoped AddressPool on drop.
+struct PoolGuard {
+    kube: Kube,
+    name: String,
+}
+
+impl Drop for PoolGuard {
+    fn drop(&mut self) {
+        let api: kube::Api<rivora_k8s::AddressPool> = kube::Api::all(self.kube.client.clone());
+        if let Err(e) = self
+            .kube
+            .block_on(api.delete(&self.name, &Default::default()))
+        {
+            eprintln!("deleting AddressPool {}: {e}", self.name);
+        }
+    }
 }

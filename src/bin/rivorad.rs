@@ -135,22 +135,8 @@ fn parse_flow_table_size(s: &str) -> Result<u32, String> {
     check_flow_table_size(n).map_err(|e| e.to_string())
 }
 
-/// Go-style single-dash long flags (`-config rivora.yaml`, as the design
-/// card writes them) are accepted beside `--config`.
-fn normalise(args: impl Iterator<Item = String>) -> Vec<String> {
-    args.enumerate()
-        .map(|(i, a)| {
-            if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
-                format!("-{a}")
-            } else {
-                a
-            }
-        })
-        .collect()
-}
-
 fn main() -> Result<()> {
-    let args = Args::parse_from(normalise(std::env::args()));
+    let args = Args::parse_from(rivora_model::cli::go_style_flags(std::env::args()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
     });
@@ -330,7 +316,7 @@ mod tests {
             .iter()
             .chain(extra)
             .map(|s| s.to_string());
-        Args::try_parse_from(normalise(argv))
+        Args::try_parse_from(rivora_model::cli::go_style_flags(argv))
     }
 
     #[test]
@@ -376,8 +362,10 @@ mod tests {
             assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
             assert!(e.to_string().contains("--kubernetes"), "{e}");
         }
-        let c = Args::try_parse_from(normalise(["rivorad", "crds"].iter().map(|s| s.to_string())))
-            .unwrap();
+        let c = Args::try_parse_from(rivora_model::cli::go_style_flags(
+            ["rivorad", "crds"].iter().map(|s| s.to_string()),
+        ))
+        .unwrap();
         assert!(matches!(c.command, Some(Sub::Crds)));
     }
 

@@ -21,7 +21,7 @@ use super::netns::Netns;
 use super::unique;
 
 #[path = "../bins/mod.rs"]
-mod bins;
+pub mod bins;
 
 /// rivorad must log "ready" within this unless the test says otherwise.
 pub const READY: Duration = Duration::from_secs(30);
@@ -407,7 +407,7 @@ impl Rivorad {
 }
 
 /// SIGTERM, up to 5 s to exit, then SIGKILL.
-fn terminate(child: &mut Child) -> ExitStatus {
+pub fn terminate(child: &mut Child) -> ExitStatus {
     if let Ok(Some(st)) = child.try_wait() {
         return st;
     }

@@ -27,8 +27,8 @@ mod types;
 pub use error::ApiRequestError;
 pub use listener::ConnLimits;
 pub use server::{
-    api_routes, metrics_routes, serve_api, serve_metrics, serve_metrics_with, ApiConfig,
-    BearerToken, ServeError, ServerHandle, TcpApiConfig, DEFAULT_MAX_BODY_BYTES,
+    api_routes, metrics_routes, serve_api, serve_metrics, serve_metrics_with, serve_routes,
+    ApiConfig, BearerToken, ServeError, ServerHandle, TcpApiConfig, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_SOCKET_PATH, METRICS_CONTENT_TYPE,
 };
 pub use state::ApiState;

@@ -291,6 +291,17 @@ pub async fn serve_metrics_with<S: ApiState>(
     state: Arc<S>,
     limits: ConnLimits,
 ) -> Result<ServerHandle, ServeError> {
+    serve_routes(addr, metrics_routes(state), limits, "metrics").await
+}
+
+/// Any routes on a TCP listener with the same bounded connections as the
+/// API's (rivora-controller's metrics and health endpoints use it).
+pub async fn serve_routes(
+    addr: SocketAddr,
+    routes: BoxedFilter<(Response,)>,
+    limits: ConnLimits,
+    name: &'static str,
+) -> Result<ServerHandle, ServeError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::BindTcp { addr, source })?;
@@ -298,8 +309,8 @@ pub async fn serve_metrics_with<S: ApiState>(
         .local_addr()
         .map_err(|source| ServeError::BindTcp { addr, source })?;
     let (stop, rx) = watch::channel(false);
-    let (task, count) = listener::spawn(listener, metrics_routes(state), limits, rx, "metrics");
-    tracing::info!(addr = %bound, ?limits, "metrics listening");
+    let (task, count) = listener::spawn(listener, routes, limits, rx, name);
+    tracing::info!(addr = %bound, ?limits, "{name} listening");
     Ok(ServerHandle {
         stop,
         tasks: vec![task],

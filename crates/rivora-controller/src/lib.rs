@@ -1,7 +1,11 @@
-//! rivora-controller: the cluster half of the Kubernetes path. Built so
-//! far: leader election with a write fence (re-exported from
-//! rivora-lease as [`leader`]). To come (issue 14): AddressPool IPAM and
-//! the status writers, which write only while
-//! [`leader::Leadership::leads`].
+//! rivora-controller: the cluster half of the Kubernetes path. One
+//! replica leads through a Lease ([`leader`], from rivora-lease); the
+//! leader assigns addresses from AddressPools to LoadBalancer Services
+//! ([`ipam`]) and is the only writer of their status ([`run`]). Every
+//! replica watches, so a follower takes over with warm copies.
+
+pub mod ipam;
+pub mod metrics;
+pub mod run;
 
 pub use rivora_lease as leader;

@@ -58,6 +58,13 @@ pub fn crd_files() -> Vec<CrdFile> {
     ]
 }
 
+/// Every CRD Rivora defines, as objects (what [`crd_files`] writes out).
+pub fn crds(
+) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    vec![ServicePolicy::crd(), AddressPool::crd()]
+}
+
 /// Every CRD Rivora defines, as one YAML stream (what `rivorad crds`
 /// prints, for `kubectl apply -f -`): the files of [`crd_files`] one after
 /// the other.

@@ -4,6 +4,7 @@
 //! rivoractl and the cluster controllers share it; only the dataplane
 //! crate turns it into map entries.
 
+pub mod cli;
 pub mod config;
 pub mod desired;
 pub mod health;

@@ -97,9 +97,9 @@ fn service_name(i: usize) -> String {
 }
 
 /// The API server and etcd of `scripts/apiserver.sh`, stopped on drop.
-struct ApiServer {
+pub(crate) struct ApiServer {
     dir: PathBuf,
-    kubeconfig: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
     /// The loopback port it listens on.
     port: u16,
 }
@@ -109,7 +109,7 @@ fn script() -> PathBuf {
 }
 
 impl ApiServer {
-    fn start() -> Result<Self> {
+    pub(crate) fn start() -> Result<Self> {
         // On tmpfs: etcd fsyncs every commit, and on this VM's disk that,
         // not the API server, set the pace of writing the fixture (30 s
         // for its 3,000 writes; the Kubernetes figures never include it).
@@ -281,7 +281,7 @@ impl Rivorad {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -289,7 +289,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("building the bench's tokio runtime")
 }
 
-async fn client(kubeconfig: &Path) -> Result<Client> {
+pub(crate) async fn client(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig).context("reading the kubeconfig")?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
@@ -314,13 +314,13 @@ fn endpoints(i: usize, ready: &[bool; ENDPOINTS]) -> serde_json::Value {
 
 /// The CRD, the namespace, then each Service, its ingress IP and its
 /// EndpointSlice, `CONCURRENCY` requests at a time.
-async fn write_fixture(client: &Client) -> Result<()> {
+/// Create a CRD and wait until it is established.
+pub(crate) async fn install_crd(client: &Client, crd: CustomResourceDefinition) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = rivora_k8s::ServicePolicy::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
     crds.create(&PostParams::default(), &crd)
         .await
-        .context("creating the ServicePolicy CRD")?;
-    let name = crd.metadata.name.clone().unwrap_or_default();
+        .with_context(|| format!("creating the CRD {name}"))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let c = crds.get(&name).await.context("reading the CRD back")?;
@@ -331,7 +331,9 @@ async fn write_fixture(client: &Client) -> Result<()> {
             .iter()
             .any(|c| c.type_ == "Established" && c.status == "True");
         if established {
-            break;
+            // Discovery serves it a moment after.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return Ok(());
         }
         ensure!(
             Instant::now() < deadline,
@@ -339,6 +341,10 @@ async fn write_fixture(client: &Client) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn write_fixture(client: &Client) -> Result<()> {
+    install_crd(client, rivora_k8s::ServicePolicy::crd()).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(
         &PostParams::default(),

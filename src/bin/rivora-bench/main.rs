@@ -2,6 +2,7 @@
 //! (one flat object of "metric_key": number). Each area adds its keys in its
 //! own module.
 
+mod controller;
 mod daemon;
 mod health;
 mod k8s;
@@ -117,6 +118,11 @@ fn main() -> Result<()> {
     if want("k8s") {
         println!("rivorad -kubernetes: 1,000 Services against a real API server (real rivorad in a namespace)");
         k8s::run(&mut results).context("k8s bench")?;
+    }
+
+    if want("controller") {
+        println!("rivora-controller: 1,000 Services and leader failover against a real API server");
+        controller::run(&mut results).context("controller bench")?;
     }
 
     for n in &results.notes {

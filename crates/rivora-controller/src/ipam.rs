@@ -1,0 +1,412 @@
+//! The address assignment loop's state, apart from the API server: what
+//! the watches hold, the allocator while this replica leads, and what to
+//! write. [`Ipam::plan`] turns the objects touched since the last plan
+//! into status writes and warnings; the caller sends them (only while it
+//! leads) and feeds the watches' events back in. Pure given its inputs
+//! and the time passed in, so every rule is tested here without a server.
+//!
+//! - Leading starts with [`Ipam::lead`]: the allocation table is rebuilt
+//!   from every Service's status before anything is assigned, so a
+//!   restart or a failover keeps every address (the allocator's rule).
+//! - A Service that is Rivora's gets `status.loadBalancer.ingress` and the
+//!   `rivora.io/AddressAssigned` condition from its outcome; one that
+//!   stops being Rivora's (type, class) or is deleted releases its
+//!   addresses, and a Service that still exists loses the ingress Rivora
+//!   wrote and the condition.
+//! - A pool change re-assigns every Service (flags for addresses no pool
+//!   holds any more, Services that can now be served) and rewrites the
+//!   pools' counts and conditions.
+//! - A write is planned only when the status would change, and not again
+//!   from the same object version while one is in flight.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+use rivora_k8s::ipam::{ClaimRef, Outcome, CONDITION_ADDRESS_ASSIGNED};
+use rivora_k8s::policy::merge_condition;
+use rivora_k8s::{service_claim, AddressPool, Allocator, PoolSet};
+use rivora_k8s::{TranslateOptions, Warning};
+use rivora_kube::{Key, Listed};
+use serde_json::{json, Value};
+
+/// A status to write, with the version it was computed from: the write is
+/// refused (409) if the object changed since, and planned again from the
+/// newer version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    pub target: Target,
+    pub resource_version: String,
+    /// The merge patch's `status`.
+    pub status: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Service(Key),
+    Pool(String),
+}
+
+/// A Warning Event to publish on a Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceWarning {
+    pub service: Key,
+    pub warning: Warning,
+}
+
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub writes: Vec<Write>,
+    pub warnings: Vec<ServiceWarning>,
+}
+
+/// Per pool and family: (assigned, available), for the metrics.
+pub type PoolGauges = BTreeMap<(String, &'static str), (u128, u128)>;
+
+pub struct Ipam {
+    opts: TranslateOptions,
+    pub pools: Listed<AddressPool>,
+    pub services: Listed<Service>,
+    pub namespaces: Listed<Namespace>,
+    /// Some while this replica leads.
+    alloc: Option<Allocator>,
+    /// Outcomes [`Ipam::lead`] computed, used by the next plan instead of
+    /// assigning again (they carry what the rebuild released).
+    rebuilt: HashMap<Key, Outcome>,
+    dirty: BTreeSet<Key>,
+    /// A pool's spec changed: assign every Service again.
+    pools_dirty: bool,
+    /// Some pool's status may be out of date (counts moved, a write of it
+    /// answered, its status changed under us).
+    pool_status_dirty: bool,
+    /// What was sent and not answered yet: the object version each write
+    /// was computed from.
+    in_flight: HashMap<Target, String>,
+}
+
+impl Ipam {
+    pub fn new(opts: TranslateOptions) -> Self {
+        Self {
+            opts,
+            pools: Listed::default(),
+            services: Listed::default(),
+            namespaces: Listed::default(),
+            alloc: None,
+            rebuilt: HashMap::new(),
+            dirty: BTreeSet::new(),
+            pools_dirty: false,
+            pool_status_dirty: false,
+            in_flight: HashMap::new(),
+        }
+    }
+
+    pub fn all_listed(&self) -> bool {
+        self.pools.synced && self.services.synced && self.namespaces.synced
+    }
+
+    pub fn leads(&self) -> bool {
+        self.alloc.is_some()
+    }
+
+    /// A Service changed (or was listed again).
+    pub fn service_changed(&mut self, key: Key) {
+        self.dirty.insert(key);
+    }
+
+    pub fn pools_changed(&mut self) {
+        self.pools_dirty = true;
+    }
+
+    /// A pool's status changed (its spec did not): only its status is
+    /// looked at again.
+    pub fn pool_status_changed(&mut self) {
+        self.pool_status_dirty = true;
+    }
+
+    /// A Namespace's labels may have changed: its Services again.
+    pub fn namespace_changed(&mut self, namespace: &str) {
+        let keys: Vec<Key> = self
+            .services
+            .items
+            .keys()
+            .filter(|k| k.namespace == namespace)
+            .cloned()
+            .collect();
+        self.dirty.extend(keys);
+    }
+
+    /// A write is done (or failed): forget it, and on failure look at the
+    /// object again at the next plan.
+    pub fn written(&mut self, target: &Target, ok: bool) {
+        self.in_flight.remove(target);
+        match target {
+            Target::Service(k) if !ok => {
+                self.dirty.insert(k.clone());
+            }
+            Target::Service(_) => {}
+            // Counts may have moved while it was in flight, when a plan
+            // could not write it again.
+            Target::Pool(_) => self.pool_status_dirty = true,
+        }
+    }
+
+    fn pool_set(&self) -> PoolSet {
+        PoolSet::new(self.pools.items.values().map(|p| &**p))
+    }
+
+    fn claim(&self, svc: &Service) -> Option<rivora_k8s::Claim> {
+        let ns = svc.namespace().unwrap_or_default();
+        let empty = BTreeMap::new();
+        let labels = self
+            .namespaces
+            .get(&Key::new("", ns))
+            .map(|n| n.labels())
+            .unwrap_or(&empty);
+        service_claim(svc, labels, &self.opts)
+    }
+
+    /// Start leading: rebuild the table from the statuses as the watches
+    /// have them. Every Service and pool is planned next.
+    pub fn lead(&mut self) {
+        let mut alloc = Allocator::new(self.pool_set());
+        let claims: Vec<rivora_k8s::Claim> = self
+            .services
+            .items
+            .values()
+            .filter_map(|s| self.claim(s))
+            .collect();
+        self.rebuilt = alloc
+            .rebuild(&claims)
+            .into_iter()
+            .map(|o| (Key::new(&o.object.namespace, &o.object.name), o))
+            .collect();
+        self.alloc = Some(alloc);
+        self.in_flight.clear();
+        self.dirty.extend(self.services.items.keys().cloned());
+        self.pools_dirty = true;
+    }
+
+    /// Stop leading: the table is rebuilt from the statuses next time.
+    pub fn follow(&mut self) {
+        self.alloc = None;
+        self.rebuilt.clear();
+        self.in_flight.clear();
+    }
+
+    /// What to write and warn now, for everything touched since the last
+    /// plan. Nothing unless leading and every watch has listed.
+    pub fn plan(&mut self, now: &Time) -> Plan {
+        let mut plan = Plan::default();
+        if self.alloc.is_none() || !self.all_listed() {
+            return plan;
+        }
+        if self.pools_dirty {
+            let pools = self.pool_set();
+            if let Some(a) = self.alloc.as_mut() {
+                a.set_pools(pools);
+            }
+            self.dirty.extend(self.services.items.keys().cloned());
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut counts_moved = self.pools_dirty || self.pool_status_dirty;
+        for key in dirty {
+            counts_moved |= self.plan_service(&key, now, &mut plan);
+        }
+        self.rebuilt.clear();
+        if counts_moved {
+            self.plan_pools(now, &mut plan);
+        }
+        self.pools_dirty = false;
+        self.pool_status_dirty = false;
+        plan
+    }
+
+    /// One Service's write and warnings; whether what it holds changed.
+    fn plan_service(&mut self, key: &Key, now: &Time, plan: &mut Plan) -> bool {
+        let svc = self.services.get(key).cloned();
+        let claim = svc.as_deref().and_then(|s| self.claim(s));
+        let Some(alloc) = self.alloc.as_mut() else {
+            return false;
+        };
+        let object = ClaimRef::service(&key.namespace, &key.name);
+        let before = alloc.addresses(&object).to_vec();
+        let Some(svc) = svc else {
+            alloc.release(&object);
+            return !before.is_empty();
+        };
+        let status = match claim {
+            Some(claim) => {
+                let outcome = match self.rebuilt.remove(key) {
+                    Some(o) => o,
+                    None => alloc.assign(&claim),
+                };
+                for w in outcome.warnings() {
+                    plan.warnings.push(ServiceWarning {
+                        service: key.clone(),
+                        warning: w,
+                    });
+                }
+                assigned_status(&svc, &outcome, now)
+            }
+            None => {
+                let released = alloc.release(&object);
+                let pools = alloc.pools();
+                cleared_status(&svc, &released, |a| pools.pool_of(a).is_some())
+            }
+        };
+        let moved = alloc.addresses(&object) != before.as_slice();
+        if let Some(status) = status {
+            self.push(plan, Target::Service(key.clone()), &svc.metadata, status);
+        }
+        moved
+    }
+
+    fn plan_pools(&mut self, now: &Time, plan: &mut Plan) {
+        let Some(alloc) = self.alloc.as_ref() else {
+            return;
+        };
+        let mut writes = Vec::new();
+        for pool in self.pools.items.values() {
+            let wanted = alloc.pool_status(pool, now);
+            let have = pool.status.clone().unwrap_or_default();
+            if have == wanted {
+                continue;
+            }
+            if let Ok(v) = serde_json::to_value(&wanted) {
+                writes.push((pool.clone(), v));
+            }
+        }
+        writes.sort_by_key(|(p, _)| p.name_any());
+        for (pool, status) in writes {
+            self.push(plan, Target::Pool(pool.name_any()), &pool.metadata, status);
+        }
+    }
+
+    fn push(
+        &mut self,
+        plan: &mut Plan,
+        target: Target,
+        meta: &kube::api::ObjectMeta,
+        status: Value,
+    ) {
+        let rv = meta.resource_version.clone().unwrap_or_default();
+        // A write computed from this version is on its way: a second one
+        // would only conflict with it. Its answer (the new version
+        // through the watch, or a failure) plans the object again.
+        if self.in_flight.get(&target) == Some(&rv) {
+            return;
+        }
+        self.in_flight.insert(target.clone(), rv.clone());
+        plan.writes.push(Write {
+            target,
+            resource_version: rv,
+            status,
+        });
+    }
+
+    /// Per pool in use and family: (assigned, available).
+    pub fn gauges(&self) -> PoolGauges {
+        let mut g = PoolGauges::new();
+        let Some(alloc) = self.alloc.as_ref() else {
+            return g;
+        };
+        for p in alloc.pools().accepted() {
+            if let Some(c) = alloc.pool_counts(&p.name) {
+                g.insert((p.name.clone(), "ipv4"), (c.assigned[0], c.available[0]));
+                g.insert((p.name.clone(), "ipv6"), (c.assigned[1], c.available[1]));
+            }
+        }
+        g
+    }
+}
+
+fn ingress_of(svc: &Service) -> Vec<IpAddr> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+fn conditions_of(svc: &Service) -> Vec<Condition> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+}
+
+/// The `status` patch that gives a Service its outcome, or None when its
+/// status says so already. Other conditions are kept as they are; the
+/// ingress list is Rivora's alone for a Service that is Rivora's.
+pub fn assigned_status(svc: &Service, outcome: &Outcome, now: &Time) -> Option<Value> {
+    let mut conditions = conditions_of(svc);
+    let before = conditions.clone();
+    merge_condition(
+        &mut conditions,
+        outcome.condition(svc.metadata.generation, now),
+    );
+    let ingress_same = ingress_of(svc) == outcome.addresses && !has_ingress_extras(svc);
+    if ingress_same && conditions == before {
+        return None;
+    }
+    let lb: LoadBalancerStatus = outcome.load_balancer_status();
+    Some(json!({
+        "loadBalancer": lb,
+        "conditions": conditions,
+    }))
+}
+
+/// Whether an ingress entry carries more than an IP (a hostname, ports,
+/// an ipMode other than the `VIP` the API server fills in): rewritten to
+/// Rivora's plain form.
+fn has_ingress_extras(svc: &Service) -> bool {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or(&[])
+        .iter()
+        .any(|i| {
+            i.ip.is_none()
+                || i.hostname.is_some()
+                || i.ports.is_some()
+                || i.ip_mode.as_deref().is_some_and(|m| m != "VIP")
+        })
+}
+
+/// The `status` patch for a Service that is no longer Rivora's: without
+/// Rivora's condition, and without the ingress when Rivora held it (what
+/// it released now, or, after a restart, addresses of Rivora's pools
+/// under Rivora's condition). None when there is nothing of Rivora's.
+pub fn cleared_status(
+    svc: &Service,
+    released: &[IpAddr],
+    in_pools: impl Fn(IpAddr) -> bool,
+) -> Option<Value> {
+    let mut conditions = conditions_of(svc);
+    let had_condition = conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_ADDRESS_ASSIGNED);
+    conditions.retain(|c| c.type_ != CONDITION_ADDRESS_ASSIGNED);
+    let ingress = ingress_of(svc);
+    let ours = !ingress.is_empty()
+        && ingress
+            .iter()
+            .all(|a| released.contains(a) || (had_condition && in_pools(*a)));
+    if !had_condition && !ours {
+        return None;
+    }
+    let mut status = json!({ "conditions": if conditions.is_empty() { Value::Null } else { json!(conditions) } });
+    if ours {
+        status["loadBalancer"] = json!({ "ingress": null });
+    }
+    Some(status)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,341 @@
+//! The controller's loop: watches in, status writes out, only while this
+//! replica leads.
+//!
+//! Every replica watches AddressPools, Services and Namespaces all the
+//! time, so a follower that becomes leader has everything at hand: it
+//! rebuilds the allocation table from the statuses in its copies and
+//! goes on ([`Ipam::lead`]). Writes are merge patches of `status` that
+//! carry the `resourceVersion` they were computed from: the API server
+//! refuses one whose object changed since (a late write of a replica that
+//! lost the Lease meanwhile among them), and the object is planned again
+//! from its newer version. Each write is sent only while the fence says
+//! this replica leads, and is bounded in time.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, ResourceExt};
+use rivora_k8s::{AddressPool, TranslateOptions};
+use rivora_kube::{Change, Warner};
+use rivora_lease::{Election, ElectionError, Leadership, LeaseSettings};
+use serde_json::json;
+use tokio::sync::{mpsc, Semaphore};
+use tracing::{debug, info, warn};
+
+use crate::ipam::{Ipam, Target, Write};
+use crate::metrics::Metrics;
+
+/// How often the same warning is repeated as an Event on one object.
+pub const EVENT_REPEAT: Duration = Duration::from_secs(600);
+/// Writes in flight at once.
+const WRITES_AT_ONCE: usize = 32;
+/// Events taken before a plan: a first list of 10,000 objects still
+/// writes in steps.
+const BATCH: usize = 4096;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub lease: LeaseSettings,
+    pub translate: TranslateOptions,
+    /// How long one status write may take before it counts as failed.
+    pub write_timeout: Duration,
+    /// A label selector: only the AddressPools it selects are used (and
+    /// have their status written).
+    pub pool_selector: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Election(#[from] ElectionError),
+}
+
+/// How a write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    /// The object changed under it: planned again from the newer version.
+    Conflict,
+    /// Not sent: the fence closed.
+    NotLeader,
+    Error,
+}
+
+#[allow(clippy::large_enum_variant)]
+enum Msg {
+    Pool(watcher::Result<Event<AddressPool>>),
+    Service(watcher::Result<Event<Service>>),
+    Namespace(watcher::Result<Event<Namespace>>),
+    Written(Target, Outcome),
+    Leads(bool),
+}
+
+/// Run until `shutdown` resolves; then stop writing and release the
+/// Lease.
+pub async fn run(
+    client: Client,
+    opts: Options,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let (election, leadership) = Election::start(client.clone(), &opts.lease).await?;
+    let mut pool_cfg = watcher::Config::default();
+    if let Some(sel) = &opts.pool_selector {
+        pool_cfg = pool_cfg.labels(sel);
+    }
+    let pools = watcher(Api::<AddressPool>::all(client.clone()), pool_cfg)
+        .default_backoff()
+        .modify(|o: &mut AddressPool| o.managed_fields_mut().clear())
+        .map(Msg::Pool)
+        .boxed();
+    let services = watcher(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o: &mut Service| o.managed_fields_mut().clear())
+    .map(Msg::Service)
+    .boxed();
+    let namespaces = watcher(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o: &mut Namespace| o.managed_fields_mut().clear())
+    .map(Msg::Namespace)
+    .boxed();
+    let leads = futures::stream::unfold(leadership.receiver(), |mut rx| async move {
+        rx.changed().await.ok()?;
+        let v = *rx.borrow_and_update();
+        Some((Msg::Leads(v), rx))
+    })
+    .boxed();
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let done = futures::stream::unfold(done_rx, |mut rx| async move {
+        let (t, o) = rx.recv().await?;
+        Some((Msg::Written(t, o), rx))
+    })
+    .boxed();
+    let mut events = futures::stream::select_all([pools, services, namespaces, leads, done]);
+    let warner = Warner::<Service>::events(
+        client.clone(),
+        Reporter {
+            controller: "rivora-controller".into(),
+            instance: Some(opts.lease.identity.clone()),
+        },
+        "Assign",
+        EVENT_REPEAT,
+    );
+    let writer = Writer {
+        client: client.clone(),
+        leadership: leadership.clone(),
+        slots: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
+        timeout: opts.write_timeout,
+        done: done_tx,
+        metrics: metrics.clone(),
+    };
+    let mut ipam = Ipam::new(opts.translate.clone());
+    let mut wants_lead = leadership.leads();
+    info!(identity = %opts.lease.identity, "watching AddressPools, Services and Namespaces");
+    let shutdown = shutdown.fuse();
+    futures::pin_mut!(shutdown);
+    loop {
+        let first = tokio::select! {
+            m = events.next() => match m { Some(m) => m, None => break },
+            _ = &mut shutdown => break,
+        };
+        handle(&mut ipam, first, &mut wants_lead);
+        let mut n = 1;
+        while n < BATCH {
+            match events.next().now_or_never() {
+                Some(Some(m)) => {
+                    handle(&mut ipam, m, &mut wants_lead);
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        if wants_lead && !ipam.leads() && ipam.all_listed() && leadership.leads() {
+            info!("leading: rebuilding the address table from the Services' statuses");
+            ipam.lead();
+        } else if !wants_lead && ipam.leads() {
+            info!("no longer leading: writing nothing");
+            ipam.follow();
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let plan = ipam.plan(&now);
+        for w in plan.writes {
+            writer.send(w);
+        }
+        for w in plan.warnings {
+            if let Some(svc) = ipam.services.get(&w.service) {
+                warner.warn(svc, w.warning.reason, w.warning.message);
+            }
+        }
+        metrics.is_leader.set(i64::from(ipam.leads()));
+        metrics.set_pools(&ipam.gauges());
+        let ready = ipam.all_listed();
+        metrics.set_ready(ready, &not_listed(&ipam));
+    }
+    info!("stopping: releasing the Lease");
+    metrics.is_leader.set(0);
+    election.stop().await;
+    Ok(())
+}
+
+fn not_listed(ipam: &Ipam) -> String {
+    let mut w = Vec::new();
+    for (synced, what) in [
+        (ipam.pools.synced, "addresspools"),
+        (ipam.services.synced, "services"),
+        (ipam.namespaces.synced, "namespaces"),
+    ] {
+        if !synced {
+            w.push(what);
+        }
+    }
+    format!("not listed yet: {}", w.join(", "))
+}
+
+fn handle(ipam: &mut Ipam, msg: Msg, wants_lead: &mut bool) {
+    match msg {
+        Msg::Leads(l) => *wants_lead = l,
+        Msg::Written(t, o) => ipam.written(&t, matches!(o, Outcome::Ok | Outcome::NotLeader)),
+        Msg::Pool(Err(e)) if rivora_kube::is_not_found(&e) => {
+            debug!(error = %e, "the AddressPool CRD is not installed: no addresses to give");
+            // No pools is an answer: Services are told so.
+            if !ipam.pools.synced {
+                warn!("the AddressPool CRD (addresspools.rivora.io) is not installed");
+                ipam.pools.synced = true;
+                ipam.pools_changed();
+            }
+        }
+        Msg::Pool(Err(e)) | Msg::Service(Err(e)) | Msg::Namespace(Err(e)) => {
+            warn!(error = %e, "watch failed; retrying");
+        }
+        Msg::Pool(Ok(ev)) => match ipam.pools.apply(ev) {
+            Change::None => {}
+            // The pool's own status written back: no pool changed (a
+            // status write does not move the generation).
+            Change::One(Some(old), Some(new))
+                if old.metadata.generation == new.metadata.generation =>
+            {
+                ipam.pool_status_changed()
+            }
+            _ => ipam.pools_changed(),
+        },
+        Msg::Service(Ok(ev)) => {
+            let ch = ipam.services.apply(ev);
+            for k in ch.keys(&ipam.services) {
+                ipam.service_changed(k);
+            }
+        }
+        Msg::Namespace(Ok(ev)) => {
+            let ch = ipam.namespaces.apply(ev);
+            for k in ch.keys(&ipam.namespaces) {
+                ipam.namespace_changed(&k.name);
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Writer {
+    client: Client,
+    leadership: Leadership,
+    slots: Arc<Semaphore>,
+    timeout: Duration,
+    done: mpsc::UnboundedSender<(Target, Outcome)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Writer {
+    fn send(&self, w: Write) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Ok(_slot) = this.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let target = w.target.clone();
+            let outcome = this.write(w).await;
+            let kind = match target {
+                Target::Service(_) => "service",
+                Target::Pool(_) => "pool",
+            };
+            match outcome {
+                Outcome::Ok => this.metrics.wrote(kind, "ok"),
+                Outcome::Conflict => {
+                    this.metrics.wrote(kind, "conflict");
+                    // The watch brings the newer version; give it a moment.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Outcome::Error => {
+                    this.metrics.wrote(kind, "error");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Outcome::NotLeader => {}
+            }
+            let _ = this.done.send((target, outcome));
+        });
+    }
+
+    async fn write(&self, w: Write) -> Outcome {
+        // The fence, checked as late as possible: the write then lands
+        // within the timeout, which is below the Lease's margin.
+        if !self.leadership.leads() {
+            return Outcome::NotLeader;
+        }
+        let patch = json!({
+            "metadata": { "resourceVersion": w.resource_version },
+            "status": w.status,
+        });
+        let pp = PatchParams::default();
+        let req = async {
+            match &w.target {
+                Target::Service(k) => Api::<Service>::namespaced(self.client.clone(), &k.namespace)
+                    .patch_status(&k.name, &pp, &Patch::Merge(&patch))
+                    .await
+                    .map(drop),
+                Target::Pool(name) => Api::<AddressPool>::all(self.client.clone())
+                    .patch_status(name, &pp, &Patch::Merge(&patch))
+                    .await
+                    .map(drop),
+            }
+        };
+        match tokio::time::timeout(self.timeout, req).await {
+            Ok(Ok(())) => {
+                debug!(target = %target_name(&w.target), rv = %w.resource_version, status = %w.status, "status written");
+                Outcome::Ok
+            }
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                debug!(target = %target_name(&w.target), rv = %w.resource_version, "status changed under the write");
+                Outcome::Conflict
+            }
+            // Deleted meanwhile: the watch says so.
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => Outcome::Ok,
+            Ok(Err(e)) => {
+                warn!(target = %target_name(&w.target), error = %e, "writing status");
+                Outcome::Error
+            }
+            Err(_) => {
+                warn!(target = %target_name(&w.target), timeout = ?self.timeout, "writing status timed out");
+                Outcome::Error
+            }
+        }
+    }
+}
+
+fn target_name(t: &Target) -> String {
+    match t {
+        Target::Service(k) => format!("Service {k}"),
+        Target::Pool(p) => format!("AddressPool {p}"),
+    }
+}

@@ -1,0 +1,360 @@
+//! What rivorad's Kubernetes sources and rivora-controller share of
+//! kube's runtime: the client ([`client`]), a full copy of a watched list
+//! that stays whole while it is listed again ([`Listed`]), and Warning
+//! Events repeated at most once per period ([`Warner`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use tracing::debug;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("reading the kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes credentials: not running in a cluster ({incluster}), and no kubeconfig ({kubeconfig}); pass -kubeconfig FILE"
+    )]
+    NoConfig {
+        incluster: kube::config::InClusterError,
+        kubeconfig: kube::config::KubeconfigError,
+    },
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// The client: `kubeconfig` when given, else in-cluster (the pod's
+/// service account), else `$KUBECONFIG`, else `~/.kube/config`. Builds no
+/// connection: an API server that cannot be reached shows as watch
+/// errors, never as a failed start.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeError> {
+    Client::try_from(config(kubeconfig).await?).map_err(KubeError::Client)
+}
+
+/// The configuration [`client`] builds its client from, for a caller
+/// that sets timeouts first.
+pub async fn config(kubeconfig: Option<&Path>) -> Result<kube::Config, KubeError> {
+    match kubeconfig {
+        Some(path) => {
+            let err = |source| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let kc = Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(err)
+        }
+        None => match kube::Config::incluster() {
+            Ok(c) => Ok(c),
+            Err(incluster) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(|kubeconfig| KubeError::NoConfig {
+                    incluster,
+                    kubeconfig,
+                }),
+        },
+    }
+}
+
+/// A namespaced object's name, as the watches key what they hold.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    pub fn of<K: Resource>(o: &K) -> Self {
+        Self::new(
+            o.meta().namespace.clone().unwrap_or_default(),
+            o.meta().name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// A resource list with the buffer of a list in progress: the copy in
+/// use stays whole until the new list is complete.
+pub struct Listed<K> {
+    pub items: HashMap<Key, Arc<K>>,
+    relisting: Option<HashMap<Key, Arc<K>>>,
+    /// Has finished a first full list.
+    pub synced: bool,
+}
+
+impl<K> Default for Listed<K> {
+    fn default() -> Self {
+        Self {
+            items: HashMap::new(),
+            relisting: None,
+            synced: false,
+        }
+    }
+}
+
+/// What one event changed.
+pub enum Change<K> {
+    None,
+    /// One object: before and after.
+    One(Option<Arc<K>>, Option<Arc<K>>),
+    /// A whole new list replaced the old one (the old one given).
+    All(HashMap<Key, Arc<K>>),
+}
+
+impl<K: Resource> Listed<K> {
+    pub fn apply(&mut self, ev: Event<K>) -> Change<K> {
+        match ev {
+            Event::Apply(o) => {
+                let o = Arc::new(o);
+                let old = self.items.insert(Key::of(&*o), o.clone());
+                Change::One(old, Some(o))
+            }
+            Event::Delete(o) => Change::One(self.items.remove(&Key::of(&o)), None),
+            Event::Init => {
+                self.relisting = Some(HashMap::new());
+                Change::None
+            }
+            Event::InitApply(o) => {
+                let o = Arc::new(o);
+                self.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(Key::of(&*o), o);
+                Change::None
+            }
+            Event::InitDone => {
+                self.synced = true;
+                let new = self.relisting.take().unwrap_or_default();
+                Change::All(std::mem::replace(&mut self.items, new))
+            }
+        }
+    }
+
+    pub fn get(&self, key: &Key) -> Option<&Arc<K>> {
+        self.items.get(key)
+    }
+}
+
+impl<K> Change<K> {
+    /// The keys it touched: the object's, or every key of the old and the
+    /// new list.
+    pub fn keys<'a>(&'a self, now: &'a Listed<K>) -> Vec<Key>
+    where
+        K: Resource,
+    {
+        match self {
+            Change::None => Vec::new(),
+            Change::One(old, new) => old
+                .as_ref()
+                .or(new.as_ref())
+                .map(|o| vec![Key::of(&**o)])
+                .unwrap_or_default(),
+            Change::All(old) => {
+                let mut k: Vec<Key> = old.keys().chain(now.items.keys()).cloned().collect();
+                k.sort();
+                k.dedup();
+                k
+            }
+        }
+    }
+}
+
+/// Whether a watch failed because its resource does not exist (a CRD not
+/// installed).
+pub fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 404,
+        _ => false,
+    }
+}
+
+/// Where a warning goes once it passed the rate limit: an Event on the
+/// object (a test collects them instead).
+pub type WarnSink<K> = Arc<dyn Fn(Arc<K>, &'static str, String) + Send + Sync>;
+
+type Warned = HashMap<(Key, &'static str, String), Instant>;
+
+/// Warnings on objects, each (object, reason, message) at most once per
+/// `repeat`. Cheap to clone; clones share what was warned.
+pub struct Warner<K> {
+    sink: WarnSink<K>,
+    repeat: Duration,
+    warned: Arc<Mutex<Warned>>,
+}
+
+impl<K> Clone for Warner<K> {
+    fn clone(&self) -> Self {
+        Self {
+            sink: self.sink.clone(),
+            repeat: self.repeat,
+            warned: self.warned.clone(),
+        }
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> Warner<K>
+where
+    K::DynamicType: Default,
+{
+    pub fn new(sink: WarnSink<K>, repeat: Duration) -> Self {
+        Self {
+            sink,
+            repeat,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Warning Events published as `reporter` (`action` is the Event's
+    /// action), off the caller's task.
+    pub fn events(
+        client: Client,
+        reporter: Reporter,
+        action: &'static str,
+        repeat: Duration,
+    ) -> Self {
+        let recorder = Recorder::new(client, reporter);
+        Self::new(
+            Arc::new(move |o: Arc<K>, reason: &'static str, message: String| {
+                let recorder = recorder.clone();
+                tokio::spawn(async move {
+                    let ev = KubeEvent {
+                        type_: EventType::Warning,
+                        reason: reason.into(),
+                        note: Some(message),
+                        action: action.into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder
+                        .publish(&ev, &o.object_ref(&Default::default()))
+                        .await
+                    {
+                        debug!(error = %e, object = %o.name_any(), "publishing an Event");
+                    }
+                });
+            }),
+            repeat,
+        )
+    }
+
+    /// Publish unless this (object, reason, message) was published within
+    /// the repeat period.
+    pub fn warn(&self, o: &Arc<K>, reason: &'static str, message: String) {
+        let now = Instant::now();
+        {
+            let Ok(mut warned) = self.warned.lock() else {
+                return;
+            };
+            let repeat = self.repeat;
+            warned.retain(|_, at| now.duration_since(*at) < repeat);
+            let key = (Key::of(&**o), reason, message.clone());
+            if warned.contains_key(&key) {
+                return;
+            }
+            warned.insert(key, now);
+        }
+        (self.sink)(o.clone(), reason, message);
+    }
+
+    /// Forget what was warned about an object (deleted, or fixed), so the
+    /// next warning is published at once.
+    pub fn forget(&self, key: &Key) {
+        if let Ok(mut w) = self.warned.lock() {
+            w.retain(|(k, _, _), _| k != key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn svc(ns: &str, name: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_relist_keeps_the_old_copy_whole_until_it_is_done() {
+        let mut l = Listed::<Service>::default();
+        l.apply(Event::Init);
+        l.apply(Event::InitApply(svc("a", "x")));
+        assert!(!l.synced && l.items.is_empty());
+        let ch = l.apply(Event::InitDone);
+        assert!(l.synced);
+        assert_eq!(ch.keys(&l), vec![Key::new("a", "x")]);
+        l.apply(Event::Init);
+        l.apply(Event::InitApply(svc("a", "y")));
+        assert!(
+            l.get(&Key::new("a", "x")).is_some(),
+            "the old list is in use"
+        );
+        let ch = l.apply(Event::InitDone);
+        assert!(l.get(&Key::new("a", "x")).is_none());
+        assert_eq!(ch.keys(&l), vec![Key::new("a", "x"), Key::new("a", "y")]);
+        let ch = l.apply(Event::Delete(svc("a", "y")));
+        assert!(matches!(ch, Change::One(Some(_), None)));
+        assert!(l.items.is_empty());
+    }
+
+    #[test]
+    fn a_warning_is_repeated_only_after_the_period_or_a_forget() {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let s = seen.clone();
+        let w = Warner::<Service>::new(
+            Arc::new(move |_, reason, msg| {
+                s.lock().expect("seen").push(format!("{reason}: {msg}"))
+            }),
+            Duration::from_secs(600),
+        );
+        let a = Arc::new(svc("n", "a"));
+        w.warn(&a, "R", "m".into());
+        w.warn(&a, "R", "m".into());
+        w.warn(&a, "R", "other".into());
+        w.warn(&Arc::new(svc("n", "b")), "R", "m".into());
+        assert_eq!(seen.lock().expect("seen").len(), 3);
+        w.forget(&Key::new("n", "a"));
+        w.warn(&a, "R", "m".into());
+        assert_eq!(seen.lock().expect("seen").len(), 4);
+        assert_eq!(Key::new("", "pool").to_string(), "pool");
+        assert_eq!(Key::new("n", "a").to_string(), "n/a");
+    }
+}

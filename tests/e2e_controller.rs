@@ -1,0 +1,534 @@
+//! rivora-controller end to end: the real binary, two replicas, against a
+//! real kube-apiserver and etcd (`common::k8s::shared`).
+//!
+//! Each test keeps to itself on the shared API server: its own namespace
+//! (where its Lease lives too), its own `loadBalancerClass` (its
+//! controllers run with `-require-class`, so they never touch another
+//! test's Services), and its own AddressPool (its controllers run with
+//! `-pool-selector` for its label) whose namespaceSelector admits only
+//! its namespace, on addresses no other test's pool holds.
+//!
+//! - `a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted`:
+//!   a pool and 100 Services created at once (every tenth dual-stack) get
+//!   distinct addresses within the pool, their status and condition; the
+//!   Services that cannot be served (a requested address outside every
+//!   pool, one already taken) get a False condition and a Warning Event;
+//!   the pool's status counts what is held; SIGKILL of the leader: the
+//!   other replica takes over, writes (a new Service gets an address),
+//!   and no earlier Service's status changes (their resourceVersions stay);
+//!   both replicas restarted: every Service keeps its address, nothing is
+//!   rewritten; the pool deleted: every Service keeps its address, flagged
+//!   `AddressNotInPool`.
+//! - `graceful_stop_releases_the_lease`: SIGTERM of the leader hands over
+//!   at the other's next look, long before the Lease would expire.
+//!
+//! The metrics and health endpoints are read on every replica.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::controller::{Controller, FAST_LEASE};
+use common::k8s::{shared, write_kubeconfig, Identity, Kube, TestNs};
+use common::traffic::wait_for;
+use common::unique;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, PostParams};
+use rivora_k8s::AddressPool;
+use serde_json::{json, Value};
+
+/// A status write, an Event: on two cores shared with other tests.
+const WRITTEN: Duration = Duration::from_secs(30);
+/// How long a test watches for something that must not happen.
+const HOLD: Duration = Duration::from_secs(5);
+
+static POOLS: AtomicU32 = AtomicU32::new(0);
+
+/// One test's corner of the cluster: a namespace, a class, a pool, and a
+/// directory for kubeconfig and logs.
+struct Scope {
+    k8s: TestNs,
+    class: String,
+    pool: String,
+    /// The pool's IPv4 /24 and IPv6 /120, as (prefix, first octets).
+    v4: [u8; 3],
+    v6: String,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Scope {
+    fn new() -> Self {
+        let kube = Kube::admin();
+        let k8s = kube.namespace("ctl-");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &shared().server.url, &Identity::admin());
+        let n = POOLS.fetch_add(1, Ordering::Relaxed) as u8;
+        let pool = unique("ctl-pool-");
+        let s = Self {
+            class: format!("test.rivora.io/{}", unique("c")),
+            v4: [10, 200 + n, 7],
+            v6: format!("fd00:c{n:x}::"),
+            pool,
+            k8s,
+            dir,
+            kubeconfig,
+        };
+        s.create_pool();
+        s
+    }
+
+    fn create_pool(&self) {
+        let [a, b, c] = self.v4;
+        let p: AddressPool = serde_json::from_value(json!({
+            "apiVersion": "rivora.io/v1alpha1",
+            "kind": "AddressPool",
+            "metadata": { "name": self.pool, "labels": { "test.rivora.io/scope": self.pool } },
+            "spec": {
+                "addresses": [format!("{a}.{b}.{c}.0/24"), format!("{}/120", self.v6)],
+                "namespaceSelector": {
+                    "matchLabels": { "kubernetes.io/metadata.name": self.k8s.name },
+                },
+            },
+        }))
+        .expect("an AddressPool");
+        let k = &self.k8s.kube;
+        k.block_on(pools(k).create(&PostParams::default(), &p))
+            .unwrap_or_else(|e| panic!("creating AddressPool {}: {e}", self.pool));
+    }
+
+    fn delete_pool(&self) {
+        let k = &self.k8s.kube;
+        k.block_on(pools(k).delete(&self.pool, &DeleteParams::default()))
+            .unwrap_or_else(|e| panic!("deleting AddressPool {}: {e}", self.pool));
+    }
+
+    fn in_pool(&self, a: IpAddr) -> bool {
+        match a {
+            IpAddr::V4(v) => v.octets()[..3] == self.v4,
+            IpAddr::V6(v) => {
+                let base: std::net::Ipv6Addr = self.v6.parse().expect("the pool's v6 base");
+                v.segments()[..7] == base.segments()[..7] && v.segments()[7] < 0x100
+            }
+        }
+    }
+
+    fn controller(&self, identity: &str) -> Controller {
+        self.controller_with(identity, &FAST_LEASE)
+    }
+
+    fn controller_with(&self, identity: &str, lease: &[&str]) -> Controller {
+        let selector = format!("test.rivora.io/scope={}", self.pool);
+        let mut args = vec![
+            "-namespace",
+            &self.k8s.name,
+            "-load-balancer-class",
+            &self.class,
+            "-require-class",
+            "-pool-selector",
+            &selector,
+        ];
+        args.extend(lease);
+        Controller::start(self.dir.path(), &self.kubeconfig, identity, &args)
+    }
+
+    fn service(&self, name: &str, annotations: Value, spec: Value) -> Service {
+        let mut s = json!({
+            "type": "LoadBalancer",
+            "loadBalancerClass": self.class,
+            "ports": [{ "name": "tcp", "protocol": "TCP", "port": 80 }],
+        });
+        if let (Some(base), Value::Object(extra)) = (s.as_object_mut(), spec) {
+            base.extend(extra);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": { "name": name, "namespace": self.k8s.name, "annotations": annotations },
+            "spec": s,
+        }))
+        .expect("a Service")
+    }
+
+    /// Create all at once (concurrent requests).
+    fn create_all(&self, svcs: Vec<Service>) {
+        let k = &self.k8s.kube;
+        let api: Api<Service> = Api::namespaced(k.client.clone(), &self.k8s.name);
+        let pp = PostParams::default();
+        let results = k.block_on(futures::future::join_all(
+            svcs.iter().map(|s| api.create(&pp, s)),
+        ));
+        for (s, r) in svcs.iter().zip(results) {
+            r.unwrap_or_else(|e| panic!("creating Service {:?}: {e}", s.metadata.name));
+        }
+    }
+
+    /// Every Service of the namespace: name -> (resourceVersion, ingress
+    /// IPs, the AddressAssigned condition).
+    fn statuses(&self) -> BTreeMap<String, Seen> {
+        let k = &self.k8s.kube;
+        let api: Api<Service> = Api::namespaced(k.client.clone(), &self.k8s.name);
+        k.block_on(api.list(&Default::default()))
+            .expect("listing Services")
+            .into_iter()
+            .map(|s| {
+                let v = serde_json::to_value(&s).expect("JSON");
+                let ingress = v["status"]["loadBalancer"]["ingress"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|i| i["ip"].as_str()?.parse().ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let cond = v["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c["type"] == "rivora.io/AddressAssigned")
+                            .cloned()
+                    })
+                    .unwrap_or(Value::Null);
+                (
+                    v["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    Seen {
+                        rv: v["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        ingress,
+                        cond,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn pool_status(&self) -> Value {
+        let k = &self.k8s.kube;
+        let p = k
+            .block_on(pools(k).get(&self.pool))
+            .unwrap_or_else(|e| panic!("reading AddressPool {}: {e}", self.pool));
+        serde_json::to_value(p.status).expect("JSON")
+    }
+
+    fn lease_holder(&self) -> Option<String> {
+        let k = &self.k8s.kube;
+        let api: Api<Lease> = Api::namespaced(k.client.clone(), &self.k8s.name);
+        k.block_on(api.get_opt("rivora-controller"))
+            .expect("reading the Lease")
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Wait until the Lease names one of `who`; returns it.
+    fn wait_holder(&self, who: &[&str], within: Duration) -> String {
+        wait_for(within, Duration::from_millis(50), || {
+            self.lease_holder().filter(|h| who.contains(&h.as_str()))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the Lease never named one of {who:?} within {within:?} (holder {:?})",
+                self.lease_holder()
+            )
+        })
+    }
+
+    /// Wait until `ok` holds for the namespace's Services.
+    fn wait_services(
+        &self,
+        what: &str,
+        ok: impl Fn(&BTreeMap<String, Seen>) -> bool,
+    ) -> BTreeMap<String, Seen> {
+        let t0 = Instant::now();
+        let mut last = BTreeMap::new();
+        let got = wait_for(WRITTEN, Duration::from_millis(100), || {
+            last = self.statuses();
+            ok(&last).then(|| last.clone())
+        });
+        match got {
+            Some(s) => {
+                eprintln!("{what}: after {:?}", t0.elapsed());
+                s
+            }
+            None => panic!("{what}: not so within {WRITTEN:?}; the Services: {last:#?}"),
+        }
+    }
+}
+
+fn pools(k: &Kube) -> Api<AddressPool> {
+    Api::all(k.client.clone())
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    rv: String,
+    ingress: Vec<IpAddr>,
+    cond: Value,
+}
+
+impl Seen {
+    fn cond_is(&self, status: &str, reason: &str) -> bool {
+        self.cond["status"] == status && self.cond["reason"] == reason
+    }
+}
+
+/// GET `path` from a replica's metrics listener: (status code, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut r = String::new();
+    s.read_to_string(&mut r).expect("response");
+    let code = r
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = r.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (code, body)
+}
+
+/// A metric's value in a scrape (the first sample whose line starts with
+/// `name` and contains every label in `labels`).
+fn metric(body: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.split([' ', '{']).next() == Some(name) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted() {
+    let sc = Scope::new();
+    let mut c1 = sc.controller("c1");
+    let mut c2 = sc.controller("c2");
+    let first = sc.wait_holder(&["c1", "c2"], WRITTEN);
+    let m1 = c1.metrics_addr(WRITTEN);
+    let m2 = c2.metrics_addr(WRITTEN);
+
+    // 100 Services at once, every tenth dual stack, and three that cannot
+    // be served as asked.
+    let mut svcs: Vec<Service> = (0..100)
+        .map(|i| {
+            let spec = if i % 10 == 0 {
+                json!({ "ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"] })
+            } else {
+                json!({})
+            };
+            sc.service(&format!("s{i:03}"), json!({}), spec)
+        })
+        .collect();
+    let [a, b, c] = sc.v4;
+    svcs.push(sc.service(
+        "outside",
+        json!({ "rivora.io/load-balancer-ips": "192.0.2.10" }),
+        json!({}),
+    ));
+    svcs.push(sc.service(
+        "wants-taken",
+        json!({ "rivora.io/load-balancer-ips": format!("{a}.{b}.{c}.250") }),
+        json!({}),
+    ));
+    let holder = sc.service(
+        "holds-250",
+        json!({ "rivora.io/load-balancer-ips": format!("{a}.{b}.{c}.250") }),
+        json!({}),
+    );
+    // The older Service keeps a disputed address: create it first.
+    sc.create_all(vec![holder]);
+    sc.wait_services("holds-250 assigned", |m| {
+        m.get("holds-250")
+            .is_some_and(|s| s.ingress == [IpAddr::from([a, b, c, 250])])
+    });
+    sc.create_all(svcs);
+    let all = sc.wait_services("100 Services assigned, 2 refused", |m| {
+        (0..100).all(|i| {
+            m.get(&format!("s{i:03}"))
+                .is_some_and(|s| s.ingress.len() == if i % 10 == 0 { 2 } else { 1 })
+        }) && m
+            .get("outside")
+            .is_some_and(|s| s.cond_is("False", "AddressOutsidePools"))
+            && m.get("wants-taken")
+                .is_some_and(|s| s.cond_is("False", "AddressTaken"))
+    });
+    let mut seen: BTreeSet<IpAddr> = BTreeSet::new();
+    for (name, s) in &all {
+        for ip in &s.ingress {
+            assert!(sc.in_pool(*ip), "{name}: {ip} is outside the pool");
+            assert!(seen.insert(*ip), "{ip} was given twice (again to {name})");
+        }
+        if name.starts_with('s') || name == "holds-250" {
+            assert!(s.cond_is("True", "Assigned"), "{name}: {:?}", s.cond);
+        }
+    }
+    for i in (0..100).step_by(10) {
+        let s = &all[&format!("s{i:03}")];
+        assert!(
+            s.ingress[0].is_ipv4() && s.ingress[1].is_ipv6(),
+            "s{i:03}: one address per family, in ipFamilies order: {:?}",
+            s.ingress
+        );
+    }
+    assert!(all["outside"].ingress.is_empty() && all["wants-taken"].ingress.is_empty());
+    for (name, reason) in [
+        ("outside", "AddressOutsidePools"),
+        ("wants-taken", "AddressTaken"),
+    ] {
+        let evs = wait_for(WRITTEN, Duration::from_millis(200), || {
+            let e = sc.k8s.events_about(name);
+            e.iter()
+                .any(|(t, r, _)| t == "Warning" && r == reason)
+                .then_some(e)
+        })
+        .unwrap_or_else(|| panic!("no Warning {reason} Event on {name}"));
+        eprintln!("{name}: {evs:?}");
+    }
+    // The pool counts what is held: 101 IPv4 (the 100 and holds-250) and
+    // 10 IPv6 of 256 each.
+    let counted = wait_for(WRITTEN, Duration::from_millis(200), || {
+        let p = sc.pool_status();
+        (p["assigned"]["ipv4"] == 101 && p["assigned"]["ipv6"] == 10).then_some(p)
+    })
+    .unwrap_or_else(|| panic!("pool status: {}", sc.pool_status()));
+    assert_eq!(counted["available"]["ipv4"], 256 - 101);
+    assert_eq!(counted["available"]["ipv6"], 256 - 10);
+
+    // Metrics and health on both replicas; one leader.
+    for (m, who) in [(m1, "c1"), (m2, "c2")] {
+        assert_eq!(get(m, "/healthz").0, 200, "{who} /healthz");
+        assert_eq!(get(m, "/readyz").0, 200, "{who} /readyz");
+        let body = get(m, "/metrics").1;
+        let leads = metric(&body, "rivora_controller_is_leader", &[]);
+        assert_eq!(
+            leads,
+            Some(if who == first { 1.0 } else { 0.0 }),
+            "{who}:\n{body}"
+        );
+        if who == first {
+            let pool = format!("pool=\"{}\"", sc.pool);
+            let assigned = metric(
+                &body,
+                "rivora_controller_pool_addresses_assigned",
+                &[&pool, "family=\"ipv4\""],
+            );
+            assert_eq!(assigned, Some(101.0), "{body}");
+        }
+    }
+
+    // SIGKILL the leader: the other takes over, and writes nothing that
+    // was already right.
+    let (dead, alive) = if first == "c1" {
+        (&mut c1, "c2")
+    } else {
+        (&mut c2, "c1")
+    };
+    let killed = Instant::now();
+    dead.kill();
+    sc.wait_holder(&[alive], WRITTEN);
+    eprintln!(
+        "{alive} holds the Lease {:?} after the kill",
+        killed.elapsed()
+    );
+    sc.create_all(vec![sc.service("after-failover", json!({}), json!({}))]);
+    let after = sc.wait_services("the new leader assigns", |m| {
+        m.get("after-failover")
+            .is_some_and(|s| s.ingress.len() == 1)
+    });
+    assert!(
+        !seen.contains(&after["after-failover"].ingress[0]),
+        "the new leader gave out a held address: {:?}",
+        after["after-failover"]
+    );
+    std::thread::sleep(HOLD);
+    let now = sc.statuses();
+    for (name, s) in &all {
+        assert_eq!(&now[name], s, "{name} changed across the failover");
+    }
+
+    // Both restarted (the survivor gracefully): every address kept.
+    drop(c1);
+    drop(c2);
+    let _c3 = sc.controller("c3");
+    let _c4 = sc.controller("c4");
+    sc.wait_holder(&["c3", "c4"], WRITTEN);
+    sc.create_all(vec![sc.service("after-restart", json!({}), json!({}))]);
+    sc.wait_services("the restarted leader assigns", |m| {
+        m.get("after-restart").is_some_and(|s| s.ingress.len() == 1)
+    });
+    std::thread::sleep(HOLD);
+    let now = sc.statuses();
+    for (name, s) in &after {
+        assert_eq!(&now[name], s, "{name} changed across the restart");
+    }
+
+    // The pool goes: every Service keeps its address, flagged.
+    sc.delete_pool();
+    let flagged = sc.wait_services("addresses flagged", |m| {
+        m.iter()
+            .filter(|(_, s)| !s.ingress.is_empty())
+            .all(|(_, s)| s.cond_is("True", "AddressNotInPool"))
+    });
+    for (name, s) in &now {
+        assert_eq!(flagged[name].ingress, s.ingress, "{name} was re-addressed");
+    }
+    let evs = sc.k8s.events_about("s001");
+    assert!(
+        evs.iter()
+            .any(|(t, r, _)| t == "Warning" && r == "AddressNotInPool"),
+        "{evs:?}"
+    );
+}
+
+#[test]
+fn graceful_stop_releases_the_lease() {
+    let sc = Scope::new();
+    // A Lease that a dead holder keeps for 30 s: a hand-over within a
+    // few seconds is a release.
+    let slow = [
+        "-lease-duration",
+        "30s",
+        "-lease-renew-deadline",
+        "20s",
+        "-lease-retry-period",
+        "1s",
+    ];
+    let mut c1 = sc.controller_with("g1", &slow);
+    sc.wait_holder(&["g1"], WRITTEN);
+    let c2 = sc.controller_with("g2", &slow);
+    // g2 is up and watching before g1 goes.
+    let m2 = c2.metrics_addr(WRITTEN);
+    wait_for(WRITTEN, Duration::from_millis(100), || {
+        (get(m2, "/readyz").0 == 200).then_some(())
+    })
+    .expect("g2 ready");
+    let t0 = Instant::now();
+    let st = c1.stop().expect("g1 exited");
+    assert!(st.success(), "g1 exited {st:?}:\n{}", c1.log_text());
+    sc.wait_holder(&["g2"], Duration::from_secs(20));
+    eprintln!("g2 took the Lease {:?} after g1's SIGTERM", t0.elapsed());
+    let body = get(m2, "/metrics").1;
+    let leads = wait_for(WRITTEN, Duration::from_millis(100), || {
+        let b = get(m2, "/metrics").1;
+        (metric(&b, "rivora_controller_is_leader", &[]) == Some(1.0)).then_some(())
+    });
+    assert!(
+        leads.is_some(),
+        "g2 holds the Lease but says it does not lead:\n{body}"
+    );
+}
