@@ -99,7 +99,7 @@ pub fn shared() -> &'static Shared {
 /// installed is that same object. Then the Gateway API's, as
 /// `helm/gateway-api-crds/experimental/` ships them (the channel that
 /// serves TCPRoute and UDPRoute at v1alpha2 as well as v1).
-fn install_crds(kube: &Kube) {
+pub fn install_crds(kube: &Kube) {
     for f in rivora_k8s::crd_files() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f.path);
         let on_disk = std::fs::read_to_string(&path)
@@ -306,6 +306,11 @@ impl Kube {
 
     /// Gateway API objects of `kind` (v1, which every kind Rivora reads
     /// serves) as raw objects.
+    /// A cluster-scoped Gateway API kind (GatewayClass), at v1.
+    pub fn gateway_api_all(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
+        Api::all_with(self.client.clone(), &gateway_api_resource(kind, plural))
+    }
+
     pub fn gateway_api(&self, ns: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), ns, &gateway_api_resource(kind, plural))
     }

@@ -21,15 +21,19 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
-use rivora_k8s::ipam::{ClaimRef, Outcome, CONDITION_ADDRESS_ASSIGNED};
+use rivora_k8s::gateway::api::gateways::Gateway;
+use rivora_k8s::ipam::{gateway_claim, ClaimKind, ClaimRef, Outcome, CONDITION_ADDRESS_ASSIGNED};
 use rivora_k8s::policy::merge_condition;
 use rivora_k8s::{service_claim, AddressPool, Allocator, PoolSet};
 use rivora_k8s::{TranslateOptions, Warning};
-use rivora_kube::{Key, Listed};
+use rivora_kube::{key_of, Key, Listed};
+
+use crate::gateways::{explain_unassigned, status_writes, with_addresses, GatewayApi, View};
 use serde_json::{json, Value};
 
 /// A status to write, with the version it was computed from: the write is
@@ -43,23 +47,31 @@ pub struct Write {
     pub status: Value,
 }
 
+/// What a write is for. Services and pools get a merge patch of their
+/// `status`; Gateway API objects are replaced whole (`Write::status`
+/// then holds the object).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Target {
     Service(Key),
     Pool(String),
+    GatewayClass(String),
+    Gateway(Key),
+    TcpRoute(Key),
+    UdpRoute(Key),
 }
 
-/// A Warning Event to publish on a Service.
+/// A Warning Event to publish on a Service or a Gateway (a
+/// [`Target::Service`] or [`Target::Gateway`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceWarning {
-    pub service: Key,
+pub struct ObjectWarning {
+    pub object: Target,
     pub warning: Warning,
 }
 
 #[derive(Debug, Default)]
 pub struct Plan {
     pub writes: Vec<Write>,
-    pub warnings: Vec<ServiceWarning>,
+    pub warnings: Vec<ObjectWarning>,
 }
 
 /// Per pool and family: (assigned, available), for the metrics.
@@ -70,12 +82,17 @@ pub struct Ipam {
     pub pools: Listed<AddressPool>,
     pub services: Listed<Service>,
     pub namespaces: Listed<Namespace>,
+    pub gateway: GatewayApi,
     /// Some while this replica leads.
     alloc: Option<Allocator>,
     /// Outcomes [`Ipam::lead`] computed, used by the next plan instead of
     /// assigning again (they carry what the rebuild released).
-    rebuilt: HashMap<Key, Outcome>,
+    rebuilt: HashMap<ClaimRef, Outcome>,
     dirty: BTreeSet<Key>,
+    /// Every Gateway (and its routes' status) is planned again: a Gateway
+    /// API object, a Service (a route's backend), a Namespace (a
+    /// listener's selector) or a pool changed.
+    gateways_dirty: bool,
     /// A pool's spec changed: assign every Service again.
     pools_dirty: bool,
     /// Some pool's status may be out of date (counts moved, a write of it
@@ -93,9 +110,11 @@ impl Ipam {
             pools: Listed::default(),
             services: Listed::default(),
             namespaces: Listed::default(),
+            gateway: GatewayApi::default(),
             alloc: None,
             rebuilt: HashMap::new(),
             dirty: BTreeSet::new(),
+            gateways_dirty: false,
             pools_dirty: false,
             pool_status_dirty: false,
             in_flight: HashMap::new(),
@@ -103,7 +122,7 @@ impl Ipam {
     }
 
     pub fn all_listed(&self) -> bool {
-        self.pools.synced && self.services.synced && self.namespaces.synced
+        self.pools.synced && self.services.synced && self.namespaces.synced && self.gateway.listed()
     }
 
     pub fn leads(&self) -> bool {
@@ -113,6 +132,12 @@ impl Ipam {
     /// A Service changed (or was listed again).
     pub fn service_changed(&mut self, key: Key) {
         self.dirty.insert(key);
+        self.gateways_dirty = true;
+    }
+
+    /// A Gateway API object changed.
+    pub fn gateways_changed(&mut self) {
+        self.gateways_dirty = true;
     }
 
     pub fn pools_changed(&mut self) {
@@ -135,6 +160,7 @@ impl Ipam {
             .cloned()
             .collect();
         self.dirty.extend(keys);
+        self.gateways_dirty = true;
     }
 
     /// A write is done (or failed): forget it, and on failure look at the
@@ -149,7 +175,22 @@ impl Ipam {
             // Counts may have moved while it was in flight, when a plan
             // could not write it again.
             Target::Pool(_) => self.pool_status_dirty = true,
+            // One resolution writes them all: look again.
+            Target::GatewayClass(_)
+            | Target::Gateway(_)
+            | Target::TcpRoute(_)
+            | Target::UdpRoute(_) => self.gateways_dirty = true,
         }
+    }
+
+    fn gateway_claim(&self, g: &Gateway) -> Option<rivora_k8s::Claim> {
+        let empty = BTreeMap::new();
+        let labels = self
+            .namespaces
+            .get(&Key::new("", g.namespace().unwrap_or_default()))
+            .map(|n| n.labels())
+            .unwrap_or(&empty);
+        gateway_claim(g, self.gateway.rivoras(g), labels)
     }
 
     fn pool_set(&self) -> PoolSet {
@@ -176,15 +217,23 @@ impl Ipam {
             .items
             .values()
             .filter_map(|s| self.claim(s))
+            .chain(
+                self.gateway
+                    .gateways
+                    .items
+                    .values()
+                    .filter_map(|g| self.gateway_claim(g)),
+            )
             .collect();
         self.rebuilt = alloc
             .rebuild(&claims)
             .into_iter()
-            .map(|o| (Key::new(&o.object.namespace, &o.object.name), o))
+            .map(|o| (o.object.clone(), o))
             .collect();
         self.alloc = Some(alloc);
         self.in_flight.clear();
         self.dirty.extend(self.services.items.keys().cloned());
+        self.gateways_dirty = true;
         self.pools_dirty = true;
     }
 
@@ -208,11 +257,15 @@ impl Ipam {
                 a.set_pools(pools);
             }
             self.dirty.extend(self.services.items.keys().cloned());
+            self.gateways_dirty = true;
         }
         let dirty = std::mem::take(&mut self.dirty);
         let mut counts_moved = self.pools_dirty || self.pool_status_dirty;
         for key in dirty {
             counts_moved |= self.plan_service(&key, now, &mut plan);
+        }
+        if std::mem::take(&mut self.gateways_dirty) {
+            counts_moved |= self.plan_gateways(now, &mut plan);
         }
         self.rebuilt.clear();
         if counts_moved {
@@ -238,13 +291,13 @@ impl Ipam {
         };
         let status = match claim {
             Some(claim) => {
-                let outcome = match self.rebuilt.remove(key) {
+                let outcome = match self.rebuilt.remove(&object) {
                     Some(o) => o,
                     None => alloc.assign(&claim),
                 };
                 for w in outcome.warnings() {
-                    plan.warnings.push(ServiceWarning {
-                        service: key.clone(),
+                    plan.warnings.push(ObjectWarning {
+                        object: Target::Service(key.clone()),
                         warning: w,
                     });
                 }
@@ -259,6 +312,77 @@ impl Ipam {
         let moved = alloc.addresses(&object) != before.as_slice();
         if let Some(status) = status {
             self.push(plan, Target::Service(key.clone()), &svc.metadata, status);
+        }
+        moved
+    }
+
+    /// Every Gateway's addresses, then the status of every Gateway API
+    /// object from one resolution; whether what Gateways hold changed.
+    fn plan_gateways(&mut self, now: &Time, plan: &mut Plan) -> bool {
+        let mut moved = false;
+        let mut outcomes: BTreeMap<Key, Outcome> = BTreeMap::new();
+        let gateways: Vec<Arc<Gateway>> = self.gateway.gateways.items.values().cloned().collect();
+        for g in &gateways {
+            let key = key_of(&**g);
+            let object = ClaimRef::gateway(&key.namespace, &key.name);
+            let claim = self.gateway_claim(g);
+            let Some(alloc) = self.alloc.as_mut() else {
+                return false;
+            };
+            let before = alloc.addresses(&object).to_vec();
+            match claim {
+                Some(claim) => {
+                    let outcome = match self.rebuilt.remove(&object) {
+                        Some(o) => o,
+                        None => alloc.assign(&claim),
+                    };
+                    for w in outcome.warnings() {
+                        plan.warnings.push(ObjectWarning {
+                            object: Target::Gateway(key.clone()),
+                            warning: w,
+                        });
+                    }
+                    outcomes.insert(key, outcome);
+                }
+                None => {
+                    alloc.release(&object);
+                }
+            }
+            moved |= alloc.addresses(&object) != before.as_slice();
+        }
+        // Deleted Gateways release what they held.
+        if let Some(alloc) = self.alloc.as_mut() {
+            let gone: Vec<ClaimRef> = alloc
+                .assignments()
+                .map(|(c, _)| c.clone())
+                .filter(|c| {
+                    c.kind == ClaimKind::Gateway
+                        && self
+                            .gateway
+                            .gateways
+                            .get(&Key::new(&c.namespace, &c.name))
+                            .is_none()
+                })
+                .collect();
+            for c in gone {
+                moved |= !alloc.release(&c).is_empty();
+            }
+        }
+        let copies: Vec<Gateway> = gateways
+            .iter()
+            .map(|g| with_addresses(g, outcomes.get(&key_of(&**g))))
+            .collect();
+        let view = View {
+            api: &self.gateway,
+            gateways: copies,
+            services: &self.services,
+            namespaces: &self.namespaces,
+        };
+        let mut res = rivora_k8s::gateway::resolve(&view);
+        explain_unassigned(&mut res, &outcomes);
+        let writes = status_writes(&self.gateway, &view, &res, now);
+        for (target, rv, body) in writes {
+            self.push_rv(plan, target, rv, body);
         }
         moved
     }
@@ -292,6 +416,10 @@ impl Ipam {
         status: Value,
     ) {
         let rv = meta.resource_version.clone().unwrap_or_default();
+        self.push_rv(plan, target, rv, status);
+    }
+
+    fn push_rv(&mut self, plan: &mut Plan, target: Target, rv: String, status: Value) {
         // A write computed from this version is on its way: a second one
         // would only conflict with it. Its answer (the new version
         // through the watch, or a failure) plans the object again.

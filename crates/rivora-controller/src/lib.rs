@@ -4,6 +4,7 @@
 //! ([`ipam`]) and is the only writer of their status ([`run`]). Every
 //! replica watches, so a follower takes over with warm copies.
 
+pub mod gateways;
 pub mod ipam;
 pub mod metrics;
 pub mod run;

@@ -11,6 +11,7 @@
 //! from its newer version. Each write is sent only while the fence says
 //! this replica leads, and is bounded in time.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,18 +19,27 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
+use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
+use rivora_k8s::gateway::api::gateways::Gateway;
+use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
+use rivora_k8s::gateway::api::tcproutes::TcpRoute;
+use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::{AddressPool, TranslateOptions};
-use rivora_kube::{Change, Warner};
+use rivora_kube::versioned::{
+    versioned, GwEvent, Kind, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
+};
+use rivora_kube::{Change, Listed, Warner};
 use rivora_lease::{Election, ElectionError, Leadership, LeaseSettings};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, info, warn};
 
+use crate::gateways::GatewayApi;
 use crate::ipam::{Ipam, Target, Write};
 use crate::metrics::Metrics;
 
@@ -74,9 +84,19 @@ enum Msg {
     Pool(watcher::Result<Event<AddressPool>>),
     Service(watcher::Result<Event<Service>>),
     Namespace(watcher::Result<Event<Namespace>>),
+    Class(GwEvent<GatewayClass>),
+    Gateway(GwEvent<Gateway>),
+    TcpRoute(GwEvent<TcpRoute>),
+    UdpRoute(GwEvent<UdpRoute>),
+    Grant(GwEvent<ReferenceGrant>),
     Written(Target, Outcome),
     Leads(bool),
 }
+
+/// "Not installed" answers after which a Gateway API kind counts as
+/// listed, empty: discovery can briefly miss a CRD just after the API
+/// server starts.
+const NOT_INSTALLED_ANSWERS: u32 = 2;
 
 /// Run until `shutdown` resolves; then stop writing and release the
 /// Lease.
@@ -124,16 +144,23 @@ pub async fn run(
         Some((Msg::Written(t, o), rx))
     })
     .boxed();
-    let mut events = futures::stream::select_all([pools, services, namespaces, leads, done]);
-    let warner = Warner::<Service>::events(
-        client.clone(),
-        Reporter {
-            controller: "rivora-controller".into(),
-            instance: Some(opts.lease.identity.clone()),
-        },
-        "Assign",
-        EVENT_REPEAT,
-    );
+    let mut streams = vec![pools, services, namespaces, leads, done];
+    streams.extend([
+        versioned(client.clone(), GATEWAY_CLASSES, Msg::Class),
+        versioned(client.clone(), GATEWAYS, Msg::Gateway),
+        versioned(client.clone(), TCP_ROUTES, Msg::TcpRoute),
+        versioned(client.clone(), UDP_ROUTES, Msg::UdpRoute),
+        versioned(client.clone(), REFERENCE_GRANTS, Msg::Grant),
+    ]);
+    let mut events = futures::stream::select_all(streams);
+    let reporter = Reporter {
+        controller: "rivora-controller".into(),
+        instance: Some(opts.lease.identity.clone()),
+    };
+    let warn_services =
+        Warner::<Service>::events(client.clone(), reporter.clone(), "Assign", EVENT_REPEAT);
+    let warn_gateways = Warner::<Gateway>::events(client.clone(), reporter, "Assign", EVENT_REPEAT);
+    let mut not_installed: BTreeMap<&'static str, u32> = BTreeMap::new();
     let writer = Writer {
         client: client.clone(),
         leadership: leadership.clone(),
@@ -144,7 +171,7 @@ pub async fn run(
     };
     let mut ipam = Ipam::new(opts.translate.clone());
     let mut wants_lead = leadership.leads();
-    info!(identity = %opts.lease.identity, "watching AddressPools, Services and Namespaces");
+    info!(identity = %opts.lease.identity, "watching AddressPools, Services, Namespaces and the Gateway API");
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
     loop {
@@ -152,12 +179,12 @@ pub async fn run(
             m = events.next() => match m { Some(m) => m, None => break },
             _ = &mut shutdown => break,
         };
-        handle(&mut ipam, first, &mut wants_lead);
+        handle(&mut ipam, first, &mut wants_lead, &mut not_installed);
         let mut n = 1;
         while n < BATCH {
             match events.next().now_or_never() {
                 Some(Some(m)) => {
-                    handle(&mut ipam, m, &mut wants_lead);
+                    handle(&mut ipam, m, &mut wants_lead, &mut not_installed);
                     n += 1;
                 }
                 _ => break,
@@ -176,8 +203,18 @@ pub async fn run(
             writer.send(w);
         }
         for w in plan.warnings {
-            if let Some(svc) = ipam.services.get(&w.service) {
-                warner.warn(svc, w.warning.reason, w.warning.message);
+            match &w.object {
+                Target::Service(k) => {
+                    if let Some(svc) = ipam.services.get(k) {
+                        warn_services.warn(svc, w.warning.reason, w.warning.message);
+                    }
+                }
+                Target::Gateway(k) => {
+                    if let Some(g) = ipam.gateway.gateways.get(k) {
+                        warn_gateways.warn(g, w.warning.reason, w.warning.message);
+                    }
+                }
+                _ => {}
             }
         }
         metrics.is_leader.set(i64::from(ipam.leads()));
@@ -193,10 +230,16 @@ pub async fn run(
 
 fn not_listed(ipam: &Ipam) -> String {
     let mut w = Vec::new();
+    let g = &ipam.gateway;
     for (synced, what) in [
         (ipam.pools.synced, "addresspools"),
         (ipam.services.synced, "services"),
         (ipam.namespaces.synced, "namespaces"),
+        (g.classes.synced, "gatewayclasses"),
+        (g.gateways.synced, "gateways"),
+        (g.tcp_routes.synced, "tcproutes"),
+        (g.udp_routes.synced, "udproutes"),
+        (g.grants.synced, "referencegrants"),
     ] {
         if !synced {
             w.push(what);
@@ -205,8 +248,67 @@ fn not_listed(ipam: &Ipam) -> String {
     format!("not listed yet: {}", w.join(", "))
 }
 
-fn handle(ipam: &mut Ipam, msg: Msg, wants_lead: &mut bool) {
+/// One event of a Gateway API watch into `listed` (picked from `ipam`).
+fn handle_gw<K: kube::Resource>(
+    ipam: &mut Ipam,
+    kind: &'static str,
+    ev: GwEvent<K>,
+    not_installed: &mut BTreeMap<&'static str, u32>,
+    listed: fn(&mut GatewayApi) -> &mut Listed<K>,
+) {
+    match ev {
+        GwEvent::Serving(v) => {
+            ipam.gateway.versions.insert(kind, v);
+        }
+        GwEvent::Watch(Err(e)) => warn!(kind, error = %e, "watch failed; retrying"),
+        GwEvent::Failed(e) => warn!(kind, error = %e, "discovery failed; retrying"),
+        GwEvent::NotInstalled => {
+            let n = not_installed.entry(kind).or_insert(0);
+            *n += 1;
+            let l = listed(&mut ipam.gateway);
+            if *n >= NOT_INSTALLED_ANSWERS && !l.synced {
+                warn!(
+                    kind,
+                    "the Gateway API CRD is not installed: no such objects until it is"
+                );
+                l.synced = true;
+                ipam.gateways_changed();
+            }
+        }
+        GwEvent::Watch(Ok(ev)) => {
+            not_installed.remove(kind);
+            let mut bad = Vec::new();
+            let change = listed(&mut ipam.gateway).apply_read(ev, &mut bad);
+            for u in bad {
+                warn!(kind, object = %u.key, error = %u.error, "an object the types cannot read: its last readable copy is kept");
+            }
+            if !matches!(change, Change::None) {
+                ipam.gateways_changed();
+            }
+        }
+    }
+}
+
+fn handle(
+    ipam: &mut Ipam,
+    msg: Msg,
+    wants_lead: &mut bool,
+    not_installed: &mut BTreeMap<&'static str, u32>,
+) {
     match msg {
+        Msg::Class(ev) => handle_gw(ipam, GATEWAY_CLASSES.kind, ev, not_installed, |g| {
+            &mut g.classes
+        }),
+        Msg::Gateway(ev) => handle_gw(ipam, GATEWAYS.kind, ev, not_installed, |g| &mut g.gateways),
+        Msg::TcpRoute(ev) => handle_gw(ipam, TCP_ROUTES.kind, ev, not_installed, |g| {
+            &mut g.tcp_routes
+        }),
+        Msg::UdpRoute(ev) => handle_gw(ipam, UDP_ROUTES.kind, ev, not_installed, |g| {
+            &mut g.udp_routes
+        }),
+        Msg::Grant(ev) => handle_gw(ipam, REFERENCE_GRANTS.kind, ev, not_installed, |g| {
+            &mut g.grants
+        }),
         Msg::Leads(l) => *wants_lead = l,
         Msg::Written(t, o) => ipam.written(&t, matches!(o, Outcome::Ok | Outcome::NotLeader)),
         Msg::Pool(Err(e)) if rivora_kube::is_not_found(&e) => {
@@ -269,6 +371,10 @@ impl Writer {
             let kind = match target {
                 Target::Service(_) => "service",
                 Target::Pool(_) => "pool",
+                Target::GatewayClass(_) => "gatewayclass",
+                Target::Gateway(_) => "gateway",
+                Target::TcpRoute(_) => "tcproute",
+                Target::UdpRoute(_) => "udproute",
             };
             match outcome {
                 Outcome::Ok => this.metrics.wrote(kind, "ok"),
@@ -308,6 +414,21 @@ impl Writer {
                     .patch_status(name, &pp, &Patch::Merge(&patch))
                     .await
                     .map(drop),
+                Target::GatewayClass(name) => {
+                    self.replace(&GATEWAY_CLASSES, None, name, &w.status).await
+                }
+                Target::Gateway(k) => {
+                    self.replace(&GATEWAYS, Some(&k.namespace), &k.name, &w.status)
+                        .await
+                }
+                Target::TcpRoute(k) => {
+                    self.replace(&TCP_ROUTES, Some(&k.namespace), &k.name, &w.status)
+                        .await
+                }
+                Target::UdpRoute(k) => {
+                    self.replace(&UDP_ROUTES, Some(&k.namespace), &k.name, &w.status)
+                        .await
+                }
             }
         };
         match tokio::time::timeout(self.timeout, req).await {
@@ -333,9 +454,41 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// Replace the status of a Gateway API object with `body` (the whole
+    /// object, its `resourceVersion` the one read), at the version its
+    /// `apiVersion` names.
+    async fn replace(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        name: &str,
+        body: &Value,
+    ) -> kube::Result<()> {
+        let version = body["apiVersion"]
+            .as_str()
+            .and_then(|v| v.rsplit('/').next())
+            .unwrap_or("v1");
+        let obj: DynamicObject =
+            serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
+        let ar = kind.at(version);
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        };
+        api.replace_status(name, &PostParams::default(), &obj)
+            .await
+            .map(drop)
+    }
+}
+
 fn target_name(t: &Target) -> String {
     match t {
         Target::Service(k) => format!("Service {k}"),
         Target::Pool(p) => format!("AddressPool {p}"),
+        Target::GatewayClass(c) => format!("GatewayClass {c}"),
+        Target::Gateway(k) => format!("Gateway {k}"),
+        Target::TcpRoute(k) => format!("TCPRoute {k}"),
+        Target::UdpRoute(k) => format!("UDPRoute {k}"),
     }
 }

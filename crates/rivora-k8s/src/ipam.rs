@@ -505,6 +505,113 @@ pub fn service_claim(
     Some(claim)
 }
 
+/// The families a Gateway asks for (comma-separated, in order, e.g.
+/// `IPv4,IPv6`): Gateways have no `ipFamilies`. Without it, or with only
+/// requested addresses, the families of those addresses, else IPv4.
+pub const ANNOTATION_IP_FAMILIES: &str = "rivora.io/ip-families";
+
+impl ClaimRef {
+    pub fn gateway(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            kind: ClaimKind::Gateway,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// The claim of a Gateway of Rivora's class (the caller says whether its
+/// class is Rivora's), or None when it is not Rivora's. Requests are its
+/// `spec.addresses` of type `IPAddress` (another type is the Gateway
+/// rules' `UnsupportedAddress`, not the allocator's); sharing is by the
+/// `rivora.io/sharing-key` annotation over its listeners' (protocol,
+/// port); families by [`ANNOTATION_IP_FAMILIES`], else its requests'.
+pub fn gateway_claim(
+    gw: &crate::gateway::api::gateways::Gateway,
+    rivoras_class: bool,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Option<Claim> {
+    if !rivoras_class {
+        return None;
+    }
+    let mut claim = Claim::new(ClaimRef::gateway(
+        gw.namespace().unwrap_or_default(),
+        gw.name_any(),
+    ));
+    claim.created = gw.metadata.creation_timestamp.clone();
+    claim.labels = gw.labels().clone();
+    claim.namespace_labels = namespace_labels.clone();
+    let mut requested: Vec<IpAddr> = Vec::new();
+    for a in gw.spec.addresses.iter().flatten() {
+        if a.r#type.as_deref().is_some_and(|t| t != "IPAddress") {
+            continue;
+        }
+        let Some(v) = a.value.as_deref().map(str::trim).filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        match v.parse::<IpAddr>() {
+            Ok(ip) if !requested.contains(&ip) => requested.push(ip),
+            Ok(_) => {}
+            Err(_) => {
+                claim.request = Request::Invalid(RequestProblem::Unreadable(v.to_string()));
+            }
+        }
+    }
+    if !matches!(claim.request, Request::Invalid(_)) && !requested.is_empty() {
+        let joined: Vec<String> = requested.iter().map(ToString::to_string).collect();
+        claim.request = read_request(Some(&joined.join(",")), None);
+    }
+    let asked: Vec<Family> = gw
+        .annotations()
+        .get(ANNOTATION_IP_FAMILIES)
+        .map(|v| {
+            v.split(',')
+                .filter_map(|f| Family::parse(f.trim()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let families: Vec<Family> = if !asked.is_empty() {
+        asked
+    } else if !requested.is_empty() {
+        requested.iter().map(|a| Family::of(*a)).collect()
+    } else {
+        vec![Family::V4]
+    };
+    claim.family_policy = if families.len() > 1 {
+        FamilyPolicy::RequireDualStack
+    } else {
+        FamilyPolicy::SingleStack
+    };
+    claim.families = families;
+    claim.sharing = Sharing {
+        key: gw
+            .annotations()
+            .get(ANNOTATION_SHARING_KEY)
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty()),
+        ports: gw
+            .spec
+            .listeners
+            .iter()
+            .map(|l| {
+                let proto = if l.protocol == "UDP" { "UDP" } else { "TCP" };
+                (proto.to_string(), l.port)
+            })
+            .collect(),
+        local: false,
+    };
+    claim.current = gw
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.r#type.as_deref().is_none_or(|t| t == "IPAddress"))
+        .filter_map(|a| a.value.parse().ok())
+        .collect();
+    Some(claim)
+}
+
 /// The request of the annotation (comma-separated addresses), else of the
 /// deprecated `spec.loadBalancerIP`. Empty values are no request.
 pub fn read_request(annotation: Option<&str>, load_balancer_ip: Option<&str>) -> Request {

@@ -1,4 +1,6 @@
 use kube::runtime::watcher::Event;
+use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
+use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use serde_json::json;
 
 use super::*;
@@ -45,12 +47,13 @@ fn listed<K: kube::Resource>(items: Vec<K>) -> Listed<K> {
     l
 }
 
+/// Pools and Services listed, and a Gateway API listed empty.
 fn ipam(pools: Vec<AddressPool>, services: Vec<Service>) -> Ipam {
     let mut i = Ipam::new(TranslateOptions::default());
     i.pools = listed(pools);
     i.namespaces = listed(vec![ns("a"), ns("b")]);
     i.services = listed(services);
-    i
+    with_gateways(i, vec![], vec![], vec![])
 }
 
 /// The ingress IPs a planned Service write gives.
@@ -70,7 +73,7 @@ fn service_writes(p: &Plan) -> BTreeMap<String, &Write> {
         .iter()
         .filter_map(|w| match &w.target {
             Target::Service(k) => Some((k.to_string(), w)),
-            Target::Pool(_) => None,
+            _ => None,
         })
         .collect()
 }
@@ -149,7 +152,7 @@ fn leading_assigns_writes_status_and_pool_counts_then_nothing_more() {
 
     // The writes land and come back through the watch: nothing to do.
     for s in &services {
-        let k = Key::of(s);
+        let k = key_of(s);
         let w = w[&k.to_string()];
         i.services.apply(Event::Apply(after(s, w, "11")));
         i.written(&Target::Service(k.clone()), true);
@@ -198,7 +201,7 @@ fn an_address_in_no_pool_is_kept_and_flagged_after_the_pool_goes() {
     let w = i.plan(&at(5));
     let web = after(&held, service_writes(&w)["a/web"], "11");
     i.services.apply(Event::Apply(web.clone()));
-    i.written(&Target::Service(Key::of(&web)), true);
+    i.written(&Target::Service(key_of(&web)), true);
 
     // The pool is deleted.
     i.pools.apply(Event::Delete(pool("p", &["10.0.0.0/29"])));
@@ -212,7 +215,8 @@ fn an_address_in_no_pool_is_kept_and_flagged_after_the_pool_goes() {
     assert!(
         plan.warnings
             .iter()
-            .any(|w| w.warning.reason == "AddressNotInPool" && w.service == Key::new("a", "web")),
+            .any(|w| w.warning.reason == "AddressNotInPool"
+                && w.object == Target::Service(Key::new("a", "web"))),
         "{:?}",
         plan.warnings
     );
@@ -236,7 +240,8 @@ fn no_address_left_is_a_false_condition_and_a_warning() {
     assert!(plan
         .warnings
         .iter()
-        .any(|w| w.service == Key::new("a", "late") && w.warning.reason == "NoAddressAvailable"));
+        .any(|w| w.object == Target::Service(Key::new("a", "late"))
+            && w.warning.reason == "NoAddressAvailable"));
 }
 
 #[test]
@@ -247,7 +252,7 @@ fn a_service_that_stops_being_rivoras_loses_what_rivora_wrote() {
     let plan = i.plan(&at(5));
     let web = after(&web, service_writes(&plan)["a/web"], "11");
     i.services.apply(Event::Apply(web.clone()));
-    i.written(&Target::Service(Key::of(&web)), true);
+    i.written(&Target::Service(key_of(&web)), true);
     land_pool_writes(&mut i, &plan);
 
     // Its type changes to ClusterIP.
@@ -256,7 +261,7 @@ fn a_service_that_stops_being_rivoras_loses_what_rivora_wrote() {
         s.type_ = Some("ClusterIP".into());
     }
     i.services.apply(Event::Apply(cluster_ip));
-    i.service_changed(Key::of(&web));
+    i.service_changed(key_of(&web));
     let plan = i.plan(&at(6));
     let w = service_writes(&plan);
     assert!(w["a/web"].status["loadBalancer"]["ingress"].is_null());
@@ -377,4 +382,256 @@ fn gauges_count_per_pool_and_family() {
     let g = i.gauges();
     assert_eq!(g[&("p".to_string(), "ipv4")], (1, 3));
     assert_eq!(g[&("p".to_string(), "ipv6")], (0, 4));
+}
+
+// ---------------------------------------------------------------------
+// Gateways
+
+fn class(name: &str, controller: &str) -> GatewayClass {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": { "name": name, "generation": 1, "resourceVersion": "5",
+                      "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": { "controllerName": controller },
+    }))
+    .expect("a GatewayClass")
+}
+
+fn gateway(ns: &str, name: &str, class: &str, age: u32, extra: Value) -> Gateway {
+    let mut v = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": { "namespace": ns, "name": name, "generation": 1, "resourceVersion": "20",
+                      "creationTimestamp": format!("2026-01-01T00:{age:02}:00Z") },
+        "spec": {
+            "gatewayClassName": class,
+            "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": 80 },
+                { "name": "udp", "protocol": "UDP", "port": 53 },
+            ],
+        },
+    });
+    if let (Some(spec), Value::Object(e)) = (v["spec"].as_object_mut(), extra) {
+        spec.extend(e);
+    }
+    serde_json::from_value(v).expect("a Gateway")
+}
+
+fn tcp_route(ns: &str, name: &str, gw_ns: &str, gw: &str) -> TcpRoute {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "TCPRoute",
+        "metadata": { "namespace": ns, "name": name, "generation": 1, "resourceVersion": "30",
+                      "creationTimestamp": "2026-01-01T00:03:00Z" },
+        "spec": {
+            "parentRefs": [{ "name": gw, "namespace": gw_ns, "sectionName": "tcp" }],
+            "rules": [{ "backendRefs": [{ "name": "web", "port": 80 }] }],
+        },
+    }))
+    .expect("a TCPRoute")
+}
+
+/// An Ipam with the Gateway API listed (served at v1, routes v1alpha2).
+fn with_gateways(
+    mut i: Ipam,
+    classes: Vec<GatewayClass>,
+    gateways: Vec<Gateway>,
+    routes: Vec<TcpRoute>,
+) -> Ipam {
+    i.gateway.classes = listed(classes);
+    i.gateway.gateways = listed(gateways);
+    i.gateway.tcp_routes = listed(routes);
+    i.gateway.udp_routes = listed(Vec::new());
+    i.gateway.grants = listed(Vec::new());
+    for (k, v) in [
+        ("GatewayClass", "v1"),
+        ("Gateway", "v1"),
+        ("TCPRoute", "v1alpha2"),
+        ("UDPRoute", "v1alpha2"),
+    ] {
+        i.gateway.versions.insert(k, v);
+    }
+    i
+}
+
+fn writes_to<'a>(p: &'a Plan, t: &Target) -> Vec<&'a Write> {
+    p.writes.iter().filter(|w| &w.target == t).collect()
+}
+
+fn condition<'a>(conds: &'a Value, type_: &str) -> &'a Value {
+    conds
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} in {conds}"))
+}
+
+#[test]
+fn a_gateway_of_rivoras_class_gets_an_address_and_its_status_in_one_write() {
+    let i = ipam(
+        vec![pool("p", &["10.0.0.8-10.0.0.9"])],
+        vec![svc("a", "web", 1, json!({}))],
+    );
+    let mut i = with_gateways(
+        i,
+        vec![
+            class("rivora", "rivora.io/gateway-controller"),
+            class("other", "x.io/gw"),
+        ],
+        vec![
+            gateway("a", "gw", "rivora", 2, json!({})),
+            gateway("a", "theirs", "other", 2, json!({})),
+        ],
+        vec![tcp_route("a", "r", "a", "gw")],
+    );
+    i.lead();
+    let plan = i.plan(&at(5));
+    // The Service is older: .8; the Gateway .9; the other class's nothing.
+    assert_eq!(ingress(service_writes(&plan)["a/web"]), ["10.0.0.8"]);
+    let g = writes_to(&plan, &Target::Gateway(Key::new("a", "gw")));
+    assert_eq!(g.len(), 1, "{:#?}", plan.writes);
+    let body = &g[0].status;
+    assert_eq!(g[0].resource_version, "20");
+    assert_eq!(body["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(
+        body["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": "10.0.0.9" }])
+    );
+    assert_eq!(
+        condition(&body["status"]["conditions"], "Programmed")["status"],
+        "True"
+    );
+    assert_eq!(
+        condition(&body["status"]["conditions"], "Accepted")["status"],
+        "True"
+    );
+    let tcp = &body["status"]["listeners"][0];
+    assert_eq!(tcp["name"], "tcp");
+    assert_eq!(tcp["attachedRoutes"], 1);
+    assert!(writes_to(&plan, &Target::Gateway(Key::new("a", "theirs"))).is_empty());
+    // The class, and the route's parent.
+    let c = writes_to(&plan, &Target::GatewayClass("rivora".into()));
+    assert_eq!(
+        condition(&c[0].status["status"]["conditions"], "Accepted")["status"],
+        "True"
+    );
+    assert!(writes_to(&plan, &Target::GatewayClass("other".into())).is_empty());
+    let r = writes_to(&plan, &Target::TcpRoute(Key::new("a", "r")));
+    assert_eq!(
+        r[0].status["apiVersion"],
+        "gateway.networking.k8s.io/v1alpha2"
+    );
+    let parent = &r[0].status["status"]["parents"][0];
+    assert_eq!(parent["controllerName"], "rivora.io/gateway-controller");
+    assert_eq!(
+        condition(&parent["conditions"], "Accepted")["status"],
+        "True"
+    );
+    assert_eq!(
+        condition(&parent["conditions"], "ResolvedRefs")["status"],
+        "True"
+    );
+    // The pool counts both.
+    let p = writes_to(&plan, &Target::Pool("p".into()));
+    assert_eq!(p[0].status["assigned"]["ipv4"], 2);
+}
+
+#[test]
+fn a_gateway_without_a_free_address_says_why_and_is_warned() {
+    let i = ipam(
+        vec![pool("p", &["10.0.0.8"])],
+        vec![svc("a", "web", 1, json!({}))],
+    );
+    let mut i = with_gateways(
+        i,
+        vec![class("rivora", "rivora.io/gateway-controller")],
+        vec![gateway("a", "gw", "rivora", 2, json!({}))],
+        vec![],
+    );
+    i.lead();
+    let plan = i.plan(&at(5));
+    let g = writes_to(&plan, &Target::Gateway(Key::new("a", "gw")));
+    let st = &g[0].status["status"];
+    assert!(st.get("addresses").is_none_or(Value::is_null), "{st}");
+    let prog = condition(&st["conditions"], "Programmed");
+    assert_eq!(prog["status"], "False");
+    assert_eq!(prog["reason"], "AddressNotAssigned");
+    assert!(
+        prog["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no free IPv4 address"),
+        "{prog}"
+    );
+    assert!(plan
+        .warnings
+        .iter()
+        .any(|w| w.object == Target::Gateway(Key::new("a", "gw"))
+            && w.warning.reason == "NoAddressAvailable"));
+}
+
+#[test]
+fn a_gateway_asks_for_its_address_and_releases_it_when_deleted() {
+    let i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![]);
+    let gw = gateway(
+        "a",
+        "gw",
+        "rivora",
+        2,
+        json!({ "addresses": [{ "type": "IPAddress", "value": "10.0.0.5" }] }),
+    );
+    let mut i = with_gateways(
+        i,
+        vec![class("rivora", "rivora.io/gateway-controller")],
+        vec![gw.clone()],
+        vec![],
+    );
+    i.lead();
+    let plan = i.plan(&at(5));
+    let g = writes_to(&plan, &Target::Gateway(Key::new("a", "gw")));
+    assert_eq!(
+        g[0].status["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": "10.0.0.5" }])
+    );
+    land_pool_writes(&mut i, &plan);
+    i.written(&Target::Gateway(Key::new("a", "gw")), true);
+    // Deleted: the address is free, the pool says so.
+    i.gateway.gateways.apply(Event::Delete(gw));
+    i.gateways_changed();
+    let plan = i.plan(&at(6));
+    let p = writes_to(&plan, &Target::Pool("p".into()));
+    assert_eq!(p[0].status["assigned"]["ipv4"], 0, "{:#?}", plan.writes);
+    // A Service may have it now.
+    i.services
+        .apply(Event::Apply(svc("a", "web", 9, json!({}))));
+    i.service_changed(Key::new("a", "web"));
+    let plan = i.plan(&at(7));
+    assert_eq!(ingress(service_writes(&plan)["a/web"]), ["10.0.0.0"]);
+}
+
+#[test]
+fn a_new_leader_keeps_the_gateways_addresses_and_writes_nothing() {
+    let i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![]);
+    let classes = vec![class("rivora", "rivora.io/gateway-controller")];
+    let gw = gateway("a", "gw", "rivora", 2, json!({}));
+    let mut i = with_gateways(i, classes.clone(), vec![gw.clone()], vec![]);
+    i.lead();
+    let plan = i.plan(&at(5));
+    // As stored after the writes.
+    let stored = |t: &Target| -> Value {
+        writes_to(&plan, t)
+            .first()
+            .map(|w| w.status.clone())
+            .expect("a write")
+    };
+    let gw: Gateway = serde_json::from_value(stored(&Target::Gateway(Key::new("a", "gw"))))
+        .expect("the Gateway as written");
+    let c: GatewayClass = serde_json::from_value(stored(&Target::GatewayClass("rivora".into())))
+        .expect("the class as written");
+    let mut p = pool("p", &["10.0.0.0/29"]);
+    p.status = Some(
+        serde_json::from_value(stored(&Target::Pool("p".into()))).expect("the pool as written"),
+    );
+    let j = ipam(vec![p], vec![]);
+    let mut j = with_gateways(j, vec![c], vec![gw], vec![]);
+    j.lead();
+    let again = j.plan(&at(9));
+    assert!(again.writes.is_empty(), "{:#?}", again.writes);
 }

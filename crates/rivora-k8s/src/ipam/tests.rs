@@ -1283,3 +1283,66 @@ fn the_top_of_the_address_space() {
     let st = alloc.pool_counts("top").expect("in use");
     assert_eq!(st.available[1], 2 + (1u128 << 118));
 }
+
+#[test]
+fn a_gateways_claim_reads_requests_families_and_listener_ports() {
+    use crate::gateway::api::gateways::Gateway;
+    let gw = |extra: Value| -> Gateway {
+        let mut v = json!({
+            "metadata": { "namespace": "n", "name": "g", "annotations": {} },
+            "spec": { "gatewayClassName": "rivora", "listeners": [
+                { "name": "a", "protocol": "TCP", "port": 80 },
+                { "name": "b", "protocol": "UDP", "port": 53 } ] },
+        });
+        if let Value::Object(e) = extra {
+            for (k, val) in e {
+                match k.as_str() {
+                    "annotations" => v["metadata"]["annotations"] = val,
+                    _ => v["spec"][k] = val,
+                }
+            }
+        }
+        serde_json::from_value(v).expect("a Gateway")
+    };
+    let none = BTreeMap::new();
+    assert!(
+        gateway_claim(&gw(json!({})), false, &none).is_none(),
+        "not Rivora's class"
+    );
+    let c = gateway_claim(&gw(json!({})), true, &none).expect("a claim");
+    assert_eq!(c.object, ClaimRef::gateway("n", "g"));
+    assert_eq!(c.wanted(), vec![Family::V4]);
+    assert_eq!(c.request, Request::Auto);
+    let ports: BTreeSet<(String, i32)> = [("TCP".to_string(), 80), ("UDP".to_string(), 53)].into();
+    assert_eq!(c.sharing.ports, ports);
+    // Requested addresses give the families; another address type is not
+    // the allocator's (the rules refuse it).
+    let c = gateway_claim(
+        &gw(json!({ "addresses": [
+            { "type": "IPAddress", "value": "fd00::5" },
+            { "type": "Hostname", "value": "lb.example" } ] })),
+        true,
+        &none,
+    )
+    .expect("a claim");
+    assert_eq!(c.request, Request::Addresses(vec![ip("fd00::5")]));
+    assert_eq!(c.wanted(), vec![Family::V6]);
+    // Dual stack by annotation; a sharing key.
+    let c = gateway_claim(
+        &gw(json!({ "annotations": {
+            "rivora.io/ip-families": "IPv4,IPv6", "rivora.io/sharing-key": "k" } })),
+        true,
+        &none,
+    )
+    .expect("a claim");
+    assert_eq!(c.wanted(), vec![Family::V4, Family::V6]);
+    assert_eq!(c.sharing.key.as_deref(), Some("k"));
+    // An unreadable request is a problem of the request, said as such.
+    let c = gateway_claim(
+        &gw(json!({ "addresses": [{ "value": "not-an-ip" }] })),
+        true,
+        &none,
+    )
+    .expect("a claim");
+    assert!(matches!(c.request, Request::Invalid(_)), "{:?}", c.request);
+}
