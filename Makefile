@@ -10,13 +10,15 @@ DEMO_PKGS := python3 curl
 # What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
 # itself is not a Debian package here: the build stops if go is missing).
 APISERVER_PKGS := etcd-server openssl curl
+# What scripts/gateway-api.sh fetches and unpacks the Gateway API release with.
+GATEWAY_API_PKGS := curl unzip
 # What make bench-lab runs in its namespaces: generators, servers, the paths
 # Rivora is compared with.
 LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev procps
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt apiserver test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
+.PHONY: all build deps lint fmt apiserver gateway-api test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
 
 all: build
 
@@ -46,6 +48,14 @@ fmt:
 apiserver: deps
 	@scripts/deps.sh $(APISERVER_PKGS)
 	scripts/apiserver.sh build
+
+# The Gateway API CRDs (helm/gateway-api-crds/) and the Rust types generated
+# from them (crates/rivora-k8s/src/gateway/api/), from the release
+# scripts/gateway-api.sh pins; needs the Go module proxy and crates.io
+# (kopium). `scripts/gateway-api.sh --check` only compares.
+gateway-api: deps
+	@scripts/deps.sh $(GATEWAY_API_PKGS)
+	scripts/gateway-api.sh
 
 # Everything, as root: lint, unit and property tests, packet tests, end to
 # end (debug build), then one end-to-end test against the release binaries.

@@ -62,7 +62,12 @@
 //! - the status rivora-controller is to write, computed by rivora-k8s from
 //!   the objects as stored, written through the CRDs' status subresources
 //!   and read back field by field; read again, nothing more to write
-//!   (`gateway_status_as_computed_is_what_the_crds_accept`);
+//!   (`gateway_status_as_computed_is_what_the_crds_accept`), and the same
+//!   objects' status as the real rivora-controller writes it, on an API
+//!   server of the test's own: every field as the specification names
+//!   it, nothing rewritten while nothing changes, a ReferenceGrant
+//!   flipping ResolvedRefs
+//!   (`the_controller_writes_every_gateway_status_field_by_field`);
 //! - a Gateway listener whose VIP a Service holds: the Service keeps it,
 //!   the Gateway gets a Warning Event
 //!   (`a_gateway_refused_by_the_dataplane_gets_an_event`);
@@ -2395,90 +2400,9 @@ fn gateway_status_as_computed_is_what_the_crds_accept() {
     shared();
     let kube = Kube::admin();
     let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
-    let team = unique("team-");
-    let g = kube.namespace("e2ekg-");
-    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
-    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
-    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
-    a.create_service(&cluster_service("one", &ports));
-    a.apply_slice(&endpoint_slice(
-        "one-v4",
-        "one",
-        false,
-        &ports,
-        &[Ep::ready(std::net::Ipv4Addr::new(10, 250, 0, 1))],
-    ));
-    b.create_service(&cluster_service("two", &nat_ports()));
-    let selector =
-        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
-    g.create_gateway_api(
-        "Gateway",
-        "gateways",
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-            "metadata": { "name": "gw" },
-            "spec": { "gatewayClassName": class.name, "listeners": [
-                { "name": "tcp", "protocol": "TCP", "port": 80, "allowedRoutes": { "namespaces": selector } },
-                { "name": "udp", "protocol": "UDP", "port": 80, "allowedRoutes": { "namespaces": selector } },
-                { "name": "web", "protocol": "HTTP", "port": 8080 },
-                // TCP beside HTTP on one port: both conflicted (two TCP
-                // listeners on one port the v1.7.0 schema refuses itself).
-                { "name": "clash", "protocol": "TCP", "port": 8080 },
-            ] },
-        }),
-    );
-    g.set_gateway_addresses(
-        "gw",
-        &[IpAddr::V4(std::net::Ipv4Addr::new(10, 250, 100, 1))],
-    );
-    let parent =
-        |section: &str| json!([{ "name": "gw", "namespace": g.name, "sectionName": section }]);
-    let route =
-        |ns: &TestNs, kind: &str, plural: &str, name: &str, section: &str, backends: Value| {
-            ns.create_gateway_api(
-            kind,
-            plural,
-            json!({
-                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
-                "metadata": { "name": name },
-                "spec": { "parentRefs": parent(section), "rules": [{ "backendRefs": backends }] },
-            }),
-        );
-        };
-    route(
-        &a,
-        "TCPRoute",
-        "tcproutes",
-        "db",
-        "tcp",
-        json!([
-        { "name": "one", "port": VIP_PORT, "weight": 1 },
-        { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 }]),
-    );
-    route(
-        &a,
-        "TCPRoute",
-        "tcproutes",
-        "missing",
-        "tcp",
-        json!([{ "name": "nosuch", "port": VIP_PORT }]),
-    );
-    route(
-        &a,
-        "TCPRoute",
-        "tcproutes",
-        "nomatch",
-        "nope",
-        json!([{ "name": "one", "port": VIP_PORT }]),
-    );
-    route(
-        &b,
-        "UDPRoute",
-        "udproutes",
-        "refused",
-        "udp",
-        json!([{ "name": "two", "port": VIP_PORT }]),
-    );
+    let w = status_world(&kube, &class.name);
+    let (g, a, b) = (&w.g, &w.a, &w.b);
+    g.set_gateway_addresses("gw", &[STATUS_VIP.parse().expect("an address")]);
 
     let names = [g.name.as_str(), a.name.as_str(), b.name.as_str()];
     let snap = snapshot_of(&kube, &names);
@@ -2538,176 +2462,12 @@ fn gateway_status_as_computed_is_what_the_crds_accept() {
         written, 6,
         "one class, one Gateway, three TCPRoutes, one UDPRoute"
     );
-
-    // Read back, field by field.
-    let get = |ns: &TestNs, kind: &str, plural: &str, name: &str| {
-        ns.gateway_api_object(kind, plural, name)
-            .unwrap_or_else(|| panic!("{kind} {name} is gone"))
-    };
-    let cls: Value = {
-        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
-            c.clone(),
-            &common::k8s::gateway_api_resource("GatewayClass", "gatewayclasses"),
-        );
-        serde_json::to_value(kube.block_on(api.get(&class.name)).expect("the class")).expect("JSON")
-    };
-    let gen = |v: &Value| v["metadata"]["generation"].as_i64().unwrap_or(-1);
-    assert_eq!(
-        conditions_of(&cls["status"]["conditions"]),
-        [format!("Accepted=True Accepted g{}", gen(&cls))]
+    let wrong = status_mismatches(&kube, &w, &class.name, "False RefNotPermitted");
+    assert!(
+        wrong.is_empty(),
+        "the status as read back:\n{}",
+        wrong.join("\n")
     );
-    assert_eq!(
-        cls["status"]["supportedFeatures"],
-        json!([{"name": "Gateway"}, {"name": "ReferenceGrant"}, {"name": "TCPRoute"}, {"name": "UDPRoute"}])
-    );
-    let gw = get(&g, "Gateway", "gateways", "gw");
-    let gg = gen(&gw);
-    assert_eq!(
-        gw["status"]["addresses"],
-        json!([{ "type": "IPAddress", "value": "10.250.100.1" }]),
-        "the addresses kept"
-    );
-    assert_eq!(
-        conditions_of(&gw["status"]["conditions"]),
-        [
-            format!("Accepted=True ListenersNotValid g{gg}"),
-            format!("Programmed=True Programmed g{gg}")
-        ]
-    );
-    let listeners: BTreeMap<String, (i64, Value, Vec<String>)> = gw["status"]["listeners"]
-        .as_array()
-        .expect("listener status")
-        .iter()
-        .map(|l| {
-            (
-                l["name"].as_str().unwrap_or_default().to_string(),
-                (
-                    l["attachedRoutes"].as_i64().unwrap_or(-1),
-                    l["supportedKinds"].clone(),
-                    conditions_of(&l["conditions"]),
-                ),
-            )
-        })
-        .collect();
-    let kinds = |k: &str| json!([{ "group": "gateway.networking.k8s.io", "kind": k }]);
-    let ok = |extra: [&str; 2]| -> Vec<String> {
-        let mut v = vec![format!("Accepted=True Accepted g{gg}")];
-        v.push(format!("Conflicted={} g{gg}", extra[0]));
-        v.push(format!("ResolvedRefs=True ResolvedRefs g{gg}"));
-        v.push(format!("Programmed={} g{gg}", extra[1]));
-        v
-    };
-    assert_eq!(
-        listeners["tcp"],
-        (
-            2,
-            kinds("TCPRoute"),
-            ok(["False NoConflicts", "True Programmed"])
-        ),
-        "tcp: db and missing attached"
-    );
-    assert_eq!(
-        listeners["udp"],
-        (
-            0,
-            kinds("UDPRoute"),
-            ok(["False NoConflicts", "True Programmed"])
-        ),
-        "udp: the refused route not counted"
-    );
-    assert_eq!(
-        listeners["web"],
-        (
-            0,
-            json!([]),
-            vec![
-                format!("Accepted=False UnsupportedProtocol g{gg}"),
-                format!("Conflicted=True ProtocolConflict g{gg}"),
-                format!("ResolvedRefs=True ResolvedRefs g{gg}"),
-                format!("Programmed=False Invalid g{gg}"),
-            ]
-        )
-    );
-    assert_eq!(
-        listeners["clash"],
-        (
-            0,
-            kinds("TCPRoute"),
-            ok(["True ProtocolConflict", "False Invalid"])
-        ),
-        "clash"
-    );
-    let parents = |v: &Value| -> Vec<(String, String, Vec<String>)> {
-        v["status"]["parents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| {
-                (
-                    p["controllerName"].as_str().unwrap_or_default().to_string(),
-                    p["parentRef"]["sectionName"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    conditions_of(&p["conditions"]),
-                )
-            })
-            .collect()
-    };
-    for (ns, kind, plural, name, section, accepted, resolved) in [
-        (
-            &a,
-            "TCPRoute",
-            "tcproutes",
-            "db",
-            "tcp",
-            "True Accepted",
-            "False RefNotPermitted",
-        ),
-        (
-            &a,
-            "TCPRoute",
-            "tcproutes",
-            "missing",
-            "tcp",
-            "True Accepted",
-            "False BackendNotFound",
-        ),
-        (
-            &a,
-            "TCPRoute",
-            "tcproutes",
-            "nomatch",
-            "nope",
-            "False NoMatchingParent",
-            "True ResolvedRefs",
-        ),
-        (
-            &b,
-            "UDPRoute",
-            "udproutes",
-            "refused",
-            "udp",
-            "False NotAllowedByListeners",
-            "True ResolvedRefs",
-        ),
-    ] {
-        let r = get(ns, kind, plural, name);
-        let rg = gen(&r);
-        assert_eq!(
-            parents(&r),
-            [(
-                GATEWAY_CONTROLLER.to_string(),
-                section.to_string(),
-                vec![
-                    format!("Accepted={accepted} g{rg}"),
-                    format!("ResolvedRefs={resolved} g{rg}")
-                ]
-            )],
-            "{kind} {name}: {}",
-            r["status"]
-        );
-    }
 
     // The status already says it: nothing more to write.
     let snap = snapshot_of(&kube, &names);
@@ -2749,16 +2509,7 @@ fn gateway_status_as_computed_is_what_the_crds_accept() {
         );
     }
     // A ReferenceGrant appears: only db's status changes.
-    b.create_gateway_api(
-        "ReferenceGrant",
-        "referencegrants",
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
-            "metadata": { "name": "from-a" },
-            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": a.name }],
-                      "to": [{ "group": "", "kind": "Service" }] },
-        }),
-    );
+    grant_from(&w);
     let snap = snapshot_of(&kube, &names);
     let res = resolve(&snap);
     let changed: Vec<String> = snap
@@ -2772,6 +2523,418 @@ fn gateway_status_as_computed_is_what_the_crds_accept() {
         .gateways
         .iter()
         .all(|gw| status::gateway_status(gw, &res, &later).is_none()));
+}
+
+/// The address the status tests' Gateway has.
+const STATUS_VIP: &str = "10.250.100.1";
+
+/// The objects of the status tests, in three namespaces: `g` holds
+/// Gateway `gw` (listeners `tcp` and `udp` on port 80 admitting the
+/// namespaces labelled with this test's team, `web` HTTP 8080, `clash`
+/// TCP 8080); `a` (the team's) Service `one` and TCPRoutes `db` (to `one`
+/// and to b's `two`), `missing` (to a Service that does not exist) and
+/// `nomatch` (to a listener that does not exist); `b` (another team's)
+/// Service `two` and UDPRoute `refused`.
+struct StatusWorld {
+    g: TestNs,
+    a: TestNs,
+    b: TestNs,
+}
+
+fn status_world(kube: &Kube, class: &str) -> StatusWorld {
+    let g = kube.namespace("e2ekg-");
+    let team = unique("team-");
+    let a = kube.namespace_labelled("e2eka-", json!({ "rivora-e2e-team": team }));
+    let b = kube.namespace_labelled("e2ekb-", json!({ "rivora-e2e-team": "someone-else" }));
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    a.create_service(&cluster_service("one", &ports));
+    a.apply_slice(&endpoint_slice(
+        "one-v4",
+        "one",
+        false,
+        &ports,
+        &[Ep::ready(std::net::Ipv4Addr::new(10, 250, 0, 1))],
+    ));
+    b.create_service(&cluster_service("two", &nat_ports()));
+    let selector =
+        json!({ "from": "Selector", "selector": { "matchLabels": { "rivora-e2e-team": team } } });
+    g.create_gateway_api(
+        "Gateway",
+        "gateways",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": { "name": "gw" },
+            "spec": { "gatewayClassName": class, "listeners": [
+                { "name": "tcp", "protocol": "TCP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "udp", "protocol": "UDP", "port": 80, "allowedRoutes": { "namespaces": selector } },
+                { "name": "web", "protocol": "HTTP", "port": 8080 },
+                // TCP beside HTTP on one port: both conflicted (two TCP
+                // listeners on one port the v1.7.0 schema refuses itself).
+                { "name": "clash", "protocol": "TCP", "port": 8080 },
+            ] },
+        }),
+    );
+    let parent =
+        |section: &str| json!([{ "name": "gw", "namespace": g.name, "sectionName": section }]);
+    let route =
+        |ns: &TestNs, kind: &str, plural: &str, name: &str, section: &str, backends: Value| {
+            ns.create_gateway_api(
+            kind,
+            plural,
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+                "metadata": { "name": name },
+                "spec": { "parentRefs": parent(section), "rules": [{ "backendRefs": backends }] },
+            }),
+        );
+        };
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "db",
+        "tcp",
+        json!([
+        { "name": "one", "port": VIP_PORT, "weight": 1 },
+        { "name": "two", "namespace": b.name, "port": VIP_PORT, "weight": 3 }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "missing",
+        "tcp",
+        json!([{ "name": "nosuch", "port": VIP_PORT }]),
+    );
+    route(
+        &a,
+        "TCPRoute",
+        "tcproutes",
+        "nomatch",
+        "nope",
+        json!([{ "name": "one", "port": VIP_PORT }]),
+    );
+    route(
+        &b,
+        "UDPRoute",
+        "udproutes",
+        "refused",
+        "udp",
+        json!([{ "name": "two", "port": VIP_PORT }]),
+    );
+
+    StatusWorld { g, a, b }
+}
+
+/// A ReferenceGrant in b admitting a's TCPRoutes to its Services.
+fn grant_from(w: &StatusWorld) {
+    w.b.create_gateway_api(
+        "ReferenceGrant",
+        "referencegrants",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": { "name": "from-a" },
+            "spec": { "from": [{ "group": "gateway.networking.k8s.io", "kind": "TCPRoute", "namespace": w.a.name }],
+                      "to": [{ "group": "", "kind": "Service" }] },
+        }),
+    );
+}
+
+/// What the status of every object of a [`StatusWorld`] says unlike the
+/// Gateway API specification, field by field; empty when all is as it
+/// names it. `db_refs` is what route db's ResolvedRefs should say
+/// (`False RefNotPermitted` before the grant, `True ResolvedRefs` after).
+fn status_mismatches(kube: &Kube, w: &StatusWorld, class: &str, db_refs: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |what: String, got: Value, want: Value| {
+        if got != want {
+            out.push(format!("{what}: {got} instead of {want}"));
+        }
+    };
+    let get = |ns: &TestNs, kind: &str, plural: &str, name: &str| {
+        ns.gateway_api_object(kind, plural, name)
+            .unwrap_or(Value::Null)
+    };
+    let gen = |v: &Value| v["metadata"]["generation"].as_i64().unwrap_or(-1);
+    let conds = |v: &Value| json!(conditions_of(v));
+    let cls: Value = {
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+            kube.client.clone(),
+            &common::k8s::gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        serde_json::to_value(kube.block_on(api.get(class)).expect("the class")).expect("JSON")
+    };
+    check(
+        "GatewayClass conditions".into(),
+        conds(&cls["status"]["conditions"]),
+        json!([format!("Accepted=True Accepted g{}", gen(&cls))]),
+    );
+    check(
+        "GatewayClass supportedFeatures".into(),
+        cls["status"]["supportedFeatures"].clone(),
+        json!([{"name": "Gateway"}, {"name": "ReferenceGrant"}, {"name": "TCPRoute"}, {"name": "UDPRoute"}]),
+    );
+    let gw = get(&w.g, "Gateway", "gateways", "gw");
+    let gg = gen(&gw);
+    check(
+        "Gateway addresses".into(),
+        gw["status"]["addresses"].clone(),
+        json!([{ "type": "IPAddress", "value": STATUS_VIP }]),
+    );
+    check(
+        "Gateway conditions".into(),
+        conds(&gw["status"]["conditions"]),
+        json!([
+            format!("Accepted=True ListenersNotValid g{gg}"),
+            format!("Programmed=True Programmed g{gg}")
+        ]),
+    );
+    let listeners: BTreeMap<String, Value> = gw["status"]["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap_or_default().to_string(),
+                json!([
+                    l["attachedRoutes"],
+                    l["supportedKinds"],
+                    conditions_of(&l["conditions"])
+                ]),
+            )
+        })
+        .collect();
+    check(
+        "listener names".into(),
+        json!(listeners.keys().collect::<Vec<_>>()),
+        json!(["clash", "tcp", "udp", "web"]),
+    );
+    let kinds = |k: &str| json!([{ "group": "gateway.networking.k8s.io", "kind": k }]);
+    let four = |a: &str, c: &str, r: &str, p: &str| {
+        json!([
+            format!("Accepted={a} g{gg}"),
+            format!("Conflicted={c} g{gg}"),
+            format!("ResolvedRefs={r} g{gg}"),
+            format!("Programmed={p} g{gg}")
+        ])
+    };
+    for (name, attached, k, want) in [
+        // db and missing attached; refused not admitted, nomatch nowhere.
+        (
+            "tcp",
+            2,
+            kinds("TCPRoute"),
+            four(
+                "True Accepted",
+                "False NoConflicts",
+                "True ResolvedRefs",
+                "True Programmed",
+            ),
+        ),
+        (
+            "udp",
+            0,
+            kinds("UDPRoute"),
+            four(
+                "True Accepted",
+                "False NoConflicts",
+                "True ResolvedRefs",
+                "True Programmed",
+            ),
+        ),
+        (
+            "web",
+            0,
+            json!([]),
+            four(
+                "False UnsupportedProtocol",
+                "True ProtocolConflict",
+                "True ResolvedRefs",
+                "False Invalid",
+            ),
+        ),
+        (
+            "clash",
+            0,
+            kinds("TCPRoute"),
+            four(
+                "True Accepted",
+                "True ProtocolConflict",
+                "True ResolvedRefs",
+                "False Invalid",
+            ),
+        ),
+    ] {
+        check(
+            format!("listener {name}"),
+            listeners.get(name).cloned().unwrap_or(Value::Null),
+            json!([attached, k, want]),
+        );
+    }
+    for (ns, kind, plural, name, section, accepted, resolved) in [
+        (
+            &w.a,
+            "TCPRoute",
+            "tcproutes",
+            "db",
+            "tcp",
+            "True Accepted",
+            db_refs,
+        ),
+        (
+            &w.a,
+            "TCPRoute",
+            "tcproutes",
+            "missing",
+            "tcp",
+            "True Accepted",
+            "False BackendNotFound",
+        ),
+        (
+            &w.a,
+            "TCPRoute",
+            "tcproutes",
+            "nomatch",
+            "nope",
+            "False NoMatchingParent",
+            "True ResolvedRefs",
+        ),
+        (
+            &w.b,
+            "UDPRoute",
+            "udproutes",
+            "refused",
+            "udp",
+            "False NotAllowedByListeners",
+            "True ResolvedRefs",
+        ),
+    ] {
+        let r = get(ns, kind, plural, name);
+        let rg = gen(&r);
+        let parents: Vec<Value> = r["status"]["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                json!([
+                    p["controllerName"],
+                    p["parentRef"]["name"],
+                    p["parentRef"]["namespace"],
+                    p["parentRef"]["sectionName"],
+                    conditions_of(&p["conditions"])
+                ])
+            })
+            .collect();
+        check(
+            format!("{kind} {name} parents"),
+            json!(parents),
+            json!([[
+                GATEWAY_CONTROLLER,
+                "gw",
+                w.g.name,
+                section,
+                [
+                    format!("Accepted={accepted} g{rg}"),
+                    format!("ResolvedRefs={resolved} g{rg}")
+                ]
+            ]]),
+        );
+    }
+    out
+}
+
+/// The same objects, on an API server of the test's own, with the real
+/// rivora-controller: it assigns the Gateway its address from a pool of
+/// one and writes every status, field by field as the specification
+/// names it (what `gateway_status_as_computed_is_what_the_crds_accept`
+/// checks of the status functions alone); it writes only on change (no
+/// object's resourceVersion moves while nothing changes); a
+/// ReferenceGrant turns db's ResolvedRefs to True.
+#[test]
+fn the_controller_writes_every_gateway_status_field_by_field() {
+    let server = common::apiserver::ApiServer::start();
+    let kube = Kube::new(&server.kubeconfig);
+    common::k8s::install_crds(&kube);
+    let pools: kube::Api<rivora_k8s::AddressPool> = kube::Api::all(kube.client.clone());
+    let p: rivora_k8s::AddressPool = serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "AddressPool",
+        "metadata": { "name": "one" },
+        "spec": { "addresses": [STATUS_VIP] },
+    }))
+    .expect("an AddressPool");
+    kube.block_on(pools.create(&Default::default(), &p))
+        .expect("creating the AddressPool");
+    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let w = status_world(&kube, &class.name);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let id = Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    };
+    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
+    let mut args = vec!["-namespace", &w.g.name];
+    args.extend(common::controller::FAST_LEASE);
+    let ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+
+    let mut last = Vec::new();
+    let done = wait_for(Duration::from_secs(60), Duration::from_millis(200), || {
+        last = status_mismatches(&kube, &w, &class.name, "False RefNotPermitted");
+        last.is_empty().then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "the controller's status, 60 s after its start:\n{}\ncontroller log:\n{}",
+        last.join("\n"),
+        ctl.log_text()
+    );
+
+    // Only on change: nothing moves while nothing changes.
+    let versions = || -> Vec<String> {
+        let mut v: Vec<String> = [
+            (&w.g, "Gateway", "gateways", "gw"),
+            (&w.a, "TCPRoute", "tcproutes", "db"),
+            (&w.a, "TCPRoute", "tcproutes", "missing"),
+            (&w.a, "TCPRoute", "tcproutes", "nomatch"),
+            (&w.b, "UDPRoute", "udproutes", "refused"),
+        ]
+        .iter()
+        .map(|(ns, k, p, n)| {
+            ns.gateway_api_object(k, p, n).map_or(String::new(), |o| {
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        })
+        .collect();
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+            kube.client.clone(),
+            &common::k8s::gateway_api_resource("GatewayClass", "gatewayclasses"),
+        );
+        let c = kube.block_on(api.get(&class.name)).expect("the class");
+        v.push(c.metadata.resource_version.unwrap_or_default());
+        v
+    };
+    let before = versions();
+    std::thread::sleep(HOLD);
+    assert_eq!(
+        versions(),
+        before,
+        "an object was written while nothing changed"
+    );
+
+    grant_from(&w);
+    let done = wait_for(PROGRAMMED, Duration::from_millis(200), || {
+        last = status_mismatches(&kube, &w, &class.name, "True ResolvedRefs");
+        last.is_empty().then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "after the ReferenceGrant:\n{}\ncontroller log:\n{}",
+        last.join("\n"),
+        ctl.log_text()
+    );
 }
 
 /// A Gateway whose TCP listener's VIP key a LoadBalancer Service already

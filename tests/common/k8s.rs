@@ -110,80 +110,79 @@ pub fn install_crds(kube: &Kube) {
             path.display()
         );
     }
-    let mut crds = rivora_k8s::crds();
-    crds.extend(gateway_api_crds());
-    install(kube, &crds);
+    for crd in rivora_k8s::crds() {
+        install_crd(kube, &crd);
+    }
+    install_gateway_api_crds(kube);
 }
 
 /// The Gateway API CRDs, installed and served, on `kube`'s server (one of
 /// a test's own: the shared one has them from the start).
 pub fn install_gateway_api_crds(kube: &Kube) {
-    install(kube, &gateway_api_crds());
+    for crd in gateway_api_crds() {
+        install_crd(kube, &crd);
+    }
 }
 
-/// Create `crds` and wait until each is Established and every version it
-/// serves lists.
-fn install(kube: &Kube, crds: &[CustomResourceDefinition]) {
+/// Create `crd` (an existing one is kept) and wait until it is served,
+/// at every version it serves.
+pub fn install_crd(kube: &Kube, crd: &CustomResourceDefinition) {
+    let name = crd.metadata.name.clone().expect("the CRD's name");
     let api: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    for crd in crds {
-        let name = crd.metadata.name.clone().expect("the CRD's name");
-        kube.block_on(async {
-            match api.create(&PostParams::default(), crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => panic!("installing CRD {name}: {e}"),
-            }
-        });
+    kube.block_on(async {
+        match api.create(&PostParams::default(), crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("installing CRD {name}: {e}"),
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = kube
+            .block_on(api.get(&name))
+            .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
+        let established = got
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "CRD {name} not Established within 30 s: {:?}",
+            got.status
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
-    for crd in crds {
-        let name = crd.metadata.name.clone().expect("the CRD's name");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = kube
-                .block_on(api.get(&name))
-                .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
-            let established = got
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            if established {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "CRD {name} not Established within 30 s: {:?}",
-                got.status
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // Served too (Established comes a moment before discovery serves
-        // it): every version the CRD serves lists.
-        let spec = &crd.spec;
-        for v in spec.versions.iter().filter(|v| v.served) {
-            let ar = ApiResource {
-                group: spec.group.clone(),
-                version: v.name.clone(),
-                api_version: format!("{}/{}", spec.group, v.name),
-                kind: spec.names.kind.clone(),
-                plural: spec.names.plural.clone(),
-            };
-            let list: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
-            let served = super::traffic::wait_for(
-                Duration::from_secs(30),
-                Duration::from_millis(100),
-                || kube.block_on(list.list(&ListParams::default())).ok(),
-            );
-            assert!(
-                served.is_some(),
-                "{} {} never served",
-                ar.api_version,
-                ar.plural
-            );
-        }
+    // Served too (Established comes a moment before discovery serves it),
+    // at every version: rivorad reads the Gateway API kinds at whichever.
+    let served: Vec<String> = crd
+        .spec
+        .versions
+        .iter()
+        .filter(|v| v.served)
+        .map(|v| v.name.clone())
+        .collect();
+    assert!(!served.is_empty(), "CRD {name} serves no version");
+    for version in served {
+        let ar = ApiResource {
+            group: crd.spec.group.clone(),
+            version: version.clone(),
+            api_version: format!("{}/{version}", crd.spec.group),
+            kind: crd.spec.names.kind.clone(),
+            plural: crd.spec.names.plural.clone(),
+        };
+        let objects: Api<DynamicObject> = Api::all_with(kube.client.clone(), &ar);
+        let ok =
+            super::traffic::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+                kube.block_on(objects.list(&ListParams::default())).ok()
+            });
+        assert!(ok.is_some(), "{name} {version} never served");
     }
 }
 

@@ -979,6 +979,7 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
     }
 
     // VIPs, from each listener's first route.
+    let by_key: BTreeMap<RouteRef, &Route> = routes.iter().map(|r| (r.key(), r)).collect();
     for gw in &gateways {
         let key = ObjectRef::new(gw_ns(gw), gw.name_any());
         let Some(result) = res.gateways.get_mut(&key) else {
@@ -1007,11 +1008,7 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                 .map_or(&[], |(_, refs)| refs.as_slice());
             // Every Service the route names, resolved or not: one that
             // appears, or gains endpoints, must bring the Gateway back.
-            if let Some(route) = lr
-                .routes
-                .first()
-                .and_then(|r| routes.iter().find(|x| x.key() == *r))
-            {
+            if let Some(route) = lr.routes.first().and_then(|r| by_key.get(r)) {
                 for (_, b) in &route.backend_refs {
                     if b.group.as_deref().unwrap_or("").is_empty()
                         && b.kind.as_deref().unwrap_or("Service") == "Service"
