@@ -47,8 +47,11 @@ if ! command -v apt-get >/dev/null 2>&1; then
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq || { echo "deps: apt-get update failed" >&2; exit 1; }
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || {
+# Several installs at once (parallel test runs, a user in another shell)
+# wait for the dpkg lock instead of failing on it.
+apt_lock=(-o DPkg::Lock::Timeout=600)
+apt-get "${apt_lock[@]}" update -qq || { echo "deps: apt-get update failed" >&2; exit 1; }
+apt-get "${apt_lock[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || {
 	echo "deps: apt-get install ${missing[*]} failed" >&2
 	exit 1
 }
