@@ -355,9 +355,9 @@ fn simulate(run: &Run) -> Outcome {
             versions
                 .iter()
                 .zip(&shown_at)
-                .filter(|(_, shown)| **shown <= now)
+                .rev()
+                .find(|(_, shown)| **shown <= now)
                 .map(|(v, _)| *v)
-                .last()
         };
         let Some(v) = view else {
             next_look = now + rp;
