@@ -289,6 +289,55 @@ fn na(mac: Mac, vip: Ipv6Addr, eth_dst: Mac, dst: Ipv6Addr, solicited: bool) -> 
     buf
 }
 
+/// A broadcast ARP request for `target` from `sender_ip` at `mac`, as the
+/// kernel writes one (target hardware address zero). For probing.
+pub fn arp_request(mac: Mac, sender_ip: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    arp_frame(
+        BROADCAST,
+        ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Request,
+            source_hardware_addr: EthernetAddress(mac),
+            source_protocol_addr: sender_ip,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: target,
+        },
+    )
+}
+
+/// A neighbour solicitation for `target` from `src` at `mac`, to the
+/// target's solicited-node group, with a source link-layer option. For
+/// probing.
+pub fn neighbour_solicitation(mac: Mac, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let group = solicited_node(target);
+    let icmp = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+        target_addr: target,
+        lladdr: Some(RawHardwareAddress::from(EthernetAddress(mac))),
+    });
+    let ip = Ipv6Repr {
+        src_addr: src,
+        dst_addr: group,
+        next_header: IpProtocol::Icmpv6,
+        payload_len: icmp.buffer_len(),
+        hop_limit: ND_HOP_LIMIT,
+    };
+    let mut buf = ethernet(
+        mac,
+        multicast_mac(group),
+        EthernetProtocol::Ipv6,
+        ip.buffer_len() + icmp.buffer_len(),
+    );
+    let mut frame = EthernetFrame::new_unchecked(&mut buf[..]);
+    let mut packet = Ipv6Packet::new_unchecked(frame.payload_mut());
+    ip.emit(&mut packet);
+    icmp.emit(
+        &src,
+        &group,
+        &mut Icmpv6Packet::new_unchecked(packet.payload_mut()),
+        &ChecksumCapabilities::default(),
+    );
+    buf
+}
+
 /// The answer to `Query::Ns`: solicited, to the solicitor (at its source
 /// link-layer option's address if it gave one); for duplicate address
 /// detection, unsolicited to all-nodes.
@@ -333,6 +382,80 @@ pub fn answer(mac: Mac, q: &Query) -> Option<Vec<u8>> {
             target,
         } => Some(arp_reply(mac, target, sender_mac, sender_ip)),
         Query::Ns { target, .. } => na_reply(mac, target, q),
+    }
+}
+
+/// A frame that says "`addr` is at `mac`": an ARP reply or a gratuitous
+/// ARP request for `addr`, or a neighbour advertisement for it. What a
+/// capture is read for, to see who answered for a VIP and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub addr: std::net::IpAddr,
+    pub mac: Mac,
+    /// Unsolicited: gratuitous ARP (either form) or an advertisement
+    /// without the solicited flag.
+    pub gratuitous: bool,
+}
+
+/// Read a frame as a claim, if it is one.
+pub fn claim(frame: &[u8]) -> Option<Claim> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    match EthernetRepr::parse(&eth).ok()?.ethertype {
+        EthernetProtocol::Arp => {
+            let arp = ArpPacket::new_checked(eth.payload()).ok()?;
+            let ArpRepr::EthernetIpv4 {
+                operation,
+                source_hardware_addr,
+                source_protocol_addr,
+                target_protocol_addr,
+                ..
+            } = ArpRepr::parse(&arp).ok()?
+            else {
+                return None;
+            };
+            let gratuitous = source_protocol_addr == target_protocol_addr;
+            let claims = match operation {
+                ArpOperation::Reply => true,
+                ArpOperation::Request => gratuitous,
+                _ => false,
+            };
+            claims.then_some(Claim {
+                addr: source_protocol_addr.into(),
+                mac: mac_of(source_hardware_addr),
+                gratuitous,
+            })
+        }
+        EthernetProtocol::Ipv6 => {
+            let ip = Ipv6Packet::new_checked(eth.payload()).ok()?;
+            let ip_repr = Ipv6Repr::parse(&ip).ok()?;
+            if ip_repr.next_header != IpProtocol::Icmpv6 {
+                return None;
+            }
+            let icmp = Icmpv6Packet::new_checked(ip.payload()).ok()?;
+            let repr = Icmpv6Repr::parse(
+                &ip_repr.src_addr,
+                &ip_repr.dst_addr,
+                &icmp,
+                &ChecksumCapabilities::default(),
+            )
+            .ok()?;
+            let Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+                flags,
+                target_addr,
+                lladdr,
+            }) = repr
+            else {
+                return None;
+            };
+            Some(Claim {
+                addr: target_addr.into(),
+                mac: lladdr
+                    .and_then(raw_mac)
+                    .unwrap_or(mac_of(EthernetRepr::parse(&eth).ok()?.src_addr)),
+                gratuitous: !flags.contains(NdiscNeighborFlags::SOLICITED),
+            })
+        }
+        _ => None,
     }
 }
 

@@ -196,3 +196,72 @@ fn solicited_node_groups_and_their_macs() {
     let target: Ipv6Addr = "fd00:250::99".parse().unwrap();
     assert_eq!(dad[..6], multicast_mac(solicited_node(target)));
 }
+
+#[test]
+fn claims_are_read_from_captured_answers_and_announcements() {
+    let c = |b: &[u8]| claim(&frame(b));
+    assert_eq!(
+        c(include_bytes!("../../testdata/kernel-arp-reply.pcap")),
+        Some(Claim {
+            addr: A4.into(),
+            mac: A_OLD,
+            gratuitous: false
+        })
+    );
+    for garp in [
+        &include_bytes!("../../testdata/kernel-garp.pcap")[..],
+        &include_bytes!("../../testdata/arping-garp-reply.pcap")[..],
+    ] {
+        assert_eq!(
+            c(garp),
+            Some(Claim {
+                addr: A4.into(),
+                mac: A,
+                gratuitous: true
+            })
+        );
+    }
+    assert_eq!(
+        c(include_bytes!("../../testdata/kernel-na.pcap")),
+        Some(Claim {
+            addr: A6.into(),
+            mac: A,
+            gratuitous: false
+        })
+    );
+    assert_eq!(
+        c(include_bytes!("../../testdata/kernel-unsol-na.pcap")),
+        Some(Claim {
+            addr: A6.into(),
+            mac: A,
+            gratuitous: true
+        })
+    );
+    // Questions claim nothing.
+    for q in [
+        &include_bytes!("../../testdata/arping-request.pcap")[..],
+        &include_bytes!("../../testdata/arping-probe.pcap")[..],
+        &include_bytes!("../../testdata/ndisc6-ns.pcap")[..],
+        &include_bytes!("../../testdata/kernel-dad-ns.pcap")[..],
+    ] {
+        assert_eq!(c(q), None);
+    }
+    // What the builders write reads back as the claim it makes.
+    let q = parse(&frame(include_bytes!("../../testdata/ndisc6-ns.pcap"))).unwrap();
+    assert_eq!(claim(&answer(B, &q).unwrap()).map(|c| c.mac), Some(B));
+}
+
+#[test]
+fn probes_ask_what_the_tools_ask() {
+    let arping = frame(include_bytes!("../../testdata/arping-request.pcap"));
+    assert_eq!(parse(&arp_request(B, B4, A4)), parse(&arping));
+    let ndisc6 = frame(include_bytes!("../../testdata/ndisc6-ns.pcap"));
+    let ll: Ipv6Addr = "fe80::ff:fe00:b".parse().unwrap();
+    let ours = neighbour_solicitation(B, ll, A6);
+    assert_eq!(parse(&ours), parse(&ndisc6));
+    // The same frame but for ndisc6's random flow label (bytes 15-17).
+    let mut theirs = ndisc6.clone();
+    theirs[15..18].copy_from_slice(&[0, 0, 0]);
+    theirs[14] &= 0xf0;
+    same("neighbour solicitation", &ours, &theirs);
+}
