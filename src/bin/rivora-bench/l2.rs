@@ -42,7 +42,7 @@
 //! `RIVORA_L2_FAILOVERS` (default 10) and `RIVORA_L2_HANDOVERS` (default
 //! 20) make it smaller (the end-to-end test runs it so).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::net::{
@@ -66,7 +66,7 @@ use rivora::dataplane::AttachedLink;
 use rivora::decap::Decap;
 use rivora_api::client::Client as ApiClient;
 use rivora_speaker::frames::{self, Mac};
-use rivora_speaker::pcap;
+use rivora_speaker::{audit, pcap};
 use rivora_speaker::socket::PacketSocket;
 use serde_json::json;
 
@@ -137,16 +137,12 @@ fn parse_mac(s: &str) -> Option<Mac> {
 }
 
 fn mac_in(ns: &str, dev: &str) -> Result<Mac> {
-    let out = in_ns(
-        ns,
-        &format!("cat /sys/class/net/{dev}/address 2>/dev/null || ip -o link show dev {dev}"),
-    )?;
-    let word = out
-        .split_whitespace()
-        .skip_while(|w| !w.contains(':') || w.len() != 17)
-        .next()
-        .unwrap_or(out.trim());
-    parse_mac(word).with_context(|| format!("no MAC for {dev} in {ns}: {out:?}"))
+    let out = in_ns(ns, &format!("ip -o link show dev {dev}"))?;
+    out.split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .and_then(parse_mac)
+        .with_context(|| format!("no MAC for {dev} in {ns}: {out:?}"))
 }
 
 // ---------------------------------------------------------------------
@@ -710,74 +706,6 @@ impl Drop for Capture {
 // Reading the captures
 // ---------------------------------------------------------------------
 
-/// Per VIP: windows between the prober's consecutive questions, and the
-/// MACs that claimed the VIP in each. Returns (intervals with two or more
-/// claimants, changes of claimant seen).
-fn dual_owner_intervals(frames: &[pcap::Captured], prober: Mac, vip: IpAddr) -> (u64, u64) {
-    let mut questions: Vec<Duration> = Vec::new();
-    let mut claims: Vec<(Duration, Mac)> = Vec::new();
-    for f in frames {
-        if let Some(q) = frames::parse(&f.frame) {
-            let from_prober = match q {
-                frames::Query::Arp { sender_mac, .. } => sender_mac == prober,
-                frames::Query::Ns { src_mac, .. } => src_mac == prober,
-            };
-            if from_prober && q.target() == vip {
-                questions.push(f.at);
-            }
-        } else if let Some(c) = frames::claim(&f.frame) {
-            if c.addr == vip {
-                claims.push((f.at, c.mac));
-            }
-        }
-    }
-    let mut intervals = 0;
-    let mut in_dual = false;
-    let mut c = 0;
-    for w in questions.windows(2) {
-        let mut macs = BTreeSet::new();
-        while c < claims.len() && claims[c].0 < w[1] {
-            if claims[c].0 >= w[0] {
-                macs.insert(claims[c].1);
-            }
-            c += 1;
-        }
-        let dual = macs.len() >= 2;
-        if dual && !in_dual {
-            intervals += 1;
-        }
-        in_dual = dual;
-    }
-    let changes = claims.windows(2).filter(|w| w[0].1 != w[1].1).count() as u64;
-    (intervals, changes)
-}
-
-/// In `[from, to]`: questions for `vip` from `asker`, and claims of it by
-/// `by`.
-fn asked_and_claimed(
-    frames: &[pcap::Captured],
-    asker: Mac,
-    by: Mac,
-    vip: IpAddr,
-    from: Duration,
-    to: Duration,
-) -> (usize, usize) {
-    let inside = frames.iter().filter(|f| f.at >= from && f.at <= to);
-    let (mut asked, mut claimed) = (0, 0);
-    for f in inside {
-        if let Some(q) = frames::parse(&f.frame) {
-            let from_asker = match q {
-                frames::Query::Arp { sender_mac, .. } => sender_mac == asker,
-                frames::Query::Ns { src_mac, .. } => src_mac == asker,
-            };
-            asked += usize::from(from_asker && q.target() == vip);
-        } else if let Some(c) = frames::claim(&f.frame) {
-            claimed += usize::from(c.addr == vip && c.mac == by);
-        }
-    }
-    (asked, claimed)
-}
-
 fn since_epoch(t: SystemTime) -> Duration {
     t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()
 }
@@ -1099,7 +1027,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     for (k, r) in records.iter().enumerate() {
         for (vip, gap) in [(IpAddr::from(VIP4), r.v4), (VIP6.into(), r.v6)] {
             let from = since_epoch(r.at);
-            let (asked, claimed) = asked_and_claimed(
+            let (asked, claimed) = audit::asked_and_claimed(
                 &client_frames,
                 client_mac,
                 nodes[r.new_owner].mac,
@@ -1120,10 +1048,11 @@ pub fn run(results: &mut Results) -> Result<()> {
             );
         }
     }
-    let mut dual = 0;
-    let mut changes = 0;
+    let (mut dual, mut changes, mut questions) = (0, 0, 0);
     for vip in [IpAddr::from(VIP4), VIP6.into()] {
-        let (d, ch) = dual_owner_intervals(&prober_frames, prober_mac, vip);
+        let v = audit::judge(&prober_frames, prober_mac, vip);
+        let (d, ch) = (v.dual_intervals, v.changes);
+        questions += v.questions;
         // Every handover moves the VIP to another MAC: a capture that saw
         // fewer moves missed some of what it is to judge.
         ensure!(
@@ -1134,14 +1063,6 @@ pub fn run(results: &mut Results) -> Result<()> {
         dual += d;
         changes += ch;
     }
-    let questions = prober_frames
-        .iter()
-        .filter_map(|f| frames::parse(&f.frame))
-        .filter(|q| match q {
-            frames::Query::Arp { sender_mac, .. } => *sender_mac == prober_mac,
-            frames::Query::Ns { src_mac, .. } => *src_mac == prober_mac,
-        })
-        .count();
 
     let total: Vec<f64> = records
         .iter()
