@@ -22,8 +22,8 @@
 //!   resolves them the same, and UDP goes through both;
 //! - failovers: under a ping of both VIPs every 10 ms, the owner's
 //!   rivorad is SIGKILLed; another takes the Lease; the client, whose
-//!   neighbour timings are slowed so that it would not ask again for a
-//!   minute, sends no ARP request or solicitation for the VIPs, its
+//!   neighbour timings are slowed so that it would not ask again for ten
+//!   minutes, sends no ARP request or solicitation for the VIPs, its
 //!   neighbour entries now hold the new owner's MAC (the gratuitous
 //!   announcement did it), and the ping resumes. `l2_failover_ms`: the
 //!   median, over the failovers, of the time from the SIGKILL to the
@@ -86,9 +86,10 @@ const PROBE_EVERY: Duration = Duration::from_millis(10);
 /// Generous: two cores shared with the API server, etcd and builds.
 const READY: Duration = Duration::from_secs(90);
 const SETTLE: Duration = Duration::from_secs(30);
-/// The client's neighbour timings: an entry stays usable for a minute or
-/// so without the client asking again.
-const CLIENT_NEIGH: &str = "base_reachable_time_ms=60000 delay_first_probe_time=60";
+/// The client's neighbour timings: an entry stays usable for longer than
+/// the run without the client asking again (no reachability probe within
+/// ten minutes), so only an announcement can move it.
+const CLIENT_NEIGH: &str = "base_reachable_time_ms=600000 delay_first_probe_time=600";
 
 fn lease_name() -> String {
     rivora_speaker::plan::lease_name(POOL, None)
