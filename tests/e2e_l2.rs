@@ -106,7 +106,11 @@ fn static_announce_l2_answers_for_served_vips() {
         ]);
     }
     switch.exec("ip link add br0 type bridge stp_state 0 && ip link set br0 up");
-    for (port, ns, dev) in [("pn", &node, "n0"), ("pc", &client, "c0"), ("pb", &backend, "b0")] {
+    for (port, ns, dev) in [
+        ("pn", &node, "n0"),
+        ("pc", &client, "c0"),
+        ("pb", &backend, "b0"),
+    ] {
         switch.exec(&format!(
             "ip link add {port} type veth peer name {dev} netns {} && \
              ip link set {port} master br0 && ip link set {port} up",
@@ -187,7 +191,11 @@ fn static_announce_l2_answers_for_served_vips() {
     let step = Duration::from_secs(2);
     let from = |ns: &Netns, vip: IpAddr| {
         let vip = SocketAddr::new(vip, PORT);
-        ns.run(move || wait_for(Duration::from_secs(15), step, || udp_once(vip, "hello", step).ok()))
+        ns.run(move || {
+            wait_for(Duration::from_secs(15), step, || {
+                udp_once(vip, "hello", step).ok()
+            })
+        })
     };
     for vip in [IpAddr::from(vip4), vip6.into()] {
         let hit = from(&client, vip).unwrap_or_else(|| panic!("no UDP answer through {vip}"));
@@ -204,11 +212,23 @@ fn static_announce_l2_answers_for_served_vips() {
     let l2 = &st["l2"];
     assert_eq!(l2["mode"], "static", "{st}");
     let g = &l2["groups"][0];
-    assert_eq!((g["name"].as_str(), g["owner"].as_bool()), (Some("static"), Some(true)), "{st}");
-    let vips: Vec<&str> = g["vips"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert_eq!(
+        (g["name"].as_str(), g["owner"].as_bool()),
+        (Some("static"), Some(true)),
+        "{st}"
+    );
+    let vips: Vec<&str> = g["vips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
     assert_eq!(vips, [vip4.to_string(), vip6.to_string()], "{st}");
     let table = rd.ctl_ok(&["status"]);
-    assert!(table.contains("L2 announcements") && table.contains("static  yes"), "{table}");
+    assert!(
+        table.contains("L2 announcements") && table.contains("static  yes"),
+        "{table}"
+    );
     let series = |s: &str| metric(&node, metrics_port, s).unwrap_or_else(|| panic!("no {s}"));
     assert_eq!(series("rivora_l2_owner{lease=\"static\"}"), 1.0);
     assert!(series("rivora_l2_replies_total{family=\"ipv4\"}") >= 1.0);

@@ -192,7 +192,13 @@ mod tests {
         ];
         f.push(at(50, garp_request(A, V4)));
         let ms = Duration::from_millis;
-        assert_eq!(asked_and_claimed(&f, A, B, V4.into(), ms(15), ms(35)), (0, 2));
-        assert_eq!(asked_and_claimed(&f, A, B, V4.into(), ms(0), ms(100)), (2, 2));
+        assert_eq!(
+            asked_and_claimed(&f, A, B, V4.into(), ms(15), ms(35)),
+            (0, 2)
+        );
+        assert_eq!(
+            asked_and_claimed(&f, A, B, V4.into(), ms(0), ms(100)),
+            (2, 2)
+        );
     }
 }

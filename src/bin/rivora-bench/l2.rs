@@ -66,8 +66,8 @@ use rivora::dataplane::AttachedLink;
 use rivora::decap::Decap;
 use rivora_api::client::Client as ApiClient;
 use rivora_speaker::frames::{self, Mac};
-use rivora_speaker::{audit, pcap};
 use rivora_speaker::socket::PacketSocket;
+use rivora_speaker::{audit, pcap};
 use serde_json::json;
 
 use crate::k8s::{client, install_crd, runtime, ApiServer};
