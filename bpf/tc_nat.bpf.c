@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * tc_nat (TCX egress): a NAT VIP's reply, on its way back to the client,
- * gets the VIP back as its source. xdp_ingress recorded the translation in
- * nat_reverse_map when it rewrote the request.
+ * gets the VIP back as its source: the VIP that owns the backend when the
+ * owner's affinity entry for the flow names it, else the nat_reverse_map
+ * entry xdp_ingress recorded when it rewrote the request (lib/nat.h).
  *
  * The skb checksum helpers are used rather than XDP's arithmetic: a reply
  * forwarded from a backend may be CHECKSUM_PARTIAL (GSO), and
@@ -10,6 +11,7 @@
  */
 #include "lib/common.h"
 #include "lib/maps.h"
+#include "lib/nat.h"
 #include "lib/parse.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -144,50 +146,18 @@ static __always_inline int rv_reply_later_frag(struct __sk_buff *skb,
 
 static __always_inline int rv_reply(struct __sk_buff *skb, struct rv_pkt *pkt)
 {
-	__be32 vip[4] = {};
-	__be16 vip_port;
-	__u32 svc_id;
+	struct rv_nat_vip nv = {};
 
-	if (pkt->family == RV_FAMILY_V4) {
-		struct rv_nat_key k = {
-			.backend_addr = pkt->saddr[0],
-			.client_addr = pkt->daddr[0],
-			.backend_port = pkt->sport,
-			.client_port = pkt->dport,
-			.proto = pkt->proto,
-		};
-		struct rv_nat_value *v =
-			bpf_map_lookup_elem(&nat_reverse_map, &k);
-
-		if (!v)
-			return RV_TCX_NEXT;
-		vip[0] = v->vip_addr;
-		vip_port = v->vip_port;
-		svc_id = v->svc_id;
-	} else {
-		struct rv_nat6_key k = {
-			.backend_port = pkt->sport,
-			.client_port = pkt->dport,
-			.proto = pkt->proto,
-		};
-		struct rv_nat6_value *v;
-
-		rv_addr6_copy(k.backend_addr, pkt->saddr);
-		rv_addr6_copy(k.client_addr, pkt->daddr);
-		v = bpf_map_lookup_elem(&nat_reverse_map6, &k);
-		if (!v)
-			return RV_TCX_NEXT;
-		rv_addr6_copy(vip, v->vip_addr);
-		vip_port = v->vip_port;
-		svc_id = v->svc_id;
-	}
+	if (rv_nat_vip_of(pkt->family, pkt->saddr, pkt->sport, pkt->daddr,
+			  pkt->dport, pkt->proto, &nv))
+		return RV_TCX_NEXT;
 	if (pkt->flags & RV_PKT_FRAG)
-		rv_frag_rev_record(pkt, vip, svc_id);
-	if (rv_snat_port(skb, pkt, vip_port) || rv_snat_addr(skb, pkt, vip, 1))
+		rv_frag_rev_record(pkt, nv.addr, nv.svc_id);
+	if (rv_snat_port(skb, pkt, nv.port) ||
+	    rv_snat_addr(skb, pkt, nv.addr, 1))
 		return RV_TCX_NEXT;
 	return RV_TCX_PASS;
 }
-
 /*
  * An ICMP error on its way to a client that quotes the client's own packet
  * as it left this node, i.e. after NAT: addressed to the backend. Such an
@@ -210,9 +180,10 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 	__u8 proto;
 	int i, words = 1;
 
+	struct rv_nat_vip nv = {};
+
 	if (pkt->family == RV_FAMILY_V4) {
-		struct rv_nat_value *v;
-		struct rv_nat_key k = {};
+		__be32 baddr[4] = {}, caddr[4] = {};
 		struct iphdr in;
 
 		if (bpf_skb_load_bytes(skb, in_l3, &in, sizeof(in)) ||
@@ -225,17 +196,14 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 		    in_l4 + sizeof(ports) > ip_end ||
 		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
 			return RV_TCX_NEXT;
-		k.backend_addr = in.daddr;
-		k.client_addr = in.saddr;
-		k.backend_port = ports[1];
-		k.client_port = ports[0];
-		k.proto = proto;
-		v = bpf_map_lookup_elem(&nat_reverse_map, &k);
-		if (!v)
+		baddr[0] = in.daddr;
+		caddr[0] = in.saddr;
+		if (rv_nat_vip_of(RV_FAMILY_V4, baddr, ports[1], caddr,
+				  ports[0], proto, &nv))
 			return RV_TCX_NEXT;
 		old[0] = in.daddr;
-		vip[0] = v->vip_addr;
-		vport = v->vip_port;
+		vip[0] = nv.addr[0];
+		vport = nv.port;
 		/* The quoted IP header's checksum, and the ICMP checksum over
 		 * both the address and that checksum. */
 		if (bpf_l3_csum_replace(skb, in_l3 + 10, old[0], vip[0], 4) ||
@@ -245,17 +213,14 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 		    bpf_l4_csum_replace(skb, icsum_off, in.check, new_c, 2))
 			return RV_TCX_NEXT;
 	} else {
-		struct rv_nat6_value *v;
-		struct rv_nat6_key k = {};
+		__be32 baddr[4], caddr[4];
 		struct ipv6hdr in;
 
 		if (bpf_skb_load_bytes(skb, in_l3, &in, sizeof(in)))
 			return RV_TCX_NEXT;
-		__builtin_memcpy(k.client_addr, &in.saddr, 16);
-		if (k.client_addr[0] != pkt->daddr[0] ||
-		    k.client_addr[1] != pkt->daddr[1] ||
-		    k.client_addr[2] != pkt->daddr[2] ||
-		    k.client_addr[3] != pkt->daddr[3])
+		__builtin_memcpy(caddr, &in.saddr, 16);
+		if (caddr[0] != pkt->daddr[0] || caddr[1] != pkt->daddr[1] ||
+		    caddr[2] != pkt->daddr[2] || caddr[3] != pkt->daddr[3])
 			return RV_TCX_NEXT;
 		proto = in.nexthdr;
 		in_l4 = in_l3 + sizeof(in);
@@ -263,16 +228,13 @@ static __always_inline int rv_reply_icmp(struct __sk_buff *skb,
 		    in_l4 + sizeof(ports) > ip_end ||
 		    bpf_skb_load_bytes(skb, in_l4, ports, sizeof(ports)))
 			return RV_TCX_NEXT;
-		__builtin_memcpy(k.backend_addr, &in.daddr, 16);
-		k.backend_port = ports[1];
-		k.client_port = ports[0];
-		k.proto = proto;
-		v = bpf_map_lookup_elem(&nat_reverse_map6, &k);
-		if (!v)
+		__builtin_memcpy(baddr, &in.daddr, 16);
+		if (rv_nat_vip_of(RV_FAMILY_V6, baddr, ports[1], caddr,
+				  ports[0], proto, &nv))
 			return RV_TCX_NEXT;
-		rv_addr6_copy(old, k.backend_addr);
-		rv_addr6_copy(vip, v->vip_addr);
-		vport = v->vip_port;
+		rv_addr6_copy(old, baddr);
+		rv_addr6_copy(vip, nv.addr);
+		vport = nv.port;
 		words = 4;
 		/* ICMPv6 sums a pseudo-header: the outer addresses count. */
 		pseudo = BPF_F_PSEUDO_HDR;

@@ -12,6 +12,7 @@
 #include "lib/icmp.h"
 #include "lib/lb.h"
 #include "lib/maps.h"
+#include "lib/nat.h"
 #include "lib/parse.h"
 #include "lib/ratelimit.h"
 
@@ -36,10 +37,26 @@ struct rv_target {
 	__u8 pad[3];
 };
 
+/*
+ * Record what tc_nat needs to translate the flow's replies. A VIP that
+ * owns the backend's (address, port, protocol) records nothing: its
+ * affinity entry is the proof tc_nat checks (lib/nat.h). Any other flow
+ * inserts its nat_reverse_map entry when new; an established one checks
+ * the entry only when its affinity time is refreshed (once a second): an
+ * entry the LRU let go comes back within a second, and the per-packet
+ * path carries no second table lookup.
+ */
 static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 					  const __be32 *baddr, __be16 bport,
 					  const struct rv_target *t)
 {
+	struct rv_nat_owner *o;
+
+	if (!(t->pick & (RV_PICK_NEW | RV_PICK_REFRESHED)))
+		return;
+	o = rv_nat_owner_get(pkt->family, baddr, bport, pkt->proto);
+	if (o && o->svc_id == t->svc_id)
+		return;
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_nat_key k = {
 			.backend_addr = baddr[0],
@@ -54,13 +71,8 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 			.svc_id = t->svc_id,
 		};
 
-		/* A new flow inserts its entry. An established one checks it
-		 * only when its affinity time is refreshed (once a second):
-		 * an entry the LRU let go comes back within a second, and
-		 * the per-packet path carries no second table lookup. */
 		if (!(t->pick & RV_PICK_NEW) &&
-		    (!(t->pick & RV_PICK_REFRESHED) ||
-		     bpf_map_lookup_elem(&nat_reverse_map, &k)))
+		    bpf_map_lookup_elem(&nat_reverse_map, &k))
 			return;
 		bpf_map_update_elem(&nat_reverse_map, &k, &v, BPF_ANY);
 	} else {
@@ -78,18 +90,19 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 		rv_addr6_copy(k.client_addr, pkt->saddr);
 		rv_addr6_copy(v.vip_addr, pkt->daddr);
 		if (!(t->pick & RV_PICK_NEW) &&
-		    (!(t->pick & RV_PICK_REFRESHED) ||
-		     bpf_map_lookup_elem(&nat_reverse_map6, &k)))
+		    bpf_map_lookup_elem(&nat_reverse_map6, &k))
 			return;
 		bpf_map_update_elem(&nat_reverse_map6, &k, &v, BPF_ANY);
 	}
 }
 
-/* Load the backend's address, port and MAC whatever the family. */
+/* Load the backend's address, port and MAC whatever the family, and
+ * point at its cached next hop (in the same map value). */
 struct rv_be {
 	__be32 addr[4];
 	__be16 port;
 	__u8 mac[6];
+	const struct rv_nexthop *nh;
 };
 
 static __always_inline int rv_backend_get(__u8 family, __u32 id,
@@ -103,6 +116,7 @@ static __always_inline int rv_backend_get(__u8 family, __u32 id,
 		be->addr[0] = b->addr;
 		be->port = b->port;
 		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
+		be->nh = &b->nh;
 	} else {
 		struct rv_backend6 *b = bpf_map_lookup_elem(&backend_map6, &id);
 
@@ -111,6 +125,7 @@ static __always_inline int rv_backend_get(__u8 family, __u32 id,
 		rv_addr6_copy(be->addr, b->addr);
 		be->port = b->port;
 		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
+		be->nh = &b->nh;
 	}
 	return 0;
 }
@@ -138,14 +153,18 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
 		if (!(pkt->flags & RV_PKT_LATER_FRAG))
 			rv_nat_record(pkt, be.addr, bport, t);
 		if (pkt->family == RV_FAMILY_V4)
-			return rv_nat_route_v4(ctx, pkt, be.addr[0], bport);
-		return rv_nat_route_v6(ctx, pkt, be.addr, bport);
+			return rv_nat_route_v4(ctx, pkt, be.addr[0], bport,
+					       be.nh, t->backend_id);
+		return rv_nat_route_v6(ctx, pkt, be.addr, bport, be.nh,
+				       t->backend_id);
 	case RV_MODE_DSR:
-		return rv_dsr_forward(ctx, be.mac);
+		return rv_dsr_forward(ctx, be.mac, be.nh);
 	case RV_MODE_L3DSR:
 		if (pkt->family == RV_FAMILY_V4)
-			return rv_l3dsr_v4(ctx, pkt, be.addr[0]);
-		return rv_l3dsr_v6(ctx, pkt, be.addr, t->hash);
+			return rv_l3dsr_v4(ctx, pkt, be.addr[0], be.nh,
+					   t->backend_id);
+		return rv_l3dsr_v6(ctx, pkt, be.addr, t->hash, be.nh,
+				   t->backend_id);
 	default:
 		return -RV_DROP_NO_SERVICE;
 	}
@@ -290,7 +309,16 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	struct rv_flow f = {};
 	int ret, pick;
 
-	ret = rv_parse(data, data_end, pkt, 1);
+	ret = rv_parse_l3(data, data_end, pkt, 1);
+	if (ret < 0)
+		return ret;
+	if (ret == RV_PARSE_PASS)
+		return RV_XDP_PASS;
+	/* Not addressed to any VIP: the kernel's, whatever its L4 header
+	 * holds (a truncated one included: not ours to judge). */
+	if (!rv_vip_filter_may_match(pkt->family, pkt->daddr))
+		return RV_XDP_PASS;
+	ret = rv_parse_l4(data, data_end, pkt);
 	if (ret < 0)
 		return ret;
 	if (ret == RV_PARSE_PASS)

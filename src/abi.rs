@@ -8,10 +8,11 @@ pub use crate::bpf::xdp_ingress::types::{
     rv_affinity, rv_affinity_value, rv_backend, rv_backend6, rv_backend_health, rv_drop_reason,
     rv_drop_stats, rv_family, rv_flow6_key, rv_flow_key, rv_frag6_key, rv_frag_key,
     rv_frag_rev6_value, rv_frag_rev_value, rv_frag_value, rv_health, rv_iface_mac, rv_limits,
-    rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_value,
+    rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner,
+    rv_nat_owner6_key, rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss,
     rv_rl6_key, rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags,
-    rv_tunnel_config, rv_vip6_key, rv_vip_key, rv_vip_range6_key, rv_vip_range_key, rv_vip_stats,
-    rv_vip_value,
+    rv_tunnel_config, rv_vip6_key, rv_vip_filter, rv_vip_key, rv_vip_range6_key, rv_vip_range_key,
+    rv_vip_stats, rv_vip_value,
 };
 
 /// Layout version of the pinned maps (`RV_ABI_VERSION`).
@@ -27,6 +28,23 @@ pub const MAGLEV_PROBES: u32 = rv_limits::RV_MAGLEV_PROBES.0;
 /// Entries in each per-flow table (`connection_affinity_map{,6}`,
 /// `nat_reverse_map{,6}`) unless the loader is told otherwise.
 pub const FLOW_TABLE_DEFAULT_SIZE: u32 = rv_limits::RV_FLOW_TABLE_DEFAULT_SIZE.0;
+
+pub const MAX_NAT_OWNERS: u32 = rv_limits::RV_MAX_NAT_OWNERS.0;
+pub const VIP_FILTER_BITS: u32 = rv_limits::RV_VIP_FILTER_BITS.0;
+pub const VIP_FILTER_WORDS: usize = rv_limits::RV_VIP_FILTER_WORDS.0 as usize;
+
+/// The bit of `vip_filter_map` an address sets: `rv_vip_filter_bit` in
+/// `bpf/lib/lb.h`, on the address words as the kernel holds them.
+pub fn vip_filter_bit(addr: IpAddr) -> u32 {
+    let x = match addr {
+        IpAddr::V4(a) => be32(a),
+        IpAddr::V6(a) => {
+            let w = be32x4(a);
+            w[0] ^ w[1] ^ w[2] ^ w[3]
+        }
+    };
+    x.wrapping_mul(0x9E37_79B1) >> (32 - VIP_FILTER_BITS.trailing_zeros())
+}
 
 /// Network-order 32-bit word from an IPv4 address, as the kernel stores
 /// `__be32`: the in-memory bytes are the address octets.
@@ -131,6 +149,21 @@ mod tests {
             );
         }
         assert!(drop_reason_label(rv_drop_reason(max)).is_none());
+    }
+
+    #[test]
+    fn vip_filter_bits_spread_and_fit() {
+        assert_eq!(VIP_FILTER_BITS, 1 << 12, "lb.h shifts by 32 - 12");
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..256u32 {
+            let b = vip_filter_bit(IpAddr::V4(Ipv4Addr::from(0x0a00_6400 + i)));
+            assert!(b < VIP_FILTER_BITS);
+            seen.insert(b);
+        }
+        // Consecutive VIP addresses land on (nearly) distinct bits.
+        assert!(seen.len() > 240, "{} distinct bits of 256", seen.len());
+        let v6: Ipv6Addr = "fd00::100".parse().unwrap();
+        assert!(vip_filter_bit(IpAddr::V6(v6)) < VIP_FILTER_BITS);
     }
 
     #[test]

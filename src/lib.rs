@@ -9,6 +9,7 @@ pub mod decap;
 pub mod healthcheck;
 pub mod metrics;
 pub mod netlink;
+pub mod nexthop;
 pub mod reconciler;
 pub mod sources;
 pub mod speaker;

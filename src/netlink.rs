@@ -20,7 +20,10 @@ use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteType,
+};
+use netlink_packet_route::rule::{RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::NETLINK_ROUTE;
 use nix::errno::Errno;
@@ -109,6 +112,24 @@ pub struct Route {
     pub gateway: Option<IpAddr>,
     /// The source address the kernel would pick.
     pub prefsrc: Option<IpAddr>,
+    /// A unicast route (not blackhole, unreachable, prohibit, local...).
+    pub unicast: bool,
+    /// The route's MTU when locked (`mtu lock N`): the one
+    /// bpf_fib_lookup checks instead of the device's.
+    pub locked_mtu: Option<u32>,
+}
+
+impl Route {
+    fn empty(destination: IpAddr) -> Self {
+        Self {
+            destination,
+            oif: None,
+            gateway: None,
+            prefsrc: None,
+            unicast: false,
+            locked_mtu: None,
+        }
+    }
 }
 
 impl Route {
@@ -225,7 +246,30 @@ impl Netlink {
     /// The route the kernel would use for `destination` (`ip route get`).
     /// None when there is none (unreachable).
     pub fn route_get(&mut self, destination: IpAddr) -> Result<Option<Route>, NetlinkError> {
+        self.route_query(destination, false)
+            .map(|r| r.map(|m| route_from(&m, destination)))
+    }
+
+    /// Whether the routing table entry `destination` matches has more than
+    /// one next hop (`ip route get fibmatch`): then the path depends on the
+    /// flow's hash, not the destination alone.
+    pub fn route_is_multipath(&mut self, destination: IpAddr) -> Result<bool, NetlinkError> {
+        Ok(self.route_query(destination, true)?.is_some_and(|m| {
+            m.attributes
+                .iter()
+                .any(|a| matches!(a, RouteAttribute::MultiPath(_)))
+        }))
+    }
+
+    fn route_query(
+        &mut self,
+        destination: IpAddr,
+        fib_match: bool,
+    ) -> Result<Option<RouteMessage>, NetlinkError> {
         let mut msg = RouteMessage::default();
+        if fib_match {
+            msg.header.flags = netlink_packet_route::route::RouteFlags::FibMatch;
+        }
         let (family, len) = match destination {
             IpAddr::V4(_) => (AddressFamily::Inet, 32),
             IpAddr::V6(_) => (AddressFamily::Inet6, 128),
@@ -235,8 +279,8 @@ impl Netlink {
         msg.attributes
             .push(RouteAttribute::Destination(RouteAddress::from(destination)));
         match self.request("get route", RouteNetlinkMessage::GetRoute(msg), false) {
-            Ok(replies) => Ok(replies.iter().find_map(|r| match r {
-                RouteNetlinkMessage::NewRoute(m) => Some(route_from(m, destination)),
+            Ok(replies) => Ok(replies.into_iter().find_map(|r| match r {
+                RouteNetlinkMessage::NewRoute(m) => Some(m),
                 _ => None,
             })),
             Err(NetlinkError::Io { source, .. })
@@ -249,6 +293,52 @@ impl Netlink {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether routing depends on more than the destination: policy
+    /// rules beyond the kernel's defaults (local, main, default). Then the
+    /// kernel's answer for a forwarded packet may differ from
+    /// `route_get`'s for its destination.
+    pub fn policy_rules(&mut self, ipv6: bool) -> Result<bool, NetlinkError> {
+        let family = if ipv6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        let mut rule = RuleMessage::default();
+        rule.header.family = family;
+        let rules = self.request("dump rules", RouteNetlinkMessage::GetRule(rule), true)?;
+        let defaults: &[(u32, u32)] = if ipv6 {
+            &[(0, 255), (32766, 254)]
+        } else {
+            &[(0, 255), (32766, 254), (32767, 253)]
+        };
+        for r in &rules {
+            let RouteNetlinkMessage::NewRule(m) = r else {
+                continue;
+            };
+            let mut prio = 0;
+            let mut table = u32::from(m.header.table);
+            let mut other = false;
+            for a in &m.attributes {
+                match a {
+                    RuleAttribute::Priority(p) => prio = *p,
+                    RuleAttribute::Table(t) => table = *t,
+                    // Present on every rule, "none" (-1) by default.
+                    RuleAttribute::Protocol(_) => {}
+                    RuleAttribute::SuppressPrefixLen(v) | RuleAttribute::SuppressIfGroup(v)
+                        if *v == u32::MAX => {}
+                    _ => other = true,
+                }
+            }
+            if other || !defaults.contains(&(prio, table)) {
+                if std::env::var_os("RIVORA_NEXTHOP_DEBUG").is_some() {
+                    eprintln!("policy rule: {m:?}");
+                }
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Send one request and collect its replies: every message up to
@@ -396,26 +486,105 @@ fn route_from(msg: &RouteMessage, destination: IpAddr) -> Route {
         _ => None,
     };
     let mut route = Route {
-        destination,
-        oif: None,
-        gateway: None,
-        prefsrc: None,
+        unicast: msg.header.kind == RouteType::Unicast,
+        ..Route::empty(destination)
     };
+    let (mut mtu, mut lock) = (None, 0u32);
     for a in &msg.attributes {
         match a {
             RouteAttribute::Oif(i) => route.oif = Some(*i),
             RouteAttribute::Gateway(g) => route.gateway = ip(g),
             RouteAttribute::PrefSource(s) => route.prefsrc = ip(s),
+            RouteAttribute::Metrics(ms) => {
+                for m in ms {
+                    match m {
+                        RouteMetric::Mtu(v) => mtu = Some(*v),
+                        RouteMetric::Lock(v) => lock = *v,
+                        _ => {}
+                    }
+                }
+            }
             _ => {}
         }
     }
+    // RTAX_LOCK's bit for RTAX_MTU (2).
+    if lock & (1 << 2) != 0 {
+        route.locked_mtu = mtu;
+    }
     route
+}
+
+/// rtnetlink multicast groups (legacy bit masks, RTNLGRP_* - 1).
+const GROUPS: u32 = (1 << 0) // RTNLGRP_LINK
+    | (1 << 2) // RTNLGRP_NEIGH
+    | (1 << 4) // RTNLGRP_IPV4_IFADDR
+    | (1 << 6) // RTNLGRP_IPV4_ROUTE
+    | (1 << 7) // RTNLGRP_IPV4_RULE
+    | (1 << 8) // RTNLGRP_IPV6_IFADDR
+    | (1 << 10) // RTNLGRP_IPV6_ROUTE
+    | (1 << 18) // RTNLGRP_IPV6_RULE
+    | (1 << 23) // RTNLGRP_IPV4_NETCONF
+    | (1 << 24); // RTNLGRP_IPV6_NETCONF
+
+/// A socket that hears the kernel's link, address, neighbour, route,
+/// rule and forwarding-setting changes in the calling thread's network
+/// namespace.
+pub struct Changes {
+    socket: netlink_sys::Socket,
+}
+
+impl Changes {
+    pub fn open() -> Result<Self, NetlinkError> {
+        let mut socket = netlink_sys::Socket::new(NETLINK_ROUTE).map_err(NetlinkError::Socket)?;
+        socket
+            .bind(&netlink_sys::SocketAddr::new(0, GROUPS))
+            .map_err(NetlinkError::Socket)?;
+        Ok(Self { socket })
+    }
+
+    /// Wait up to `timeout` for notifications; how many arrived (an
+    /// overrun counts as one: something changed). Their content is not
+    /// decoded: any change means asking again.
+    pub fn wait(&mut self, timeout: Duration) -> Result<usize, NetlinkError> {
+        let io = |source: std::io::Error| NetlinkError::Io {
+            request: "notifications",
+            source,
+        };
+        let tv = TimeVal::new(
+            timeout.as_secs() as i64,
+            i64::from(timeout.subsec_micros()).max(1),
+        );
+        nix::sys::socket::setsockopt(&self.socket, ReceiveTimeout, &tv)
+            .map_err(|e| io(e.into()))?;
+        let mut n = 0;
+        loop {
+            match self.socket.recv_from_full() {
+                Ok(_) => {
+                    n += 1;
+                    // Take what else is queued without waiting again.
+                    let zero = TimeVal::new(0, 1);
+                    nix::sys::socket::setsockopt(&self.socket, ReceiveTimeout, &zero)
+                        .map_err(|e| io(e.into()))?;
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error().map(Errno::from_raw),
+                        Some(Errno::EAGAIN | Errno::EINTR)
+                    ) =>
+                {
+                    return Ok(n);
+                }
+                Err(e) if e.raw_os_error() == Some(Errno::ENOBUFS as i32) => n += 1,
+                Err(e) => return Err(io(e)),
+            }
+        }
+    }
 }
 
 /// Make the kernel resolve `addr`: a datagram to it cannot leave before
 /// the neighbour's MAC is known, so sending one starts ARP or NDP. Port 9
 /// (discard) so that a backend that does receive it does nothing.
-fn probe(addr: IpAddr) {
+pub fn probe(addr: IpAddr) {
     let bind: SocketAddr = match addr {
         IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
         IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),

@@ -94,8 +94,65 @@ fn snapshot() -> String {
         }
     );
     layout!(s, rv_maglev_slot { backend_id });
-    layout!(s, rv_backend { addr, port, mac });
-    layout!(s, rv_backend6 { addr, port, mac });
+    layout!(
+        s,
+        rv_nexthop {
+            ifindex,
+            mtu,
+            dmac,
+            smac,
+            flags,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_backend {
+            addr,
+            port,
+            mac,
+            nh
+        }
+    );
+    layout!(
+        s,
+        rv_backend6 {
+            addr,
+            port,
+            mac,
+            nh
+        }
+    );
+    layout!(s, rv_nh_miss { packets });
+    layout!(
+        s,
+        rv_nat_owner_key {
+            backend_addr,
+            backend_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_nat_owner6_key {
+            backend_addr,
+            backend_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_nat_owner {
+            svc_id,
+            backend_id,
+            vip_addr,
+            vip_port,
+            pad
+        }
+    );
+    layout!(s, rv_vip_filter { active, pad, bits });
     layout!(s, rv_backend_health { state, pad });
     layout!(
         s,

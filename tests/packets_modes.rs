@@ -177,7 +177,10 @@ fn nat_forward_and_tc_nat_reply() {
             assert_eq!(&out[at..at + 2], &[0, 0], "{desc}: reply checksum stays 0");
         }
     }
-    assert_eq!(nat_entries(t), flows.len(), "one NAT entry per flow");
+    // Every backend serves one NAT VIP, which owns it: the flows' affinity
+    // entries are what tc_nat translated by, and no flow inserted a
+    // second entry.
+    assert_eq!(nat_entries(t), 0, "no nat_reverse_map entry");
     for svc in 1..=8u32 {
         let s = t.vip_stats(bes.id(svc));
         assert_eq!(
@@ -245,7 +248,13 @@ fn tc_nat_leaves_unknown_replies_untouched() {
     let (v, out) = t.run_tc(&pkt);
     assert_eq!(v, TCX_NEXT, "UDP with a TCP flow's tuple");
     assert_bytes("UDP with a TCP flow's tuple", &out, &pkt);
-    assert_eq!(nat_entries(t), 2, "tc_nat creates no entries");
+    assert_eq!(nat_entries(t), 0, "tc_nat creates no entries");
+    assert_eq!(
+        t.maps.connection_affinity_map.keys::<rv_flow_key>().len()
+            + t.maps.connection_affinity_map6.keys::<rv_flow6_key>().len(),
+        2,
+        "tc_nat creates no entries"
+    );
 }
 
 /// DSR: the backend holds the VIP; only the MACs change (source from
@@ -848,6 +857,45 @@ fn expect_on(t: &TestDp, desc: &str, ifindex: u32, f: &Frame, verdict: u32, want
     assert_eq!(assert_checksums(&out), checked, "{desc}: checksums checked");
 }
 
+/// Cache the next hops the rivorad watcher would resolve in the current
+/// namespace for every backend the writer holds, as it would (through the
+/// writer), for the interfaces the node lists as attached. Returns the
+/// table.
+fn cache_next_hops(
+    fx: &Fx,
+) -> std::collections::HashMap<IpAddr, rivora::dataplane::render::NextHop> {
+    let attached: std::collections::BTreeSet<u32> =
+        fx.w.borrow()
+            .node()
+            .interface_macs
+            .keys()
+            .copied()
+            .collect();
+    let addrs: std::collections::BTreeSet<IpAddr> =
+        fx.w.borrow()
+            .specs()
+            .iter()
+            .flat_map(|v| v.backends.iter().map(|b| b.addr))
+            .collect();
+    let table = rivora::nexthop::resolve_now(&attached, &addrs).expect("resolving next hops");
+    fx.w.borrow_mut()
+        .set_next_hops(table.clone())
+        .expect("writing next hops");
+    table
+}
+
+/// Packets that asked the FIB for lack of a cached next hop, for backend
+/// id `id`, over every CPU.
+fn nh_misses(t: &TestDp, id: u32) -> u64 {
+    t.maps
+        .nh_miss_map
+        .get_percpu::<u32, rv_nh_miss>(&id)
+        .expect("nh_miss_map")
+        .iter()
+        .map(|m| m.packets)
+        .sum()
+}
+
 /// The FIB answers with a resolved next hop out of the interface the
 /// request came in on: xdp_ingress sends it back out itself (XDP_TX),
 /// rewritten as a router would (TTL / hop limit less one, the IPv4 header
@@ -856,11 +904,43 @@ fn expect_on(t: &TestDp, desc: &str, ifindex: u32, f: &Frame, verdict: u32, want
 /// flow is recorded for tc_nat as before and counted for its VIP.
 #[test]
 fn nat_fib_answers_xdp_tx() {
+    nat_fib_answers_xdp_tx_with(false);
+}
+
+/// The same with the next hops cached by the control plane: every verdict
+/// and every byte as the FIB's answer makes them.
+#[test]
+fn nat_fib_answers_xdp_tx_cached() {
+    nat_fib_answers_xdp_tx_with(true);
+}
+
+fn nat_fib_answers_xdp_tx_with(cached: bool) {
     let fx = Fx::new();
     let t = &fx.t;
     let bes = nat_fib_setup(&fx);
     let (ns, veth0, _, _) = nat_netns();
     let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    if cached {
+        let table = cache_next_hops(&fx);
+        for svc in [31, 32, 33, 34] {
+            let nh = table.get(&bes[&svc].addr).copied().unwrap_or_default();
+            assert_eq!(
+                (nh.flags, nh.ifindex, nh.dmac, nh.smac),
+                (
+                    rivora::dataplane::render::NextHop::VALID,
+                    veth0,
+                    GW_MAC,
+                    VETH_MAC
+                ),
+                "svc {svc}: cached next hop"
+            );
+        }
+    }
+    let misses: Vec<u64> = [31, 32, 33, 34]
+        .iter()
+        .map(|s| nh_misses(t, bes.id(*s)))
+        .collect();
     let mut sport = 56000;
     for svc in [31, 32, 33, 34] {
         let be = bes[&svc];
@@ -894,6 +974,14 @@ fn nat_fib_answers_xdp_tx() {
     let (v, out) = t.run_tc(&reply.build());
     assert_eq!(v, TCX_PASS, "reply verdict");
     assert_bytes("reply", &out, &reply.from(f.dst_ip(), f.dport()).build());
+
+    // Cached: none of them asked the FIB; else each packet did, counted
+    // for rivorad to resolve.
+    for (svc, before) in [31, 32, 33, 34].iter().zip(misses) {
+        let after = nh_misses(t, bes.id(*svc));
+        let want = if cached { before } else { before + 6 };
+        assert_eq!(after, want, "svc {svc}: next-hop misses");
+    }
 }
 
 /// The route's egress is another interface: redirected there only when it
@@ -903,11 +991,26 @@ fn nat_fib_answers_xdp_tx() {
 /// as they came).
 #[test]
 fn nat_fib_redirects_only_to_attached_interfaces() {
+    nat_fib_redirects_only_to_attached_interfaces_with(false);
+}
+
+/// The same with the next hops cached by the control plane: every verdict
+/// and every byte as the FIB's answer makes them.
+#[test]
+fn nat_fib_redirects_only_to_attached_interfaces_cached() {
+    nat_fib_redirects_only_to_attached_interfaces_with(true);
+}
+
+fn nat_fib_redirects_only_to_attached_interfaces_with(cached: bool) {
     let fx = Fx::new();
     let t = &fx.t;
     let bes = nat_fib_setup(&fx);
     let (ns, veth0, veth2, _) = nat_netns();
     let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    if cached {
+        cache_next_hops(&fx);
+    }
     for svc in [35, 36] {
         let be = bes[&svc];
         let f = nat_fib_request(svc, 57000);
@@ -917,6 +1020,9 @@ fn nat_fib_redirects_only_to_attached_interfaces() {
     }
 
     fx.iface_mac(veth2, VETH2_MAC);
+    if cached {
+        cache_next_hops(&fx);
+    }
     for svc in [35, 36] {
         let be = bes[&svc];
         let f = nat_fib_request(svc, 57001);
@@ -943,11 +1049,27 @@ fn nat_fib_redirects_only_to_attached_interfaces() {
 /// routers act on.
 #[test]
 fn nat_fib_leaves_the_rest_to_the_kernel() {
+    nat_fib_leaves_the_rest_to_the_kernel_with(false);
+}
+
+/// The same with the next hops cached by the control plane: every verdict
+/// and every byte as the FIB's answer makes them.
+#[test]
+fn nat_fib_leaves_the_rest_to_the_kernel_cached() {
+    nat_fib_leaves_the_rest_to_the_kernel_with(true);
+}
+
+fn nat_fib_leaves_the_rest_to_the_kernel_with(cached: bool) {
     let fx = Fx::new();
     let t = &fx.t;
     let bes = nat_fib_setup(&fx);
     let (ns, veth0, _, veth4) = nat_netns();
     let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    fx.iface_mac(veth4, VETH4_MAC);
+    if cached {
+        cache_next_hops(&fx);
+    }
     let be_of = |svc: u32| bes[&svc];
     let passed = |desc: &str, ifindex: u32, svc: u32, f: &Frame| {
         let be = be_of(svc);

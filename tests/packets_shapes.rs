@@ -151,7 +151,7 @@ fn vlan_shapes_are_forwarded_with_their_tags() {
         }
     }
     run_forwards(t, &svcs, &list);
-    assert_eq!(nat_entries(t), 12);
+    assert_eq!(nat_flows(t), 12);
 }
 
 /// Record Route (type 7), 39 bytes with room for nine addresses, then
@@ -411,7 +411,7 @@ fn exact_and_range_matches_and_their_precedence() {
             run_case(t, &Case::untouched(&desc, f.build(), XDP_PASS));
         }
     }
-    assert_eq!(nat_entries(t), 22);
+    assert_eq!(nat_flows(t), 22);
 }
 
 /// Frames that are not a VIP's, or not IP at all, go to the kernel as
@@ -590,7 +590,7 @@ fn traffic_that_is_not_ours_is_passed_untouched() {
     for c in &cases {
         run_case(t, c);
     }
-    assert_eq!(nat_entries(t), 0, "no NAT state");
+    assert_eq!(nat_flows(t), 0, "no NAT state");
     for name in 1..=6 {
         let svc = svcs.id(name);
         assert_eq!(t.vip_stats(svc).packets, 0, "no VIP counted (svc {svc})");
@@ -706,7 +706,7 @@ fn malformed_headers_are_dropped_and_counted() {
     for c in &cases {
         run_case(t, c);
     }
-    assert_eq!(nat_entries(t), 0, "nothing malformed was translated");
+    assert_eq!(nat_flows(t), 0, "nothing malformed was translated");
 }
 
 /// One's-complement addition (RFC 1071).
@@ -947,7 +947,7 @@ fn frames_cut_at_every_length() {
         );
     }
     assert_eq!(runs, want_runs, "every cut from 14 bytes on was run");
-    assert_eq!(nat_entries(t), truncation_bases().len());
+    assert_eq!(nat_flows(t), truncation_bases().len());
 }
 
 /// Cut inside the headers with the IP length fields made to agree with
@@ -1006,5 +1006,5 @@ fn headers_cut_inside_a_consistent_ip_packet() {
         }
     }
     assert!(runs > 300, "{runs} cut headers run");
-    assert_eq!(nat_entries(t), 0, "nothing cut was translated");
+    assert_eq!(nat_flows(t), 0, "nothing cut was translated");
 }

@@ -19,6 +19,7 @@ struct rv_btf_enums {
 	enum rv_family family;
 	enum rv_service_flags service_flags;
 	enum rv_drop_reason drop_reason;
+	enum rv_nexthop_flags nexthop_flags;
 };
 
 const volatile struct rv_btf_enums rv_btf_enums = {};

@@ -59,6 +59,26 @@
 		((void *)(__h + 1) > (void *)(data_end)) ? (T *)0 : __h; \
 	})
 
+/* ctx->data and ctx->data_end read by an instruction of our own: where
+ * several inlined paths join, clang may otherwise load them through an
+ * address computed into a register (ctx plus the field's offset), which
+ * the verifier refuses ("dereference of modified ctx ptr"). */
+static __always_inline void *rv_xdp_data(struct xdp_md *ctx)
+{
+	void *p;
+
+	asm volatile("%0 = *(u32 *)(%1 + 0)" : "=r"(p) : "r"(ctx));
+	return p;
+}
+
+static __always_inline void *rv_xdp_data_end(struct xdp_md *ctx)
+{
+	void *p;
+
+	asm volatile("%0 = *(u32 *)(%1 + 4)" : "=r"(p) : "r"(ctx));
+	return p;
+}
+
 static __always_inline void rv_addr6_copy(__be32 *dst, const __be32 *src)
 {
 	dst[0] = src[0];

@@ -79,9 +79,61 @@ static __always_inline int rv_nat_forward(void *data, void *data_end,
 	return rv_nat_l4_dst(data, data_end, pkt, pkt->daddr, baddr, bport);
 }
 
-/* DSR: the backend holds the VIP itself; only the frame changes hands. */
+/* What a cached next hop lets the datapath do. */
+enum rv_nh_way {
+	RV_NH_ASK,  /* none cached, or stale: ask the FIB */
+	RV_NH_SEND, /* send it out of nh->ifindex to nh->dmac */
+	RV_NH_PASS, /* an egress rivorad is not attached to: the kernel's */
+};
+
+/* Read a backend's cached next hop; a miss is counted by backend id for
+ * rivorad to resolve (it polls nh_miss_map). */
+static __always_inline int rv_nh_use(const struct rv_nexthop *nh,
+				     __u32 backend_id)
+{
+	__u8 flags = nh->flags;
+	struct rv_nh_miss *m;
+
+	if (!(flags & RV_NH_F_STALE)) {
+		if (flags & RV_NH_F_VALID)
+			return RV_NH_SEND;
+		if (flags & RV_NH_F_KERNEL)
+			return RV_NH_PASS;
+	}
+	m = bpf_map_lookup_elem(&nh_miss_map, &backend_id);
+	if (m)
+		m->packets++;
+	return RV_NH_ASK;
+}
+
+/* Set the MACs and send: XDP_TX out of the ingress interface, else a
+ * redirect (to an interface rivorad is attached to, which runs XDP, as a
+ * redirect into a veth needs). One call site per path: clang merges the
+ * context loads of two inlined copies into one with a variable offset,
+ * which the verifier refuses. */
+static __always_inline int rv_send(struct xdp_md *ctx, __u32 ifindex,
+				   const __u8 *dmac, const __u8 *smac)
+{
+	void *data = rv_xdp_data(ctx);
+	void *data_end = rv_xdp_data_end(ctx);
+	struct ethhdr *eth = rv_hdr(struct ethhdr, data, data_end, 0);
+
+	if (!eth)
+		return -RV_DROP_MALFORMED_L2;
+	__builtin_memcpy(eth->h_dest, dmac, RV_ETH_ALEN);
+	__builtin_memcpy(eth->h_source, smac, RV_ETH_ALEN);
+	if (ifindex == ctx->ingress_ifindex)
+		return RV_XDP_TX;
+	return bpf_redirect(ifindex, 0);
+}
+
+/* DSR: the backend holds the VIP itself; only the frame changes hands,
+ * out of the interface it came in on. Its source MAC is that interface's:
+ * the cached next hop's when the backend is reached through it (one read
+ * of the backend entry already made), else iface_mac_map's. */
 static __always_inline int rv_dsr_forward(struct xdp_md *ctx,
-					  const __u8 *backend_mac)
+					  const __u8 *backend_mac,
+					  const struct rv_nexthop *nh)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -91,10 +143,15 @@ static __always_inline int rv_dsr_forward(struct xdp_md *ctx,
 
 	if (!eth)
 		return -RV_DROP_MALFORMED_L2;
-	own = bpf_map_lookup_elem(&iface_mac_map, &ifindex);
-	if (!own)
-		return -RV_DROP_NO_IFACE_MAC;
-	__builtin_memcpy(eth->h_source, own->mac, RV_ETH_ALEN);
+	if ((nh->flags & (RV_NH_F_VALID | RV_NH_F_STALE)) == RV_NH_F_VALID &&
+	    nh->ifindex == ifindex) {
+		__builtin_memcpy(eth->h_source, nh->smac, RV_ETH_ALEN);
+	} else {
+		own = bpf_map_lookup_elem(&iface_mac_map, &ifindex);
+		if (!own)
+			return -RV_DROP_NO_IFACE_MAC;
+		__builtin_memcpy(eth->h_source, own->mac, RV_ETH_ALEN);
+	}
 	__builtin_memcpy(eth->h_dest, backend_mac, RV_ETH_ALEN);
 	return RV_XDP_TX;
 }
@@ -108,37 +165,20 @@ static __always_inline int rv_dsr_forward(struct xdp_md *ctx,
 static __always_inline int rv_push_room(struct xdp_md *ctx, int room)
 {
 	__u8 l2[sizeof(struct ethhdr) + 2 * sizeof(struct vlan_hdr)];
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data = rv_xdp_data(ctx);
+	void *data_end = rv_xdp_data_end(ctx);
 
 	if (data + sizeof(l2) > data_end)
 		return -RV_DROP_MALFORMED_L2;
 	__builtin_memcpy(l2, data, sizeof(l2));
 	if (bpf_xdp_adjust_head(ctx, -room))
 		return -RV_DROP_HEADROOM;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
+	data = rv_xdp_data(ctx);
+	data_end = rv_xdp_data_end(ctx);
 	if (data + sizeof(l2) > data_end)
 		return -RV_DROP_HEADROOM;
 	__builtin_memcpy(data, l2, sizeof(l2));
 	return 0;
-}
-
-/* After a FIB answer: set the MACs and send the frame on its way. */
-static __always_inline int rv_fib_send(struct xdp_md *ctx,
-				       const struct bpf_fib_lookup *p)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = rv_hdr(struct ethhdr, data, data_end, 0);
-
-	if (!eth)
-		return -RV_DROP_MALFORMED_L2;
-	__builtin_memcpy(eth->h_dest, p->dmac, RV_ETH_ALEN);
-	__builtin_memcpy(eth->h_source, p->smac, RV_ETH_ALEN);
-	if (p->ifindex == ctx->ingress_ifindex)
-		return RV_XDP_TX;
-	return bpf_redirect(p->ifindex, 0);
 }
 
 /* The route says nobody is there: decided before the packet is touched. */
@@ -179,20 +219,40 @@ static __always_inline void rv_fib_ports(struct bpf_fib_lookup *p,
 }
 
 /*
- * What a FIB answer means for an encapsulated packet: send it ourselves,
- * let the kernel finish the job (no neighbour entry yet, forwarding off,
- * too big for the egress MTU: the kernel resolves, refuses or fragments;
- * an egress rivorad is not attached to, which a redirect could not
- * reach), or drop it because the route says nobody is there.
+ * Where an encapsulated packet goes: by the cached next hop (larger than
+ * its MTU: the kernel's, as the FIB would say FRAG_NEEDED), or by the
+ * FIB's answer: send it ourselves, let the kernel finish the job (no
+ * neighbour entry yet, forwarding off, too big for the egress MTU: the
+ * kernel resolves, refuses or fragments; an egress rivorad is not
+ * attached to, which a redirect could not reach), or drop it because the
+ * route says nobody is there.
  */
-static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
-					  const struct bpf_fib_lookup *p)
+static __always_inline int rv_l3dsr_verdict(struct xdp_md *ctx, int use,
+					    const struct rv_nexthop *nh,
+					    __u32 tot_len, int rc,
+					    const struct bpf_fib_lookup *p)
 {
-	if (rv_fib_can_send(ctx, rc, p))
-		return rv_fib_send(ctx, p);
-	if (rv_fib_says_unreachable(rc))
-		return -RV_DROP_FIB_UNREACHABLE;
-	return RV_XDP_PASS;
+	const __u8 *dmac, *smac;
+	__u32 ifindex;
+
+	if (use == RV_NH_PASS)
+		return RV_XDP_PASS;
+	if (use == RV_NH_SEND) {
+		if (tot_len > nh->mtu)
+			return RV_XDP_PASS;
+		ifindex = nh->ifindex;
+		dmac = nh->dmac;
+		smac = nh->smac;
+	} else {
+		if (!rv_fib_can_send(ctx, rc, p))
+			return rv_fib_says_unreachable(rc)
+				       ? -RV_DROP_FIB_UNREACHABLE
+				       : RV_XDP_PASS;
+		ifindex = p->ifindex;
+		dmac = p->dmac;
+		smac = p->smac;
+	}
+	return rv_send(ctx, ifindex, dmac, smac);
 }
 
 /*
@@ -206,16 +266,18 @@ static __always_inline int rv_fib_verdict(struct xdp_md *ctx, int rc,
  * routing and multipath hashing see the flow the backend will see. VLAN
  * tags stay as they arrived, as with L3 DSR.
  */
-static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
-					   const struct rv_pkt *pkt,
-					   __be32 backend, __be16 bport)
+static __always_inline int
+rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
+		__be16 bport, const struct rv_nexthop *nh, __u32 backend_id)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
 	struct bpf_fib_lookup p = {};
+	const __u8 *dmac, *smac;
+	__u32 ifindex;
 	__u8 ttl;
-	int rc;
+	int rc, use;
 
 	if (!iph)
 		return -RV_DROP_MALFORMED_IPV4;
@@ -224,6 +286,18 @@ static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
 	 * the kernel's forwarding; they are rare enough to leave to it. */
 	if (ttl <= 1 || iph->ihl != 5)
 		return RV_XDP_PASS;
+	/* The cached next hop is the FIB's answer, kept by rivorad: the
+	 * same MTU rule (larger than it: the kernel's, to fragment or
+	 * refuse), the same egress. */
+	use = rv_nh_use(nh, backend_id);
+	if (use == RV_NH_PASS || (use == RV_NH_SEND && pkt->ip_len > nh->mtu))
+		return RV_XDP_PASS;
+	if (use == RV_NH_SEND) {
+		ifindex = nh->ifindex;
+		dmac = nh->dmac;
+		smac = nh->smac;
+		goto send;
+	}
 	p.family = RV_AF_INET;
 	p.tos = iph->tos;
 	p.l4_protocol = pkt->proto;
@@ -238,30 +312,47 @@ static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
 	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
 	if (!rv_fib_can_send(ctx, rc, &p))
 		return RV_XDP_PASS;
+	ifindex = p.ifindex;
+	dmac = p.dmac;
+	smac = p.smac;
+send:
 	/* TTL is the high byte of its 16-bit word; protocol, the low byte,
 	 * is unchanged and left out of both sides. */
 	iph->ttl = ttl - 1;
 	rv_csum_replace2(&iph->check, bpf_htons((__u16)ttl << 8),
 			 bpf_htons((__u16)(ttl - 1) << 8));
-	return rv_fib_send(ctx, &p);
+	return rv_send(ctx, ifindex, dmac, smac);
 }
 
 static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 					   const struct rv_pkt *pkt,
-					   const __be32 *backend, __be16 bport)
+					   const __be32 *backend, __be16 bport,
+					   const struct rv_nexthop *nh,
+					   __u32 backend_id)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ipv6hdr *ip6h =
 		rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
 	struct bpf_fib_lookup p = {};
-	int rc;
+	const __u8 *dmac, *smac;
+	__u32 ifindex;
+	int rc, use;
 
 	if (!ip6h)
 		return -RV_DROP_MALFORMED_IPV6;
 	/* Hop-by-Hop options are for every router on the way to act on. */
 	if (ip6h->hop_limit <= 1 || ip6h->nexthdr == RV_IPPROTO_HOPOPTS)
 		return RV_XDP_PASS;
+	use = rv_nh_use(nh, backend_id);
+	if (use == RV_NH_PASS || (use == RV_NH_SEND && pkt->ip_len > nh->mtu))
+		return RV_XDP_PASS;
+	if (use == RV_NH_SEND) {
+		ifindex = nh->ifindex;
+		dmac = nh->dmac;
+		smac = nh->smac;
+		goto send;
+	}
 	p.family = RV_AF_INET6;
 	/* Traffic class and flow label: what the kernel's own route lookup
 	 * for a forwarded packet keys on. */
@@ -275,13 +366,19 @@ static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
 	if (!rv_fib_can_send(ctx, rc, &p))
 		return RV_XDP_PASS;
+	ifindex = p.ifindex;
+	dmac = p.dmac;
+	smac = p.smac;
+send:
 	ip6h->hop_limit--;
-	return rv_fib_send(ctx, &p);
+	return rv_send(ctx, ifindex, dmac, smac);
 }
 
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
 static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
-				       const struct rv_pkt *pkt, __be32 backend)
+				       const struct rv_pkt *pkt, __be32 backend,
+				       const struct rv_nexthop *nh,
+				       __u32 backend_id)
 {
 	struct bpf_fib_lookup p = {};
 	struct rv_tunnel_config *tc;
@@ -291,7 +388,7 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	__u16 tot_len;
 	__u8 tos;
 	__be16 df;
-	int rc, ret;
+	int rc = 0, ret, use;
 
 	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
 	if (!tc || !tc->src4)
@@ -305,16 +402,19 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	df = inner->frag_off & bpf_htons(RV_IP_DF);
 	tot_len = pkt->ip_len + sizeof(struct iphdr);
 
-	p.family = RV_AF_INET;
-	p.tos = tos;
-	p.l4_protocol = RV_IPPROTO_IPIP;
-	p.tot_len = tot_len;
-	p.ipv4_src = tc->src4;
-	p.ipv4_dst = backend;
-	p.ifindex = ctx->ingress_ifindex;
-	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (rv_fib_says_unreachable(rc))
-		return -RV_DROP_FIB_UNREACHABLE;
+	use = rv_nh_use(nh, backend_id);
+	if (use == RV_NH_ASK) {
+		p.family = RV_AF_INET;
+		p.tos = tos;
+		p.l4_protocol = RV_IPPROTO_IPIP;
+		p.tot_len = tot_len;
+		p.ipv4_src = tc->src4;
+		p.ipv4_dst = backend;
+		p.ifindex = ctx->ingress_ifindex;
+		rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+		if (rv_fib_says_unreachable(rc))
+			return -RV_DROP_FIB_UNREACHABLE;
+	}
 
 	ret = rv_push_room(ctx, sizeof(struct iphdr));
 	if (ret)
@@ -336,23 +436,23 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	outer->frag_off = df;
 	outer->ttl = RV_TUNNEL_TTL;
 	outer->protocol = RV_IPPROTO_IPIP;
-	outer->saddr = p.ipv4_src;
+	outer->saddr = tc->src4;
 	outer->daddr = backend;
 	outer->check = rv_ipv4_hdr_csum(outer);
-	return rv_fib_verdict(ctx, rc, &p);
+	return rv_l3dsr_verdict(ctx, use, nh, tot_len, rc, &p);
 }
 
 /* L3 DSR for IPv6: IPv6-in-IPv6 to the backend (RFC 2473). */
-static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
-				       const struct rv_pkt *pkt,
-				       const __be32 *backend, __u32 hash)
+static __always_inline int
+rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
+	    __u32 hash, const struct rv_nexthop *nh, __u32 backend_id)
 {
 	struct bpf_fib_lookup p = {};
 	struct rv_tunnel_config *tc;
 	struct ipv6hdr *outer, *inner;
 	void *data, *data_end;
 	__u32 zero = 0, tclass;
-	int rc, ret;
+	int rc = 0, ret, use;
 
 	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
 	if (!tc || rv_addr6_is_zero(tc->src6))
@@ -363,15 +463,18 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 		return -RV_DROP_MALFORMED_IPV6;
 	tclass = (bpf_ntohl(*(__be32 *)inner) >> 20) & 0xff;
 
-	p.family = RV_AF_INET6;
-	p.l4_protocol = RV_IPPROTO_IPV6;
-	p.tot_len = pkt->ip_len + sizeof(struct ipv6hdr);
-	rv_addr6_copy(p.ipv6_src, tc->src6);
-	rv_addr6_copy(p.ipv6_dst, backend);
-	p.ifindex = ctx->ingress_ifindex;
-	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (rv_fib_says_unreachable(rc))
-		return -RV_DROP_FIB_UNREACHABLE;
+	use = rv_nh_use(nh, backend_id);
+	if (use == RV_NH_ASK) {
+		p.family = RV_AF_INET6;
+		p.l4_protocol = RV_IPPROTO_IPV6;
+		p.tot_len = pkt->ip_len + sizeof(struct ipv6hdr);
+		rv_addr6_copy(p.ipv6_src, tc->src6);
+		rv_addr6_copy(p.ipv6_dst, backend);
+		p.ifindex = ctx->ingress_ifindex;
+		rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+		if (rv_fib_says_unreachable(rc))
+			return -RV_DROP_FIB_UNREACHABLE;
+	}
 
 	ret = rv_push_room(ctx, sizeof(struct ipv6hdr));
 	if (ret)
@@ -391,7 +494,8 @@ static __always_inline int rv_l3dsr_v6(struct xdp_md *ctx,
 	outer->hop_limit = RV_TUNNEL_TTL;
 	__builtin_memcpy(&outer->saddr, tc->src6, 16);
 	__builtin_memcpy(&outer->daddr, backend, 16);
-	return rv_fib_verdict(ctx, rc, &p);
+	return rv_l3dsr_verdict(ctx, use, nh, pkt->ip_len + sizeof(*outer), rc,
+				&p);
 }
 
 #endif /* RV_FWD_H */

@@ -11,6 +11,35 @@
  * established flow does not write its entry on every packet. */
 #define RV_AFFINITY_TOUCH_NS (1ULL * RV_NSEC_PER_SEC)
 
+/*
+ * Whether a destination may be a VIP's address. Most traffic through a
+ * node is no VIP's: one bit in an array read (inlined by the verifier)
+ * tells it so before the port is parsed or a hash table or the port-range
+ * trie is searched. Multiplicative hashing of the address (its four words
+ * folded for IPv6); rivorad sets the bits with the same function
+ * (rivora::abi::vip_filter_bit). A collision only costs the lookups.
+ */
+static __always_inline __u32 rv_vip_filter_bit(__u8 family, const __be32 *addr)
+{
+	__u32 x = addr[0];
+
+	if (family == RV_FAMILY_V6)
+		x ^= addr[1] ^ addr[2] ^ addr[3];
+	return (x * 0x9E3779B1u) >> (32 - 12);
+}
+
+static __always_inline int rv_vip_filter_may_match(__u8 family,
+						   const __be32 *addr)
+{
+	__u32 zero = 0, bit = rv_vip_filter_bit(family, addr);
+	struct rv_vip_filter *f = bpf_map_lookup_elem(&vip_filter_map, &zero);
+
+	if (!f || !f->active)
+		return 1;
+	return (f->bits[(bit / 64) & (RV_VIP_FILTER_WORDS - 1)] >> (bit % 64)) &
+	       1;
+}
+
 /* The service id for (addr, port, proto): exact match first, then the
  * longest prefix in the port-range trie. 0 means no VIP. */
 static __always_inline __u32 rv_vip_lookup(__u8 family, const __be32 *addr,

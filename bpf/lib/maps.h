@@ -237,6 +237,38 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tunnel_config_map SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RV_BACKEND_ID_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rv_nh_miss);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nh_miss_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_NAT_OWNERS);
+	__type(key, struct rv_nat_owner_key);
+	__type(value, struct rv_nat_owner);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_owner_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_NAT_OWNERS);
+	__type(key, struct rv_nat_owner6_key);
+	__type(value, struct rv_nat_owner);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_owner_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_vip_filter);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_filter_map SEC(".maps");
+
 static __always_inline void rv_count_drop(__u32 reason)
 {
 	struct rv_drop_stats *d = bpf_map_lookup_elem(&drop_stats_map, &reason);

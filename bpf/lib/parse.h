@@ -234,23 +234,30 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 	return 0;
 }
 
-/* Parse from L2 to L4. `whole`: the buffer holds the entire packet (XDP),
- * so an IP length past its end is a truncated packet; tc passes 0. */
-static __always_inline int rv_parse(void *data, void *data_end,
-				    struct rv_pkt *pkt, int whole)
+/* Parse L2 and L3 (addresses, protocol, where L4 starts). `whole`: the
+ * buffer holds the entire packet (XDP), so an IP length past its end is a
+ * truncated packet; tc passes 0. */
+static __always_inline int rv_parse_l3(void *data, void *data_end,
+				       struct rv_pkt *pkt, int whole)
 {
 	__be16 proto = rv_parse_l2(data, data_end, pkt);
-	int ret;
 
 	if (!proto)
 		return -RV_DROP_MALFORMED_L2;
 	pkt->l3_off = pkt->l2_len;
 	if (proto == bpf_htons(RV_ETH_P_IP))
-		ret = rv_parse_ipv4(data, data_end, pkt, whole);
-	else if (proto == bpf_htons(RV_ETH_P_IPV6))
-		ret = rv_parse_ipv6(data, data_end, pkt, whole);
-	else
-		return RV_PARSE_PASS;
+		return rv_parse_ipv4(data, data_end, pkt, whole);
+	if (proto == bpf_htons(RV_ETH_P_IPV6))
+		return rv_parse_ipv6(data, data_end, pkt, whole);
+	return RV_PARSE_PASS;
+}
+
+/* Parse from L2 to L4. */
+static __always_inline int rv_parse(void *data, void *data_end,
+				    struct rv_pkt *pkt, int whole)
+{
+	int ret = rv_parse_l3(data, data_end, pkt, whole);
+
 	if (ret)
 		return ret;
 	return rv_parse_l4(data, data_end, pkt);

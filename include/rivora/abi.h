@@ -20,7 +20,7 @@
  */
 enum rv_abi {
 	/* Layout version of the pinned maps; stored in rv_meta. */
-	RV_ABI_VERSION = 1,
+	RV_ABI_VERSION = 2,
 };
 
 enum rv_limits {
@@ -50,6 +50,14 @@ enum rv_limits {
 	RV_MAX_EXT_HDRS = 6,
 	/* Service ids start at 1; 0 scopes the node-wide rate-limit buckets. */
 	RV_RL_NODE_SVC = 0,
+	/* nat_owner_map{,6}: one entry per (backend address, port, protocol)
+	 * a NAT VIP claims. A full map only costs the VIPs that find no room
+	 * a second insert per new flow (see rv_nat_owner). */
+	RV_MAX_NAT_OWNERS = 16384,
+	/* vip_filter_map: bits indexed by a hash of a VIP's address; a
+	 * packet whose destination's bit is clear is no VIP's. */
+	RV_VIP_FILTER_BITS = 4096,
+	RV_VIP_FILTER_WORDS = RV_VIP_FILTER_BITS / 64,
 };
 
 enum rv_mode {
@@ -172,16 +180,52 @@ struct rv_maglev_slot {
 	__u32 backend_id;
 };
 
+/* rv_nexthop.flags */
+enum rv_nexthop_flags {
+	/* ifindex, MACs and mtu are what bpf_fib_lookup would answer for
+	 * the backend, out of an interface rivorad is attached to. */
+	RV_NH_F_VALID = 1 << 0,
+	/* The FIB sends the backend's packets out of an interface rivorad
+	 * is not attached to: the kernel forwards them (XDP_PASS). */
+	RV_NH_F_KERNEL = 1 << 1,
+	/* What was cached no longer holds (the neighbour went away): ask
+	 * the FIB until rivorad has resolved it again. */
+	RV_NH_F_STALE = 1 << 2,
+};
+
+/*
+ * The next hop towards a backend (NAT) or tunnel destination (L3 DSR),
+ * resolved by rivorad from the kernel's routes, neighbours and links and
+ * kept current from their netlink notifications. flags 0: none cached,
+ * the datapath asks bpf_fib_lookup and counts the miss in nh_miss_map.
+ */
+struct rv_nexthop {
+	__u32 ifindex; /* egress */
+	__u32 mtu;     /* what the FIB checks tot_len against */
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u8 flags; /* enum rv_nexthop_flags */
+	__u8 pad[3];
+};
+
 struct rv_backend {
 	__be32 addr;
 	__be16 port; /* 0: keep the destination port */
 	__u8 mac[6];
+	struct rv_nexthop nh;
 };
 
 struct rv_backend6 {
 	__be32 addr[4];
 	__be16 port;
 	__u8 mac[6];
+	struct rv_nexthop nh;
+};
+
+/* nh_miss_map (per-CPU): by backend id, packets that found no usable
+ * cached next hop and asked the FIB. rivorad polls it. */
+struct rv_nh_miss {
+	__u64 packets;
 };
 
 struct rv_backend_health {
@@ -251,6 +295,46 @@ struct rv_nat6_value {
 	__be16 vip_port;
 	__u16 pad;
 	__u32 svc_id;
+};
+
+/*
+ * nat_owner_map: replies need no per-flow entry when the backend's
+ * (address, port, protocol) serves one NAT VIP: the VIP that owns it.
+ * tc_nat finds the owner by the reply's source and checks the flow in
+ * the owner's connection_affinity_map entry (the backend it names must
+ * be this one). Flows of other VIPs sharing the backend record a
+ * nat_reverse_map entry as before. Written by rivorad; an owner keeps
+ * its entry until it lets the backend go, so its flows never lose it.
+ */
+struct rv_nat_owner_key {
+	__be32 backend_addr;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct rv_nat_owner6_key {
+	__be32 backend_addr[4];
+	__be16 backend_port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct rv_nat_owner {
+	__u32 svc_id;
+	__u32 backend_id;
+	__be32 vip_addr[4]; /* IPv4 uses [0] */
+	__be16 vip_port;
+	__u16 pad;
+};
+
+/* vip_filter_map: one entry. While `active` (rivorad's writer keeps it
+ * so), bit rv_vip_filter_bit(addr) is set for every VIP address; an
+ * inactive (all-zero) filter lets every packet through to the lookups. */
+struct rv_vip_filter {
+	__u32 active;
+	__u32 pad;
+	__u64 bits[RV_VIP_FILTER_WORDS];
 };
 
 /*

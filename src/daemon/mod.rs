@@ -283,6 +283,14 @@ impl Daemon {
             d.opts.kubernetes,
         ));
         d.tx = tx.clone();
+        // Next hops too: a source of facts the reconciler writes.
+        crate::nexthop::Watcher {
+            status: d.status.clone(),
+            tx: tx.clone(),
+            pin_dir: d.opts.pin_dir.clone(),
+        }
+        .spawn()
+        .map_err(DaemonError::Thread)?;
         // Probe verdicts go to the reconciler like everything else.
         runtime.spawn(async move {
             while let Some(ev) = events.recv().await {

@@ -199,10 +199,34 @@ pub fn dump(img: &MapImage) -> String {
             Mac(b.mac).to_string()
         };
         let health = img.health.get(id).map_or("down", |h| h.name());
+        let nh = &b.nexthop;
+        let nh = if nh.is_none() {
+            String::new()
+        } else {
+            format!(
+                " nh=if{} mtu={} {}<-{} flags={:#x}",
+                nh.ifindex,
+                nh.mtu,
+                Mac(nh.dmac),
+                Mac(nh.smac),
+                nh.flags
+            )
+        };
         let _ = writeln!(
             out,
-            "backend {id} {} mac={mac} health={health}",
+            "backend {id} {} mac={mac} health={health}{nh}",
             addr_port(b.addr, &b.port.to_string())
+        );
+    }
+    for (k, o) in &img.nat_owners {
+        let _ = writeln!(
+            out,
+            "nat_owner {}/{} svc={} backend={} vip={}",
+            addr_port(k.addr, &k.port.to_string()),
+            k.proto,
+            o.svc_id,
+            o.backend_id,
+            addr_port(o.vip, &o.vip_port.to_string())
         );
     }
     for (id, h) in &img.health {

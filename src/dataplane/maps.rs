@@ -59,6 +59,11 @@ pod!(
     rv_iface_mac,
     rv_tunnel_config,
     rv_meta,
+    rv_nh_miss,
+    rv_nat_owner_key,
+    rv_nat_owner6_key,
+    rv_nat_owner,
+    rv_vip_filter,
 );
 
 pub fn bytes_of<T: Pod>(v: &T) -> &[u8] {
@@ -327,4 +332,8 @@ maps!(
     rl_buckets_map6,
     iface_mac_map,
     tunnel_config_map,
+    nh_miss_map,
+    nat_owner_map,
+    nat_owner_map6,
+    vip_filter_map,
 );

@@ -196,6 +196,78 @@ pub fn mode_from_raw(v: u8) -> Option<Mode> {
     }
 }
 
+/// A backend's cached next hop (`struct rv_nexthop`): what
+/// bpf_fib_lookup would answer for its address. The default (flags 0) is
+/// none: the datapath asks the FIB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NextHop {
+    pub ifindex: u32,
+    pub mtu: u32,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    pub flags: u8,
+}
+
+impl NextHop {
+    pub const VALID: u8 = abi::rv_nexthop_flags::RV_NH_F_VALID.0 as u8;
+    pub const KERNEL: u8 = abi::rv_nexthop_flags::RV_NH_F_KERNEL.0 as u8;
+    pub const STALE: u8 = abi::rv_nexthop_flags::RV_NH_F_STALE.0 as u8;
+
+    /// Send out of `ifindex` to `dmac` from `smac`; larger than `mtu`:
+    /// the kernel's.
+    pub fn send(ifindex: u32, mtu: u32, dmac: [u8; 6], smac: [u8; 6]) -> Self {
+        Self {
+            ifindex,
+            mtu,
+            dmac,
+            smac,
+            flags: Self::VALID,
+        }
+    }
+
+    /// The FIB's egress is not an interface rivorad is attached to.
+    pub fn kernel(ifindex: u32) -> Self {
+        Self {
+            ifindex,
+            flags: Self::KERNEL,
+            ..Default::default()
+        }
+    }
+
+    /// The same next hop, no longer to be used (the FIB is asked).
+    pub fn stale(self) -> Self {
+        Self {
+            flags: self.flags | Self::STALE,
+            ..self
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.flags == 0
+    }
+
+    pub fn to_abi(&self) -> abi::rv_nexthop {
+        abi::rv_nexthop {
+            ifindex: self.ifindex,
+            mtu: self.mtu,
+            dmac: self.dmac,
+            smac: self.smac,
+            flags: self.flags,
+            ..Default::default()
+        }
+    }
+
+    pub fn from_abi(n: &abi::rv_nexthop) -> Self {
+        Self {
+            ifindex: n.ifindex,
+            mtu: n.mtu,
+            dmac: n.dmac,
+            smac: n.smac,
+            flags: n.flags,
+        }
+    }
+}
+
 /// backend_map / backend_map6 value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BackendEntry {
@@ -203,6 +275,56 @@ pub struct BackendEntry {
     /// 0: the port the client connected to.
     pub port: u16,
     pub mac: [u8; 6],
+    /// Written beside the backend; the writer keeps it current
+    /// ([`crate::dataplane::Writer::set_next_hops`]).
+    pub nexthop: NextHop,
+}
+
+/// nat_owner_map{,6} key: a backend's address, the port a NAT VIP sends
+/// to it on, the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NatOwnerKey {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: u8,
+}
+
+/// nat_owner_map{,6} value: the VIP whose flows to that backend record
+/// no reverse entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NatOwner {
+    pub svc_id: u32,
+    pub backend_id: u32,
+    pub vip: IpAddr,
+    pub vip_port: u16,
+}
+
+/// The owner key a NAT VIP would hold for its `i`-th backend, if it can
+/// own one: an exact port (a range's port-0 backends see many ports) and
+/// no clientIP affinity (its affinity entries name the client, not the
+/// flow, so they could not prove a reply belongs to one).
+pub fn nat_owner_key(vip: &Vip, b: &crate::model::Backend) -> Option<NatOwnerKey> {
+    let Ports::One(vport) = vip.ports else {
+        return None;
+    };
+    if vip.mode != Mode::Nat || vip.affinity != Affinity::None {
+        return None;
+    }
+    Some(NatOwnerKey {
+        addr: b.addr,
+        port: if b.port == 0 { vport } else { b.port },
+        proto: vip.proto.number(),
+    })
+}
+
+/// vip_filter_map's bits for a set of VIP addresses.
+pub fn vip_filter(addrs: impl IntoIterator<Item = IpAddr>) -> [u64; abi::VIP_FILTER_WORDS] {
+    let mut w = [0u64; abi::VIP_FILTER_WORDS];
+    for a in addrs {
+        let b = abi::vip_filter_bit(a) as usize;
+        w[b / 64] |= 1 << (b % 64);
+    }
+    w
 }
 
 /// Node-wide map contents.
@@ -238,6 +360,10 @@ pub struct MapImage {
     pub backends: BTreeMap<u32, BackendEntry>,
     pub health: BTreeMap<u32, Health>,
     pub svc_rate_limits: BTreeMap<u32, RateLimit>,
+    pub nat_owners: BTreeMap<NatOwnerKey, NatOwner>,
+    /// vip_filter_map's bits: those of every match entry's address (None:
+    /// inactive, every packet goes on to the lookups).
+    pub vip_filter: Option<[u64; abi::VIP_FILTER_WORDS]>,
     pub node: NodeImage,
 }
 
@@ -315,11 +441,12 @@ pub fn render_vip(vip: &Vip, slice_start: u32, ids: &[u32]) -> VipImage {
     }
 }
 
-pub fn backend_entry(b: &crate::model::Backend) -> BackendEntry {
+pub fn backend_entry(b: &crate::model::Backend, nexthop: NextHop) -> BackendEntry {
     BackendEntry {
         addr: b.addr,
         port: b.port,
         mac: b.mac.map_or([0; 6], |m| m.0),
+        nexthop,
     }
 }
 
@@ -330,16 +457,21 @@ pub struct Allocation {
     pub svc_id: u32,
     pub slice_start: u32,
     pub backend_ids: Vec<u32>,
+    /// The nat_owner_map keys this VIP owns (an allocation: the first
+    /// NAT VIP to use a key keeps it while it does).
+    pub nat_owned: Vec<NatOwnerKey>,
 }
 
 /// The whole image for `vips` placed by `alloc`; `health` gives each
-/// backend target's state. VIPs without an allocation are skipped (the
-/// caller's allocations decide what exists).
+/// backend target's state, `nexthop` each backend address's next hop. VIPs
+/// without an allocation are skipped (the caller's allocations decide
+/// what exists).
 pub fn render(
     vips: &[Vip],
     node: &NodeSettings,
     alloc: &BTreeMap<VipKey, Allocation>,
     health: &dyn Fn(&BackendTarget) -> Health,
+    nexthop: &dyn Fn(IpAddr) -> NextHop,
 ) -> MapImage {
     let mut img = MapImage {
         node: NodeImage::from_settings(node),
@@ -363,11 +495,31 @@ pub fn render(
             img.svc_rate_limits.insert(a.svc_id, rl);
         }
         for (b, id) in vip.backends.iter().zip(&a.backend_ids) {
-            img.backends.insert(*id, backend_entry(b));
+            img.backends.insert(*id, backend_entry(b, nexthop(b.addr)));
             img.health.insert(*id, health(&b.key().target()));
+            if let Some(k) = nat_owner_key(vip, b).filter(|k| a.nat_owned.contains(k)) {
+                img.nat_owners.insert(
+                    k,
+                    NatOwner {
+                        svc_id: a.svc_id,
+                        backend_id: *id,
+                        vip: vip.addr,
+                        vip_port: vip_port(vip),
+                    },
+                );
+            }
         }
     }
+    img.vip_filter = Some(vip_filter(img.matches.keys().map(|m| m.addr())));
     img
+}
+
+/// The VIP's port (a range's first, for completeness: ranges own no keys).
+pub fn vip_port(vip: &Vip) -> u16 {
+    match vip.ports {
+        Ports::One(p) => p,
+        Ports::Range { first, .. } => first,
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi::{self, *};
 use crate::dataplane::maps::Maps;
-use crate::dataplane::render::{BackendEntry, Health, MapImage, MatchKey, NodeImage, ServiceEntry};
+use crate::dataplane::render::{
+    BackendEntry, Health, MapImage, MatchKey, NatOwner, NatOwnerKey, NextHop, NodeImage,
+    ServiceEntry,
+};
 use crate::dataplane::DataplaneError;
 use crate::model::{Mac, RateLimit};
 
@@ -36,6 +39,15 @@ pub trait MapStore {
     /// fragment and rate-limit bucket entries.
     fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError>;
     fn put_node(&mut self, node: &NodeImage, previous: &NodeImage) -> Result<(), DataplaneError>;
+    /// Write (Some) or delete (None) a nat_owner_map{,6} entry.
+    fn put_nat_owner(
+        &mut self,
+        k: &NatOwnerKey,
+        o: Option<&NatOwner>,
+    ) -> Result<(), DataplaneError>;
+    /// Write vip_filter_map's one entry, active with these bits.
+    fn put_vip_filter(&mut self, bits: &[u64; abi::VIP_FILTER_WORDS])
+        -> Result<(), DataplaneError>;
     /// Everything the maps hold, decoded.
     fn read(&self) -> Result<MapImage, DataplaneError>;
     /// Wait until every program run that started before this call has
@@ -126,6 +138,7 @@ impl MapStore for Maps {
                         addr: abi::be32(a),
                         port: abi::be16(b.port),
                         mac: b.mac,
+                        nh: b.nexthop.to_abi(),
                     });
                 }
                 IpAddr::V6(a) => {
@@ -134,6 +147,7 @@ impl MapStore for Maps {
                         addr: abi::be32x4(a),
                         port: abi::be16(b.port),
                         mac: b.mac,
+                        nh: b.nexthop.to_abi(),
                     });
                 }
             }
@@ -409,6 +423,7 @@ impl MapStore for Maps {
                         addr: IpAddr::V4(abi::ipv4_from_be32(b.addr)),
                         port: abi::port_from_be16(b.port),
                         mac: b.mac,
+                        nexthop: NextHop::from_abi(&b.nh),
                     },
                 );
             }
@@ -421,6 +436,7 @@ impl MapStore for Maps {
                         addr: IpAddr::V6(abi::ipv6_from_be32x4(b.addr)),
                         port: abi::port_from_be16(b.port),
                         mac: b.mac,
+                        nexthop: NextHop::from_abi(&b.nh),
                     },
                 );
             }
@@ -449,7 +465,110 @@ impl MapStore for Maps {
         for (ifindex, m) in self.iface_mac_map.entries::<u32, rv_iface_mac>()? {
             img.node.interface_macs.insert(ifindex, Mac(m.mac));
         }
+        for (k, v) in self
+            .nat_owner_map
+            .entries::<rv_nat_owner_key, rv_nat_owner>()?
+        {
+            img.nat_owners.insert(
+                NatOwnerKey {
+                    addr: IpAddr::V4(abi::ipv4_from_be32(k.backend_addr)),
+                    port: abi::port_from_be16(k.backend_port),
+                    proto: k.proto,
+                },
+                nat_owner_from(&v, false),
+            );
+        }
+        for (k, v) in self
+            .nat_owner_map6
+            .entries::<rv_nat_owner6_key, rv_nat_owner>()?
+        {
+            img.nat_owners.insert(
+                NatOwnerKey {
+                    addr: IpAddr::V6(abi::ipv6_from_be32x4(k.backend_addr)),
+                    port: abi::port_from_be16(k.backend_port),
+                    proto: k.proto,
+                },
+                nat_owner_from(&v, true),
+            );
+        }
+        if let Some(f) = self.vip_filter_map.get::<u32, rv_vip_filter>(&0)? {
+            img.vip_filter = (f.active != 0).then_some(f.bits);
+        }
         Ok(img)
+    }
+
+    fn put_nat_owner(
+        &mut self,
+        k: &NatOwnerKey,
+        o: Option<&NatOwner>,
+    ) -> Result<(), DataplaneError> {
+        let port = abi::be16(k.port);
+        match k.addr {
+            IpAddr::V4(a) => {
+                let key = rv_nat_owner_key {
+                    backend_addr: abi::be32(a),
+                    backend_port: port,
+                    proto: k.proto,
+                    pad: 0,
+                };
+                match o {
+                    Some(o) => self.nat_owner_map.put(&key, &nat_owner_abi(o)),
+                    None => self.nat_owner_map.remove(&key),
+                }
+            }
+            IpAddr::V6(a) => {
+                let key = rv_nat_owner6_key {
+                    backend_addr: abi::be32x4(a),
+                    backend_port: port,
+                    proto: k.proto,
+                    pad: 0,
+                };
+                match o {
+                    Some(o) => self.nat_owner_map6.put(&key, &nat_owner_abi(o)),
+                    None => self.nat_owner_map6.remove(&key),
+                }
+            }
+        }
+    }
+
+    fn put_vip_filter(
+        &mut self,
+        bits: &[u64; abi::VIP_FILTER_WORDS],
+    ) -> Result<(), DataplaneError> {
+        self.vip_filter_map.put(
+            &0u32,
+            &rv_vip_filter {
+                active: 1,
+                pad: 0,
+                bits: *bits,
+            },
+        )
+    }
+}
+
+fn nat_owner_abi(o: &NatOwner) -> rv_nat_owner {
+    rv_nat_owner {
+        svc_id: o.svc_id,
+        backend_id: o.backend_id,
+        vip_addr: match o.vip {
+            IpAddr::V4(a) => [abi::be32(a), 0, 0, 0],
+            IpAddr::V6(a) => abi::be32x4(a),
+        },
+        vip_port: abi::be16(o.vip_port),
+        pad: 0,
+    }
+}
+
+fn nat_owner_from(v: &rv_nat_owner, v6: bool) -> NatOwner {
+    NatOwner {
+        svc_id: v.svc_id,
+        backend_id: v.backend_id,
+        vip: if v6 {
+            IpAddr::V6(abi::ipv6_from_be32x4(v.vip_addr))
+        } else {
+            IpAddr::V4(abi::ipv4_from_be32(v.vip_addr[0]))
+        },
+        vip_port: abi::port_from_be16(v.vip_port),
     }
 }
 
@@ -650,6 +769,43 @@ impl MapStore for MemStore {
     fn put_node(&mut self, node: &NodeImage, _previous: &NodeImage) -> Result<(), DataplaneError> {
         self.step("rl_config_map")?;
         self.image.node = node.clone();
+        Ok(())
+    }
+
+    fn put_nat_owner(
+        &mut self,
+        k: &NatOwnerKey,
+        o: Option<&NatOwner>,
+    ) -> Result<(), DataplaneError> {
+        self.step("nat_owner_map")?;
+        match o {
+            Some(o) => {
+                if !self.image.nat_owners.contains_key(k)
+                    && self.image.nat_owners.len() >= abi::MAX_NAT_OWNERS as usize
+                {
+                    return Err(DataplaneError::Map {
+                        map: "nat_owner_map",
+                        op: "update",
+                        source: libbpf_rs::Error::from_raw_os_error(
+                            nix::errno::Errno::E2BIG as i32,
+                        ),
+                    });
+                }
+                self.image.nat_owners.insert(*k, *o);
+            }
+            None => {
+                self.image.nat_owners.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    fn put_vip_filter(
+        &mut self,
+        bits: &[u64; abi::VIP_FILTER_WORDS],
+    ) -> Result<(), DataplaneError> {
+        self.step("vip_filter_map")?;
+        self.image.vip_filter = Some(*bits);
         Ok(())
     }
 

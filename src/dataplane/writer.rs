@@ -33,6 +33,7 @@
 //! unissued.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::path::Path;
 
 use crate::abi;
@@ -40,7 +41,10 @@ use crate::dataplane::adopt::{self, AdoptedVip};
 use crate::dataplane::alloc::{
     BackendRegistry, HealthInputs, IdAllocator, Move, Slice, SliceAllocator,
 };
-use crate::dataplane::render::{self, Allocation, Health, MapImage, MatchKey, NodeImage, VipImage};
+use crate::dataplane::render::{
+    self, Allocation, Health, MapImage, MatchKey, NatOwner, NatOwnerKey, NextHop, NodeImage,
+    VipImage,
+};
 use crate::dataplane::store::MapStore;
 use crate::dataplane::{DataplaneError, Maps};
 use crate::model::{
@@ -68,6 +72,8 @@ struct LiveVip {
     backend_ids: Vec<u32>,
     claimed: bool,
     slice_owned: bool,
+    /// nat_owner_map keys this VIP owns.
+    nat_owned: Vec<NatOwnerKey>,
 }
 
 impl LiveVip {
@@ -133,6 +139,9 @@ enum Cleanup {
     Slots(Slice),
     Backends(Vec<u32>),
     SvcRateLimit(u32),
+    /// nat_owner_map keys a VIP let go of: held (so no other VIP claims
+    /// them) until deleted.
+    NatOwners(Vec<NatOwnerKey>),
     /// Scrub flow state, then free the ids.
     Services(BTreeSet<u32>),
 }
@@ -153,6 +162,15 @@ pub struct Writer<S: MapStore = Maps> {
     /// generation up to the ticket.
     pending: Vec<(u64, Cleanup)>,
     generation: u64,
+    /// Next hops by backend address, as last given ([`Writer::set_next_hops`]).
+    next_hops: HashMap<IpAddr, NextHop>,
+    /// The next hop each backend id's entry holds.
+    nh_written: HashMap<u32, NextHop>,
+    /// nat_owner_map: each key's owner as written.
+    nat_owners: HashMap<NatOwnerKey, NatOwner>,
+    /// vip_filter_map: match entries per filter bit, and the bits written.
+    filter_counts: HashMap<u32, u32>,
+    filter_bits: [u64; abi::VIP_FILTER_WORDS],
 }
 
 impl Writer<Maps> {
@@ -218,12 +236,184 @@ impl<S: MapStore> Writer<S> {
             by_key: HashMap::new(),
             pending: Vec::new(),
             generation: 0,
+            next_hops: HashMap::new(),
+            nh_written: img
+                .backends
+                .iter()
+                .map(|(id, b)| (*id, b.nexthop))
+                .collect(),
+            nat_owners: HashMap::new(),
+            filter_counts: HashMap::new(),
+            filter_bits: [0; abi::VIP_FILTER_WORDS],
             store,
         };
         for v in a.vips {
             w.adopt_vip(v);
         }
+        // Owners whose service is gone (or not a VIP any more) go; each
+        // adopted VIP keeps the keys it owned, so its flows keep them.
+        for (k, o) in &img.nat_owners {
+            match w.vips.get_mut(&o.svc_id) {
+                Some(v) => {
+                    v.nat_owned.push(*k);
+                    w.nat_owners.insert(*k, *o);
+                }
+                None => w.store.put_nat_owner(k, None)?,
+            }
+        }
+        // The filter from what the maps match now, active from here on.
+        let matches: Vec<MatchKey> = w
+            .vips
+            .values()
+            .flat_map(|v| v.image.matches.clone())
+            .collect();
+        w.filter_count(&matches, 1);
+        w.store.put_vip_filter(&w.filter_bits)?;
         Ok(w)
+    }
+
+    /// Count match entries in (delta 1) or out (-1) of the VIP filter;
+    /// true when the bits changed.
+    fn filter_count(&mut self, ms: &[MatchKey], delta: i32) -> bool {
+        let mut changed = false;
+        for m in ms {
+            let bit = abi::vip_filter_bit(m.addr());
+            let (w, b) = ((bit / 64) as usize, 1u64 << (bit % 64));
+            let c = self.filter_counts.entry(bit).or_default();
+            if delta > 0 {
+                *c += 1;
+                if *c == 1 {
+                    self.filter_bits[w] |= b;
+                    changed = true;
+                }
+            } else {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    self.filter_counts.remove(&bit);
+                    self.filter_bits[w] &= !b;
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    /// Set the filter bits of match entries about to be written: before
+    /// them, so a packet never meets an entry its bit would hide.
+    fn filter_add(&mut self, ms: &[MatchKey]) -> Result<(), DataplaneError> {
+        if self.filter_count(ms, 1) {
+            let bits = self.filter_bits;
+            self.store.put_vip_filter(&bits)?;
+        }
+        Ok(())
+    }
+
+    /// Clear the bits of match entries removed (after them).
+    fn filter_remove(&mut self, ms: &[MatchKey]) -> Result<(), DataplaneError> {
+        if self.filter_count(ms, -1) {
+            let bits = self.filter_bits;
+            self.store.put_vip_filter(&bits)?;
+        }
+        Ok(())
+    }
+
+    /// The next hop a backend at `addr` gets (none until told).
+    pub fn next_hop(&self, addr: IpAddr) -> NextHop {
+        self.next_hops.get(&addr).copied().unwrap_or_default()
+    }
+
+    /// Take the next hops of backend addresses (the whole table: an
+    /// address it does not list has none) and rewrite the backend entries
+    /// whose next hop changed, in place: the backend's address, port and
+    /// MAC stay, so no packet in flight is sent anywhere it would not be
+    /// by either the old next hop or the new one (or, for the one packet
+    /// that reads the entry while it is written, a mix of the two).
+    /// Returns how many entries were rewritten.
+    pub fn set_next_hops(
+        &mut self,
+        hops: HashMap<IpAddr, NextHop>,
+    ) -> Result<usize, DataplaneError> {
+        self.next_hops = hops;
+        let mut out: Vec<(u32, render::BackendEntry)> = Vec::new();
+        for (id, rec) in self.backends.records() {
+            let want = self.next_hop(rec.key.addr);
+            if self.nh_written.get(&id).copied().unwrap_or_default() != want {
+                out.push((
+                    id,
+                    render::BackendEntry {
+                        addr: rec.key.addr,
+                        port: rec.key.port,
+                        mac: rec.key.mac.map_or([0; 6], |m| m.0),
+                        nexthop: want,
+                    },
+                ));
+            }
+        }
+        if out.is_empty() {
+            return Ok(0);
+        }
+        self.store.put_backends(&out)?;
+        for (id, b) in &out {
+            self.nh_written.insert(*id, b.nexthop);
+        }
+        Ok(out.len())
+    }
+
+    /// Claim the owner keys of a NAT VIP's backends that no other VIP
+    /// owns, and refresh those it owns (their backend id may have
+    /// changed); keys it no longer uses are returned, to be deleted once
+    /// the VIP's new state is switched in. A key that cannot be written
+    /// (a full map) is left unowned: the VIP's flows to that backend then
+    /// record reverse entries, as every flow did before owners.
+    fn claim_nat_owners(
+        &mut self,
+        svc: u32,
+        vip: &Vip,
+        ids: &[u32],
+        owned: &[NatOwnerKey],
+    ) -> (Vec<NatOwnerKey>, Vec<NatOwnerKey>) {
+        let mut keep = Vec::new();
+        for (b, id) in vip.backends.iter().zip(ids) {
+            let Some(k) = render::nat_owner_key(vip, b) else {
+                continue;
+            };
+            if keep.contains(&k) {
+                continue;
+            }
+            let mine = owned.contains(&k);
+            if !mine && self.nat_owners.contains_key(&k) {
+                continue;
+            }
+            let o = NatOwner {
+                svc_id: svc,
+                backend_id: *id,
+                vip: vip.addr,
+                vip_port: render::vip_port(vip),
+            };
+            if self.nat_owners.get(&k) == Some(&o) {
+                keep.push(k);
+            } else if self.store.put_nat_owner(&k, Some(&o)).is_ok() {
+                self.nat_owners.insert(k, o);
+                keep.push(k);
+            } else if mine {
+                // Still the entry that was there: it stays owned.
+                keep.push(k);
+            }
+        }
+        let drop = owned
+            .iter()
+            .filter(|k| !keep.contains(k))
+            .copied()
+            .collect();
+        (keep, drop)
+    }
+
+    /// Owner entries a VIP let go of: deleted with what the batch
+    /// retired (a failed delete is retried there), held until then.
+    fn release_nat_owners(&mut self, keys: &[NatOwnerKey]) {
+        if !keys.is_empty() {
+            self.retire(Cleanup::NatOwners(keys.to_vec()));
+        }
     }
 
     fn adopt_vip(&mut self, v: AdoptedVip) {
@@ -249,6 +439,7 @@ impl<S: MapStore> Writer<S> {
                 backend_ids: v.backend_ids,
                 claimed: false,
                 slice_owned,
+                nat_owned: Vec::new(),
             },
         );
     }
@@ -353,6 +544,20 @@ impl<S: MapStore> Writer<S> {
                     } else {
                         self.store.put_svc_rate_limit(*svc, None)
                     }
+                }
+                Cleanup::NatOwners(keys) => {
+                    let mut r = Ok(());
+                    for k in keys {
+                        if !self.nat_owners.contains_key(k) {
+                            continue;
+                        }
+                        r = self.store.put_nat_owner(k, None);
+                        if r.is_err() {
+                            break;
+                        }
+                        self.nat_owners.remove(k);
+                    }
+                    r
                 }
                 Cleanup::Services(svcs) => self.finish_removals(svcs),
             };
@@ -616,6 +821,7 @@ impl<S: MapStore> Writer<S> {
                         svc_id: v.svc_id,
                         slice_start: v.image.service.slice_start,
                         backend_ids: v.backend_ids.clone(),
+                        nat_owned: v.nat_owned.clone(),
                     },
                 ))
             })
@@ -720,7 +926,7 @@ impl<S: MapStore> Writer<S> {
                 Ok((id, new)) => {
                     ids.push(id);
                     if new {
-                        fresh.push((id, render::backend_entry(b)));
+                        fresh.push((id, render::backend_entry(b, self.next_hop(b.addr))));
                     }
                 }
                 Err(e) => {
@@ -747,6 +953,9 @@ impl<S: MapStore> Writer<S> {
             self.release_backends(&ids, true);
             return Err(e);
         }
+        for (id, b) in &fresh {
+            self.nh_written.insert(*id, b.nexthop);
+        }
         Ok(ids)
     }
 
@@ -770,7 +979,11 @@ impl<S: MapStore> Writer<S> {
     fn clear_backend_entries(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
         let down: Vec<(u32, Health)> = ids.iter().map(|id| (*id, Health::Down)).collect();
         self.store.put_health(&down)?;
-        self.store.clear_backends(ids)
+        self.store.clear_backends(ids)?;
+        for id in ids {
+            self.nh_written.remove(id);
+        }
+        Ok(())
     }
 
     /// A free run of `len` slots, moving other slices if the free space is
@@ -868,7 +1081,9 @@ impl<S: MapStore> Writer<S> {
             }
         };
         let image = render::render_vip(vip, slice.start, &ids);
+        let (owned, _) = self.claim_nat_owners(svc, vip, &ids, &[]);
         let mut matched: Vec<MatchKey> = Vec::new();
+        let mut filtered = false;
         let result = (|| {
             self.store.put_slots(slice.start, &image.slots)?;
             if let Some(rl) = image.rate_limit {
@@ -877,6 +1092,8 @@ impl<S: MapStore> Writer<S> {
             // Fresh counters: the id may have counted another VIP before.
             self.store.zero_stats(svc)?;
             self.store.put_service(svc, &image.service)?;
+            filtered = true;
+            self.filter_add(&image.matches)?;
             for m in &image.matches {
                 self.store.put_match(m, svc)?;
                 matched.push(*m);
@@ -888,6 +1105,10 @@ impl<S: MapStore> Writer<S> {
             for m in matched.iter().rev() {
                 let _ = self.store.remove_match(m);
             }
+            if filtered {
+                let _ = self.filter_remove(&image.matches);
+            }
+            self.release_nat_owners(&owned);
             let _ = self.store.put_service(svc, &Default::default());
             if image.rate_limit.is_some() {
                 let _ = self.store.put_svc_rate_limit(svc, None);
@@ -914,6 +1135,7 @@ impl<S: MapStore> Writer<S> {
                 backend_ids: ids,
                 claimed: true,
                 slice_owned: true,
+                nat_owned: owned,
             },
         );
         Ok(())
@@ -1014,19 +1236,38 @@ impl<S: MapStore> Writer<S> {
             self.retire(Cleanup::SvcRateLimit(svc));
         }
         self.release_backend_entries(freed);
+        // Owner keys after the switch: a flow that starts before its VIP
+        // owns the key records a reverse entry, so nothing needs undoing
+        // if the switch fails.
+        let held = self.vips[&svc].nat_owned.clone();
+        let new_ids = self.vips[&svc].backend_ids.clone();
+        let (owned, unowned) = self.claim_nat_owners(svc, vip, &new_ids, &held);
+        if let Some(cur) = self.vips.get_mut(&svc) {
+            cur.nat_owned = owned;
+        }
+        self.release_nat_owners(&unowned);
         let mut cleanup = Ok(());
         // Match entries: the same for a VIP written by this writer; an
         // adopted one may hold different blocks.
-        for m in &image.matches {
-            if !old_matches.contains(m) {
-                cleanup = cleanup.and(self.store.put_match(m, svc));
-            }
+        let added: Vec<MatchKey> = image
+            .matches
+            .iter()
+            .filter(|m| !old_matches.contains(m))
+            .copied()
+            .collect();
+        let gone: Vec<MatchKey> = old_matches
+            .iter()
+            .filter(|m| !image.matches.contains(m))
+            .copied()
+            .collect();
+        cleanup = cleanup.and(self.filter_add(&added));
+        for m in &added {
+            cleanup = cleanup.and(self.store.put_match(m, svc));
         }
-        for m in &old_matches {
-            if !image.matches.contains(m) {
-                cleanup = cleanup.and(self.store.remove_match(m));
-            }
+        for m in &gone {
+            cleanup = cleanup.and(self.store.remove_match(m));
         }
+        cleanup = cleanup.and(self.filter_remove(&gone));
         if let Some(cur) = self.vips.get_mut(&svc) {
             cur.image.matches = image.matches;
         }
@@ -1056,12 +1297,14 @@ impl<S: MapStore> Writer<S> {
                 if let Some(v) = self.vips.get_mut(&svc) {
                     v.image.matches.drain(..i);
                 }
+                let _ = self.filter_remove(&cur.image.matches[..i]);
                 return Err(ctx(e));
             }
         }
         if let Some(v) = self.vips.get_mut(&svc) {
             v.image.matches.clear();
         }
+        self.filter_remove(&cur.image.matches).map_err(ctx)?;
         self.store
             .put_service(svc, &Default::default())
             .map_err(ctx)?;
@@ -1070,6 +1313,7 @@ impl<S: MapStore> Writer<S> {
             self.by_key.remove(&k);
         }
         self.vips.remove(&svc);
+        self.release_nat_owners(&cur.nat_owned);
         let freed = self.release_backends(&cur.backend_ids, false);
         if cur.image.rate_limit.is_some() {
             self.retire(Cleanup::SvcRateLimit(svc));

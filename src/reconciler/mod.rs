@@ -132,6 +132,9 @@ pub enum Command {
     },
     SetNode(NodeConf),
     Health(HealthEvent<ProbeKey>),
+    /// The next hop of every backend address (`crate::nexthop`): an
+    /// address it does not list has none (the datapath asks the FIB).
+    NextHops(std::collections::HashMap<IpAddr, crate::dataplane::render::NextHop>),
     Drain {
         target: SocketAddr,
         vip: Option<VipKey>,
@@ -351,6 +354,11 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                     error!(error = %e, "applying a health change");
                 }
             }
+            Command::NextHops(hops) => match self.writer.set_next_hops(hops) {
+                Ok(0) => {}
+                Ok(n) => debug!(backends = n, "next hops rewritten"),
+                Err(e) => error!(error = %e, "writing next hops"),
+            },
             Command::Drain {
                 target,
                 vip,

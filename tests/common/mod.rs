@@ -233,6 +233,7 @@ impl TestDp {
             addr: be32(addr),
             port: be16(port),
             mac,
+            ..Default::default()
         };
         self.maps.backend_map.put(&id, &b).expect("backend_map");
         self.health(id, rv_health::RV_HEALTH_HEALTHY);
@@ -243,6 +244,7 @@ impl TestDp {
             addr: be32x4(addr),
             port: be16(port),
             mac,
+            ..Default::default()
         };
         self.maps.backend_map6.put(&id, &b).expect("backend_map6");
         self.health(id, rv_health::RV_HEALTH_HEALTHY);
@@ -1089,10 +1091,62 @@ pub mod fixtures {
         f.clone().to(be.addr, port)
     }
 
-    /// The nat_reverse_map entry a NAT'd request leaves: keyed by the reply's
+    /// The nat_owner_map{,6} entry for a backend's (address, port, proto).
+    pub fn nat_owner(t: &TestDp, addr: IpAddr, port: u16, proto: u8) -> Option<rv_nat_owner> {
+        match addr {
+            IpAddr::V4(a) => t
+                .maps
+                .nat_owner_map
+                .get(&rv_nat_owner_key {
+                    backend_addr: be32(a),
+                    backend_port: be16(port),
+                    proto,
+                    pad: 0,
+                })
+                .expect("nat_owner_map"),
+            IpAddr::V6(a) => t
+                .maps
+                .nat_owner_map6
+                .get(&rv_nat_owner6_key {
+                    backend_addr: be32x4(a),
+                    backend_port: be16(port),
+                    proto,
+                    pad: 0,
+                })
+                .expect("nat_owner_map6"),
+        }
+    }
+
+    /// What a NAT'd request leaves for tc_nat to translate its replies by:
+    /// when service `svc` owns the backend's (address, port, proto), the
+    /// owner entry names the VIP and the flow's own affinity entry names
+    /// the backend (and no reverse entry is written: one insert per new
+    /// flow); otherwise the nat_reverse_map entry keyed by the reply's
     /// (backend, client, ports, proto), holding the VIP and the service id.
     pub fn assert_nat_entry(t: &TestDp, desc: &str, f: &Frame, be: &Be, svc: u32) {
         let bport = if be.port == 0 { f.dport() } else { be.port };
+        if let Some(o) = nat_owner(t, be.addr, bport, f.proto()).filter(|o| o.svc_id == svc) {
+            let vip = match f.dst_ip() {
+                IpAddr::V4(_) => IpAddr::V4(ipv4_from_be32(o.vip_addr[0])),
+                IpAddr::V6(_) => IpAddr::V6(ipv6_from_be32x4(o.vip_addr)),
+            };
+            assert_eq!(vip, f.dst_ip(), "{desc}: owner's VIP");
+            assert_eq!(
+                port_from_be16(o.vip_port),
+                f.dport(),
+                "{desc}: owner's port"
+            );
+            assert_eq!(
+                affinity_of(t, svc, f),
+                Some(o.backend_id),
+                "{desc}: the flow's affinity entry names the owner's backend"
+            );
+            assert!(
+                !has_nat_reverse(t, f, be.addr, bport),
+                "{desc}: an owned flow writes no nat_reverse_map entry"
+            );
+            return;
+        }
         match (f.src_ip(), f.dst_ip(), be.addr) {
             (IpAddr::V4(c), IpAddr::V4(vip), IpAddr::V4(b)) => {
                 let k = rv_nat_key {
@@ -1136,6 +1190,39 @@ pub mod fixtures {
         }
     }
 
+    /// Whether the flow left a nat_reverse_map{,6} entry.
+    pub fn has_nat_reverse(t: &TestDp, f: &Frame, baddr: IpAddr, bport: u16) -> bool {
+        match (f.src_ip(), baddr) {
+            (IpAddr::V4(c), IpAddr::V4(b)) => t
+                .maps
+                .nat_reverse_map
+                .get::<_, rv_nat_value>(&rv_nat_key {
+                    backend_addr: be32(b),
+                    client_addr: be32(c),
+                    backend_port: be16(bport),
+                    client_port: be16(f.sport()),
+                    proto: f.proto(),
+                    ..Default::default()
+                })
+                .expect("nat_reverse_map")
+                .is_some(),
+            (IpAddr::V6(c), IpAddr::V6(b)) => t
+                .maps
+                .nat_reverse_map6
+                .get::<_, rv_nat6_value>(&rv_nat6_key {
+                    backend_addr: be32x4(b),
+                    client_addr: be32x4(c),
+                    backend_port: be16(bport),
+                    client_port: be16(f.sport()),
+                    proto: f.proto(),
+                    ..Default::default()
+                })
+                .expect("nat_reverse_map6")
+                .is_some(),
+            _ => false,
+        }
+    }
+
     /// The connection_affinity_map entry for the flow, if any.
     pub fn affinity_of(t: &TestDp, svc: u32, f: &Frame) -> Option<u32> {
         match f.src_ip() {
@@ -1166,6 +1253,42 @@ pub mod fixtures {
                 v.map(|a| a.backend_id)
             }
         }
+    }
+
+    /// NAT flows recorded for tc_nat either way: reverse entries, and the
+    /// affinity entries of services that own a backend (their flows'
+    /// proof, see lib/nat.h).
+    pub fn nat_flows(t: &TestDp) -> usize {
+        let owners: std::collections::BTreeSet<u32> = t
+            .maps
+            .nat_owner_map
+            .entries::<rv_nat_owner_key, rv_nat_owner>()
+            .expect("nat_owner_map")
+            .into_iter()
+            .map(|(_, o)| o.svc_id)
+            .chain(
+                t.maps
+                    .nat_owner_map6
+                    .entries::<rv_nat_owner6_key, rv_nat_owner>()
+                    .expect("nat_owner_map6")
+                    .into_iter()
+                    .map(|(_, o)| o.svc_id),
+            )
+            .collect();
+        let owned = t
+            .maps
+            .connection_affinity_map
+            .keys::<rv_flow_key>()
+            .iter()
+            .filter(|k| owners.contains(&k.svc_id))
+            .count()
+            + t.maps
+                .connection_affinity_map6
+                .keys::<rv_flow6_key>()
+                .iter()
+                .filter(|k| owners.contains(&k.svc_id))
+                .count();
+        owned + nat_entries(t)
     }
 
     pub fn nat_entries(t: &TestDp) -> usize {
