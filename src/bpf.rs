@@ -23,6 +23,20 @@ pub mod tc_nat {
     include!(concat!(env!("OUT_DIR"), "/tc_nat.skel.rs"));
 }
 
+/// xdp_ingress as of the baseline commit (build.rs), for rivora-bench's
+/// before/after figures only: never loaded by rivorad.
+#[cfg(rivora_baseline)]
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    unused
+)]
+pub mod xdp_ingress_base {
+    include!(concat!(env!("OUT_DIR"), "/xdp_ingress_base.skel.rs"));
+}
+
 /// Benchmark wrappers (restore the packet, tail-call the program under
 /// test); used by `rivora-bench` only.
 #[allow(
