@@ -57,6 +57,9 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 	o = rv_nat_owner_get(pkt->family, baddr, bport, pkt->proto);
 	if (o && o->svc_id == t->svc_id)
 		return;
+	if (o && (t->pick & RV_PICK_NEW))
+		rv_nat_owner_forget(pkt->family, o, pkt->saddr, pkt->sport,
+				    pkt->proto);
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_nat_key k = {
 			.backend_addr = baddr[0],

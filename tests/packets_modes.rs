@@ -257,6 +257,84 @@ fn tc_nat_leaves_unknown_replies_untouched() {
     );
 }
 
+/// Two NAT VIPs (per family) on one backend's (address, port, proto).
+const SHARED_SERVICES: &NatServices = &[
+    (51, VIP4, 80, PROTO_TCP, "10.9.0.51", 8080),
+    (52, VIP4, 81, PROTO_TCP, "10.9.0.51", 8080),
+    (53, VIP6, 80, PROTO_TCP, "fd00:9::51", 8080),
+    (54, VIP6, 81, PROTO_TCP, "fd00:9::51", 8080),
+];
+
+/// One LRU insert per new NAT flow, yet every reply translated when two
+/// VIPs share a backend: the VIP that owns it (nat_owner_map) records
+/// nothing and its replies are proven by its flows' affinity entries; the
+/// other records reverse entries. A client port reused from one VIP's
+/// flow for the other's (the backend sees the same connection) gets the
+/// new flow's VIP back, either way round.
+#[test]
+fn nat_two_vips_sharing_a_backend_translate_every_reply() {
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_services_setup(&fx, SHARED_SERVICES);
+    let ns = Netns::new(&unique("rvnatshare"));
+    let _in = InNetns::enter(&ns);
+    for pair in [[51, 52], [53, 54]] {
+        let be = bes[&pair[0]];
+        let o = nat_owner(t, be.addr, 8080, PROTO_TCP).expect("the backend has an owner");
+        let owner = *pair
+            .iter()
+            .find(|n| bes.id(**n) == o.svc_id)
+            .expect("one of the two VIPs owns the backend");
+        let other = if owner == pair[0] { pair[1] } else { pair[0] };
+        let entries_before = nat_entries(t);
+        // (VIP, client port): the last two reuse the first two's ports
+        // for the other VIP.
+        let flows = [
+            (owner, 60001),
+            (other, 60002),
+            (other, 60001),
+            (owner, 60002),
+        ];
+        for (svc, sport) in flows {
+            let f = nat_request(SHARED_SERVICES, svc, sport);
+            let desc = format!("svc {svc} (owner {owner}), client port {sport}");
+            run_case(
+                t,
+                &Case {
+                    desc: desc.clone(),
+                    input: f.build(),
+                    want: nat_of(&f, &bes[&svc]).build(),
+                    verdict: XDP_PASS,
+                    drop: None,
+                },
+            );
+            if (svc, sport) == (owner, 60002) {
+                // The other VIP's earlier flow left its reverse entry for
+                // this tuple: the owner's check comes first, and this
+                // flow inserted nothing (counted below).
+                assert_eq!(
+                    affinity_of(t, bes.id(svc), &f),
+                    Some(bes[&svc].id),
+                    "{desc}: affinity"
+                );
+            } else {
+                assert_nat_entry(t, &desc, &f, &bes[&svc], bes.id(svc));
+            }
+            let reply = nat_of(&f, &bes[&svc]).reply();
+            let (v, out) = t.run_tc(&reply.build());
+            assert_eq!(v, TCX_PASS, "{desc}: reply verdict");
+            let restored = reply.from(f.dst_ip(), f.dport());
+            assert_bytes(&format!("{desc}, reply"), &out, &restored.build());
+            assert_checksums(&out);
+        }
+        assert_eq!(
+            nat_entries(t) - entries_before,
+            2,
+            "reverse entries for the other VIP's two flows alone"
+        );
+    }
+}
+
 /// DSR: the backend holds the VIP; only the MACs change (source from
 /// iface_mac_map, destination the backend's), out the way it came.
 #[test]

@@ -68,6 +68,38 @@ static __always_inline int rv_nat_owner_flow(__u8 family,
 	return a && a->backend_id == o->backend_id;
 }
 
+/*
+ * A new flow of another VIP to the owner's backend, from the client's
+ * (address, port): the backend sees the same connection as any owner's
+ * flow from there, which is therefore over. Its affinity entry goes, or
+ * it would claim this flow's replies for the owner's VIP (the reverse
+ * entry this flow records is looked up only when the owner's check
+ * fails). Costs a delete on such new flows alone.
+ */
+static __always_inline void rv_nat_owner_forget(__u8 family,
+						const struct rv_nat_owner *o,
+						const __be32 *caddr,
+						__be16 cport, __u8 proto)
+{
+	if (family == RV_FAMILY_V4) {
+		struct rv_flow_key k = { .svc_id = o->svc_id,
+					 .saddr = caddr[0],
+					 .sport = cport,
+					 .dport = o->vip_port,
+					 .proto = proto };
+
+		bpf_map_delete_elem(&connection_affinity_map, &k);
+	} else {
+		struct rv_flow6_key k = { .svc_id = o->svc_id,
+					  .sport = cport,
+					  .dport = o->vip_port,
+					  .proto = proto };
+
+		rv_addr6_copy(k.saddr, caddr);
+		bpf_map_delete_elem(&connection_affinity_map6, &k);
+	}
+}
+
 /* The VIP a reply from (baddr, bport) to (caddr, cport) must come from.
  * Returns 0 when found, -1 when the reply is no NAT flow's. */
 static __always_inline int rv_nat_vip_of(__u8 family, const __be32 *baddr,
