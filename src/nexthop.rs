@@ -231,6 +231,9 @@ impl Watcher {
                 // Let a burst (a route change brings several) settle.
                 while changes.wait(Duration::from_millis(2))? > 0 {}
             }
+            if self.status.closed() {
+                return Ok(());
+            }
             let now = wanted(&self.status);
             if now != known {
                 known = now;

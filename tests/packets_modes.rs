@@ -1370,3 +1370,240 @@ fn nat_fib_fragments_take_one_path() {
         }
     }
 }
+
+/// A VIP as the reconciler publishes it (what the watcher reads: each
+/// backend's id and address), its backends' ids from `id_of`.
+fn status_of(
+    v: &rivora::model::Vip,
+    id_of: impl Fn(IpAddr) -> u32,
+) -> rivora::reconciler::status::VipStatus {
+    use rivora::dataplane::alloc::Slice;
+    use rivora::dataplane::render::Health;
+    use rivora::desired::TrafficPolicy;
+    use rivora::model::BackendTarget;
+    use rivora::reconciler::status::{BackendStatus, ProbeStatus, VipStatus};
+    VipStatus {
+        key: v.key(),
+        name: v.key().to_string(),
+        owner: None,
+        traffic_policy: TrafficPolicy::Cluster,
+        svc_id: 0,
+        slice: Slice { start: 0, len: 0 },
+        mode: v.mode,
+        affinity: v.affinity,
+        backends: v
+            .backends
+            .iter()
+            .map(|b| BackendStatus {
+                target: BackendTarget {
+                    addr: b.addr,
+                    port: b.port,
+                },
+                service_port: b.port,
+                backend_id: id_of(b.addr),
+                weight: 1,
+                health: Health::Healthy,
+                drained: false,
+                probe: ProbeStatus::Disabled,
+            })
+            .collect(),
+    }
+}
+
+/// The gateway's MAC after `ip neigh replace` in the watcher test.
+const NEW_GW_MAC: [u8; 6] = [0x02, 0x0e, 0, 0, 0, 0x09];
+
+/// The watcher test's services: NAT over IPv4 and IPv6 to backends behind
+/// veth0's gateway (nat_netns), and L3 DSR the same way.
+const WATCHED_NAT: &NatServices = &[
+    (61, VIP4, 80, PROTO_TCP, "10.1.0.61", 8080),
+    (63, VIP6, 80, PROTO_TCP, "fd00:1::63", 8080),
+];
+const WATCHED_L3DSR: &[(u32, &str, u16, &str)] =
+    &[(65, VIP4, 90, "10.1.0.65"), (66, VIP6, 90, "fd00:1::66")];
+
+/// rivorad's next-hop watcher (src/nexthop.rs), run on the reconciler's
+/// published status as rivorad runs it, against the kernel's own
+/// neighbour table: each table it sends is written through the writer as
+/// the reconciler does, and every packet of NAT and L3 DSR, IPv4 and
+/// IPv6, is checked byte for byte at each step.
+///
+/// - resolved: sent from the cache (no FIB lookup: no miss counted);
+/// - the gateway's MAC changed (`ip neigh replace`): a new table with the
+///   new MAC follows by itself (its delay is printed; the deadline is
+///   only generous), and packets go to the new MAC;
+/// - the neighbour deleted: the entries turn STALE, and the datapath
+///   asks the FIB (which leaves the packet to the kernel), counting a
+///   miss per packet;
+/// - the neighbour back, before the watcher's next table is written: the
+///   stale entry (holding the old MAC) is not used, the FIB's answer is;
+///   then the cache holds it again.
+///
+/// Between a change in the kernel and the writer's rewrite, the cache
+/// still holds what it held: the watcher's delay printed here bounds it.
+#[test]
+fn next_hop_watcher_follows_neighbour_changes() {
+    use rivora::dataplane::render::NextHop;
+    use rivora::reconciler::status::{self, DataplaneStatus, InterfaceInfo};
+    use rivora::reconciler::Command;
+    use std::time::{Duration, Instant};
+
+    let fx = Fx::new();
+    let t = &fx.t;
+    fx.tunnel(Some(TUN4.parse().unwrap()), Some(TUN6.parse().unwrap()));
+    let mut bes = nat_services_setup(&fx, WATCHED_NAT);
+    for &(svc, vip, port, addr) in WATCHED_L3DSR {
+        fx.add_named(
+            &mut bes,
+            svc,
+            Mode::L3Dsr,
+            (ip(vip), port, PROTO_TCP),
+            backend(svc, addr, 0),
+        );
+    }
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    let svcs: Vec<u32> = [61, 63, 65, 66].to_vec();
+
+    // What the reconciler publishes: the backends and the interface.
+    let (publisher, reader) = status::channel();
+    let mut st = DataplaneStatus {
+        interfaces: vec![InterfaceInfo {
+            name: "veth0".into(),
+            ifindex: veth0,
+            xdp_mode: None,
+        }],
+        ..Default::default()
+    };
+    for v in fx.w.borrow().specs() {
+        st.vips.push(status_of(&v, |a| {
+            let name = svcs
+                .iter()
+                .find(|n| bes[n].addr == a)
+                .expect("a watched backend");
+            bes[name].id
+        }));
+    }
+    publisher.publish(st);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let watcher = rivora::nexthop::Watcher {
+        status: reader,
+        tx,
+        pin_dir: t.pin_dir.clone(),
+    }
+    .spawn()
+    .expect("spawning the watcher");
+
+    let addrs: Vec<IpAddr> = svcs.iter().map(|s| bes[s].addr).collect();
+    // The next table the watcher sends for which `ok` holds of every
+    // backend's next hop; written as the reconciler writes it.
+    let next_table = |what: &str, ok: &dyn Fn(&NextHop) -> bool| -> Duration {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Command::NextHops(table)) => {
+                    let fits = addrs.iter().all(|a| table.get(a).is_some_and(|nh| ok(nh)));
+                    if fits {
+                        fx.w.borrow_mut()
+                            .set_next_hops(table)
+                            .expect("writing next hops");
+                        return start.elapsed();
+                    }
+                }
+                Ok(_) => panic!("the watcher sends next hops alone"),
+                Err(e) => panic!("no table with {what} within 20 s: {e}"),
+            }
+        }
+    };
+    let misses = || -> u64 { svcs.iter().map(|s| nh_misses(t, bes[s].id)).sum() };
+    let mut sport = 59000;
+    // Every watched service's packet, as it must leave: sent to `gw` out
+    // of veth0, or (None) left to the kernel.
+    let mut check = |desc: &str, gw: Option<[u8; 6]>| {
+        sport += 1;
+        for &(svc, ..) in WATCHED_NAT {
+            let be = bes[&svc];
+            let f = nat_request(WATCHED_NAT, svc, sport);
+            let desc = format!("{desc}: NAT svc {svc}");
+            match gw {
+                Some(m) => expect_on(
+                    t,
+                    &desc,
+                    veth0,
+                    &f,
+                    XDP_TX,
+                    &nat_routed(&f, &be, (VETH_MAC, m)),
+                ),
+                None => expect_on(t, &desc, veth0, &f, XDP_PASS, &nat_of(&f, &be)),
+            }
+        }
+        for &(svc, vip, port, addr) in WATCHED_L3DSR {
+            let f = if vip == VIP4 {
+                Frame::tcp4(CLIENT4, sport, vip, port)
+            } else {
+                Frame::tcp6(CLIENT6, sport, vip, port)
+            };
+            let desc = format!("{desc}: L3 DSR svc {svc}");
+            let (verdict, macs) = match gw {
+                Some(m) => (XDP_TX, (VETH_MAC, m)),
+                None => (XDP_PASS, (f.src_mac, f.dst_mac)),
+            };
+            let (v, out) = run_on(t, &desc, veth0, &f.build());
+            assert_eq!(v, verdict, "{desc}: verdict");
+            assert_bytes(&desc, &out, &encapsulated(&f, ip(addr), macs));
+        }
+    };
+    let n = svcs.len() as u64;
+
+    let valid = |mac: [u8; 6]| {
+        move |nh: &NextHop| {
+            (nh.flags, nh.ifindex, nh.dmac, nh.smac) == (NextHop::VALID, veth0, mac, VETH_MAC)
+        }
+    };
+    let took = next_table("the gateway's MAC", &valid(GW_MAC));
+    eprintln!("first table: {took:?}");
+    let m = misses();
+    check("resolved", Some(GW_MAC));
+    assert_eq!(misses(), m, "cached: no FIB lookup");
+
+    ns.exec(&format!(
+        "ip neigh replace 10.250.0.2 lladdr {mac} dev veth0 nud permanent && \
+         ip -6 neigh replace fd00:fa:ff::2 lladdr {mac} dev veth0 nud permanent",
+        mac = mac_str(NEW_GW_MAC)
+    ));
+    let took = next_table("the new MAC", &valid(NEW_GW_MAC));
+    eprintln!("a changed MAC reached the table after {took:?}");
+    check("MAC changed", Some(NEW_GW_MAC));
+    assert_eq!(misses(), m, "cached: no FIB lookup");
+
+    ns.exec(
+        "ip neigh del 10.250.0.2 dev veth0 && \
+         ip -6 neigh del fd00:fa:ff::2 dev veth0",
+    );
+    let took = next_table("stale entries", &|nh: &NextHop| {
+        nh.flags == NextHop::VALID | NextHop::STALE && nh.dmac == NEW_GW_MAC
+    });
+    eprintln!("a deleted neighbour made the entries stale after {took:?}");
+    check("neighbour gone", None);
+    assert_eq!(misses(), m + n, "stale: each packet asked the FIB");
+
+    ns.exec(&format!(
+        "ip neigh replace 10.250.0.2 lladdr {mac} dev veth0 nud permanent && \
+         ip -6 neigh replace fd00:fa:ff::2 lladdr {mac} dev veth0 nud permanent",
+        mac = mac_str(GW_MAC)
+    ));
+    // The maps still hold the stale entries (the old MAC): the FIB's
+    // answer is what goes out.
+    check("neighbour back, entries still stale", Some(GW_MAC));
+    assert_eq!(misses(), m + 2 * n, "stale: each packet asked the FIB");
+    next_table("the gateway's MAC again", &valid(GW_MAC));
+    check("resolved again", Some(GW_MAC));
+    assert_eq!(misses(), m + 2 * n, "cached: no FIB lookup");
+
+    // The reconciler gone, the watcher ends.
+    drop(publisher);
+    watcher.join().expect("the watcher thread");
+}

@@ -167,6 +167,11 @@ impl StatusReader {
         self.applying.load(Ordering::Acquire)
     }
 
+    /// The reconciler is gone: no snapshot will follow this one.
+    pub fn closed(&self) -> bool {
+        self.rx.has_changed().is_err()
+    }
+
     /// Wait for the next snapshot (for speakers that react to changes).
     pub async fn changed(&mut self) -> bool {
         self.rx.changed().await.is_ok()
