@@ -44,6 +44,10 @@ fn vip(addr: &str, ports: Ports, backends: Vec<Backend>) -> Vip {
 fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
     w.reclaim().unwrap();
     assert_eq!(w.pending_reclaim(), 0);
+    assert!(
+        w.health_index_consistent(),
+        "the health index names exactly the targets some backend id has"
+    );
     let live = w.read_maps().unwrap();
     let want = render::render(&w.specs(), w.node(), &w.allocations(), &|t| {
         w.health(t).unwrap_or(Health::Healthy)
