@@ -14,5 +14,7 @@
 //! No libbpf: the daemon glue (what to announce, from the dataplane's
 //! status) lives in rivorad.
 
+pub mod bfd;
 pub mod fsm;
+pub mod md5;
 pub mod wire;
