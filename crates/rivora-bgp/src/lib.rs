@@ -17,4 +17,10 @@
 pub mod bfd;
 pub mod fsm;
 pub mod md5;
+pub mod session;
+pub mod speaker;
+
+pub use fsm::{Notification, State};
+pub use speaker::{PeerConfig, PeerStatus, Route, Speaker, SpeakerConfig, SpeakerError};
+pub use wire::{Family, RouteAttrs};
 pub mod wire;
