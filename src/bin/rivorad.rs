@@ -225,6 +225,10 @@ fn main() -> Result<()> {
             outputs.programming.clone(),
         );
     }
+    let bgp_metrics = rivora::bgp::metrics::BgpCollector::default();
+    metrics
+        .registry_mut()
+        .register_collector(Box::new(bgp_metrics.clone()));
     let metrics = Arc::new(metrics);
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
         let metrics = metrics.clone();
@@ -232,6 +236,18 @@ fn main() -> Result<()> {
     };
     let mut d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
+    // The BGP speaker, once the first apply is published: its first
+    // table is what the datapath forwards.
+    let bgp = match d.bgp.clone() {
+        Some(settings) => {
+            let _rt = runtime.enter();
+            let sp = rivora::bgp::start(settings, d.status(), args.persist_datapath, d.restarted)
+                .context("starting the BGP speaker")?;
+            let _ = bgp_metrics.speaker.set(sp.clone());
+            Some(sp)
+        }
+        None => None,
+    };
     let api_conf = d.node.api.clone();
     let metrics_addr = d.node.metrics.listen;
     let file = d.file_source();
@@ -242,6 +258,7 @@ fn main() -> Result<()> {
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
         watches: kube.as_ref().map(|(_, _, _, w)| w.clone()),
+        bgp: bgp.clone(),
     });
     // Checked and held since before the datapath was touched; the
     // server binds its own listeners on the same addresses.
@@ -294,6 +311,12 @@ fn main() -> Result<()> {
             }
         }
         watcher.abort();
+        // Peers first: without a pinned datapath the routes are withdrawn
+        // before the programs detach; with one, the sessions close for
+        // the peers' graceful restart to keep them.
+        if let Some(b) = &bgp {
+            rivora::bgp::stop(b, args.persist_datapath).await;
+        }
         api.shutdown().await;
         if let Some(m) = metrics {
             m.shutdown().await;

@@ -33,7 +33,7 @@ pub use server::{
 };
 pub use state::ApiState;
 pub use types::{
-    Affinity, ApiError, BackendHealth, BackendInfo, DrainOutcome, DrainRequest, DrainSpec, Drops,
-    InterfaceStatus, Ports, ProbeState, Proto, ReloadRequest, ReloadResult, SourceInfo, Status,
-    VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
+    Affinity, ApiError, BackendHealth, BackendInfo, BgpPeerInfo, BgpRouteInfo, DrainOutcome,
+    DrainRequest, DrainSpec, Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadRequest,
+    ReloadResult, SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
 };

@@ -238,6 +238,14 @@ pub struct Speaker {
     routes: Arc<watch::Sender<Arc<Vec<Route>>>>,
 }
 
+impl std::fmt::Debug for Speaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Speaker")
+            .field("routes", &self.routes().len())
+            .finish()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -44,10 +44,10 @@ fn update(m: Message) -> BgpUpdateMessage {
     }
 }
 
-fn value<'a>(
-    u: &'a BgpUpdateMessage,
+fn value(
+    u: &BgpUpdateMessage,
     f: impl Fn(&PathAttributeValue) -> bool,
-) -> Option<&'a PathAttributeValue> {
+) -> Option<&PathAttributeValue> {
     u.path_attributes().iter().map(|a| a.value()).find(|v| f(v))
 }
 

@@ -1,0 +1,157 @@
+//! The BGP glue: which routes this node announces, from the dataplane's
+//! published status, and the speaker (`rivora-bgp`) configured from the
+//! file's `bgp` section.
+//!
+//! A VIP address is announced (a /32 or /128) while at least one VIP at
+//! that address is serving: it has a healthy backend with weight above 0
+//! in this node's view ([`VipStatus::serving`]; with
+//! externalTrafficPolicy Local the translation keeps only this node's
+//! endpoints, so "this node's view" is the policy). It is withdrawn when
+//! none is. The status is read through a [`StatusReader`], never the
+//! reconciler's lock, and every new snapshot is turned into routes at
+//! once: announce and withdraw follow the map writes within milliseconds.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use rivora_bgp::{Family, PeerConfig, Route, RouteAttrs, Speaker, SpeakerConfig};
+use rivora_model::config::bgp::{BgpSettings, PeerSettings, RoutePolicy};
+use tracing::info;
+
+use crate::reconciler::status::{DataplaneStatus, StatusReader};
+
+pub mod metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BgpError {
+    #[error(transparent)]
+    Speaker(#[from] rivora_bgp::SpeakerError),
+    #[error("no BGP router ID: set bgp.routerId (no IPv4 address toward any peer)")]
+    NoRouterId,
+}
+
+fn attrs(p: &RoutePolicy) -> RouteAttrs {
+    RouteAttrs {
+        communities: p.communities.clone(),
+        large_communities: p.large_communities.clone(),
+        local_pref: p.local_pref,
+        med: p.med,
+    }
+}
+
+/// The speaker's view of one configured peer.
+pub fn peer_config(p: &PeerSettings) -> PeerConfig {
+    let mut families = Vec::new();
+    if p.ipv4 {
+        families.push(Family::Ipv4Unicast);
+    }
+    if p.ipv6 {
+        families.push(Family::Ipv6Unicast);
+    }
+    PeerConfig {
+        name: p.name.clone(),
+        address: p.address,
+        asn: p.asn,
+        port: p.port,
+        local_address: p.local_address,
+        passive: p.passive,
+        hold_time: p.hold_time,
+        connect_retry: p.connect_retry,
+        delay_open: None,
+        password: p.password.clone(),
+        families,
+        next_hop4: p.next_hop_ipv4,
+        next_hop6: p.next_hop_ipv6,
+        bfd: p.bfd.map(|b| rivora_bgp::bfd::Timers {
+            min_tx: b.min_tx,
+            min_rx: b.min_rx,
+            multiplier: b.multiplier,
+        }),
+        graceful_restart: p.graceful_restart,
+        attrs: attrs(&p.policy),
+    }
+}
+
+/// The routes a status calls for: one host route per VIP address with a
+/// serving VIP, carrying the advertisements that match it.
+pub fn routes_of(st: &DataplaneStatus, settings: &BgpSettings) -> Vec<Route> {
+    let mut serving: BTreeMap<IpAddr, bool> = BTreeMap::new();
+    for v in &st.vips {
+        *serving.entry(v.key.addr).or_default() |= v.serving();
+    }
+    serving
+        .into_iter()
+        .filter(|(_, s)| *s)
+        .map(|(a, _)| Route::host(a, attrs(&settings.policy_for(a))))
+        .collect()
+}
+
+/// The router ID: configured, else this host's IPv4 address toward the
+/// first IPv4 peer (or toward any address, for IPv6-only peers).
+pub fn router_id(s: &BgpSettings) -> Option<Ipv4Addr> {
+    if let Some(r) = s.router_id {
+        return Some(r);
+    }
+    let toward = s
+        .peers
+        .iter()
+        .map(|p| p.address)
+        .find(IpAddr::is_ipv4)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)));
+    match rivora_bgp::speaker::local_toward(toward) {
+        Some(IpAddr::V4(a)) if !a.is_unspecified() => Some(a),
+        _ => None,
+    }
+}
+
+/// Start the speaker and the task that keeps its routes to the status.
+/// `persist`: the datapath outlives rivorad, so the forwarding-state bit
+/// is set; `restarted`: this start found the maps pinned.
+pub fn start(
+    settings: BgpSettings,
+    status: StatusReader,
+    persist: bool,
+    restarted: bool,
+) -> Result<Speaker, BgpError> {
+    let router_id = router_id(&settings).ok_or(BgpError::NoRouterId)?;
+    let speaker = Speaker::start(&SpeakerConfig {
+        asn: settings.asn,
+        router_id,
+        listen_port: settings.listen_port,
+        restart_time: settings.restart_time,
+        forwarding_preserved: persist,
+        restarting: restarted && persist,
+    })?;
+    // Routes first, so a session that comes up sends the full table.
+    speaker.set_routes(routes_of(&status.current(), &settings));
+    speaker.set_peers(settings.peers.iter().map(peer_config).collect())?;
+    let sp = speaker.clone();
+    tokio::spawn(async move { follow(sp, status, settings).await });
+    Ok(speaker)
+}
+
+async fn follow(speaker: Speaker, mut status: StatusReader, settings: BgpSettings) {
+    loop {
+        if !status.changed().await {
+            return;
+        }
+        let routes = routes_of(&status.current(), &settings);
+        let n = routes.len();
+        let before = speaker.routes().len();
+        speaker.set_routes(routes);
+        if n != before {
+            info!(routes = n, was = before, "BGP routes");
+        }
+    }
+}
+
+/// Stop the speaker: with a pinned datapath, close the sessions for the
+/// peers' graceful restart to keep our routes; otherwise withdraw them
+/// and say goodbye.
+pub async fn stop(speaker: &Speaker, persist: bool) {
+    speaker.shutdown(persist, Duration::from_secs(3)).await;
+}
+
+#[cfg(test)]
+mod tests;
