@@ -1,0 +1,287 @@
+//! Real BGP peers for the end-to-end tests, each in a namespace of its
+//! own joined to the node by a veth: BIRD 2 (`bird`, read with `birdc`),
+//! FRR (`zebra` + `bgpd` with `-N`, read with `vtysh -N ... json`) and
+//! GoBGP (`gobgpd`, read with `gobgp ... -j`). Every daemon is stopped
+//! and its files removed on drop.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use super::netns::{sh, Netns};
+use super::unique;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bird,
+    Frr,
+    Gobgp,
+}
+
+/// One router: its namespace, its addresses on the link to the node
+/// (`.1`) and the node's (`.2`), its daemons.
+pub struct Router {
+    pub kind: Kind,
+    pub ns: Netns,
+    pub v4: String,
+    pub v6: String,
+    pub node_v4: String,
+    pub node_v6: String,
+    /// The node's end of the link.
+    pub node_dev: String,
+    dir: PathBuf,
+    children: Vec<Child>,
+    pids: Vec<PathBuf>,
+    frr_name: Option<String>,
+}
+
+impl Router {
+    /// A router namespace linked to `node` on subnet `10.N.S.0/24`,
+    /// `fd00:N:S::/64`; no daemon yet.
+    pub fn new(kind: Kind, node: &Netns, n: u32, s: u32) -> Self {
+        let ns = Netns::new(&unique("rvbgp-r-"));
+        let node_dev = format!("bg{s}");
+        let n6 = format!("{n:x}");
+        sh(&format!(
+            "ip link add {node_dev} netns {} type veth peer name r0 netns {}",
+            node.name, ns.name
+        ));
+        let (v4, v6) = (format!("10.{n}.{s}.1"), format!("fd00:{n6}:{s}::1"));
+        let (node_v4, node_v6) = (format!("10.{n}.{s}.2"), format!("fd00:{n6}:{s}::2"));
+        ns.exec(&format!(
+            "sysctl -qw net.ipv6.conf.all.accept_dad=0 2>/dev/null; echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; \
+             ip link set r0 up && ip addr add {v4}/24 dev r0 && ip addr add {v6}/64 dev r0 nodad"
+        ));
+        node.exec(&format!(
+            "ip link set {node_dev} up && ip addr add {node_v4}/24 dev {node_dev} && ip addr add {node_v6}/64 dev {node_dev} nodad"
+        ));
+        let dir = std::env::temp_dir().join(unique("rvbgp-"));
+        fs::create_dir_all(&dir).expect("router dir");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+        Self {
+            kind,
+            ns,
+            v4,
+            v6,
+            node_v4,
+            node_v6,
+            node_dev,
+            dir,
+            children: Vec::new(),
+            pids: Vec::new(),
+            frr_name: None,
+        }
+    }
+
+    fn spawn(&mut self, cmd: &str) {
+        let log =
+            fs::File::create(self.dir.join(format!("d{}.log", self.children.len()))).expect("log");
+        let c = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns.path()))
+            .args(["sh", "-c", &format!("exec {cmd}")])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning a BGP daemon");
+        self.children.push(c);
+    }
+
+    /// Start the daemon with sessions to `neighbors` (address, ASN,
+    /// password, BFD) from AS 65000.
+    pub fn start(&mut self, neighbors: &[(&str, u32, Option<&str>, bool)]) {
+        match self.kind {
+            Kind::Bird => {
+                let mut conf = format!("router id {};\nprotocol device {{}}\n", self.v4);
+                let bfd = neighbors.iter().any(|n| n.3);
+                if bfd {
+                    conf += "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }\n";
+                }
+                for (i, (addr, asn, pw, bfd)) in neighbors.iter().enumerate() {
+                    let v6 = addr.contains(':');
+                    let local = if v6 { &self.v6 } else { &self.v4 };
+                    let fam = if v6 { "ipv6" } else { "ipv4" };
+                    let pw = pw.map(|p| format!("password \"{p}\";")).unwrap_or_default();
+                    let bfd = if *bfd { "bfd on;" } else { "" };
+                    conf += &format!(
+                        "protocol bgp p{i} {{ local {local} as 65000; neighbor {addr} as {asn}; graceful restart on; {pw} {bfd} {fam} {{ import all; export none; }}; }}\n"
+                    );
+                }
+                fs::write(self.dir.join("bird.conf"), conf).expect("bird.conf");
+                let (c, s) = (self.dir.join("bird.conf"), self.dir.join("bird.ctl"));
+                self.spawn(&format!("bird -f -c {} -s {}", c.display(), s.display()));
+            }
+            Kind::Gobgp => {
+                let mut conf = format!(
+                    "[global.config]\n  as = 65000\n  router-id = \"{}\"\n  port = 179\n",
+                    self.v4
+                );
+                for (addr, asn, pw, _) in neighbors {
+                    let fam = if addr.contains(':') {
+                        "ipv6-unicast"
+                    } else {
+                        "ipv4-unicast"
+                    };
+                    let pw = pw
+                        .map(|p| format!("    auth-password = \"{p}\"\n"))
+                        .unwrap_or_default();
+                    conf += &format!(
+                        "[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{addr}\"\n    peer-as = {asn}\n{pw}  [neighbors.graceful-restart.config]\n    enabled = true\n  [[neighbors.afi-safis]]\n    [neighbors.afi-safis.config]\n      afi-safi-name = \"{fam}\"\n"
+                    );
+                }
+                fs::write(self.dir.join("gobgp.toml"), conf).expect("gobgp.toml");
+                let c = self.dir.join("gobgp.toml");
+                self.spawn(&format!(
+                    "gobgpd -f {} --api-hosts 127.0.0.1:50051",
+                    c.display()
+                ));
+            }
+            Kind::Frr => {
+                let name = unique("rvf");
+                let run = PathBuf::from(format!("/var/run/frr/{name}"));
+                fs::create_dir_all(&run).expect("frr run dir");
+                sh(&format!(
+                    "chown frr:frr {} {}",
+                    run.display(),
+                    self.dir.display()
+                ));
+                let mut conf = format!(
+                    "frr defaults traditional\nhostname {name}\nrouter bgp 65000\n bgp router-id {}\n no bgp ebgp-requires-policy\n bgp graceful-restart\n",
+                    self.v4
+                );
+                for (addr, asn, pw, bfd) in neighbors {
+                    conf += &format!(
+                        " neighbor {addr} remote-as {asn}\n neighbor {addr} timers connect 1\n"
+                    );
+                    if let Some(p) = pw {
+                        conf += &format!(" neighbor {addr} password {p}\n");
+                    }
+                    if *bfd {
+                        conf += &format!(" neighbor {addr} bfd\n");
+                    }
+                }
+                for fam in ["ipv4", "ipv6"] {
+                    conf += &format!(" address-family {fam} unicast\n");
+                    for (addr, ..) in neighbors {
+                        if addr.contains(':') == (fam == "ipv6") {
+                            conf += &format!("  neighbor {addr} activate\n");
+                        } else {
+                            conf += &format!("  no neighbor {addr} activate\n");
+                        }
+                    }
+                    conf += " exit-address-family\n";
+                }
+                if neighbors.iter().any(|n| n.3) {
+                    conf += "bfd\n";
+                    for (addr, _, _, bfd) in neighbors {
+                        if *bfd {
+                            conf += &format!(" peer {addr}\n  receive-interval 100\n  transmit-interval 100\n  detect-multiplier 3\n exit\n");
+                        }
+                    }
+                }
+                let f = self.dir.join("frr.conf");
+                fs::write(&f, conf).expect("frr.conf");
+                sh(&format!("chown frr:frr {}", f.display()));
+                let mut daemons = vec!["zebra", "bgpd"];
+                if neighbors.iter().any(|n| n.3) {
+                    daemons.push("bfdd");
+                }
+                for d in daemons {
+                    let pid = self.dir.join(format!("{d}.pid"));
+                    self.ns.exec(&format!(
+                        "/usr/lib/frr/{d} -N {name} -u frr -g frr -d -f {} -i {} >/dev/null 2>&1",
+                        f.display(),
+                        pid.display()
+                    ));
+                    self.pids.push(pid);
+                }
+                self.frr_name = Some(name);
+            }
+        }
+    }
+
+    /// The peer's RIB as text (JSON for FRR and GoBGP), both families.
+    pub fn rib(&self) -> String {
+        let run = |cmd: &str| {
+            let out = Command::new("nsenter")
+                .arg(format!("--net={}", self.ns.path()))
+                .args(["sh", "-c", cmd])
+                .output()
+                .expect("reading the peer's RIB");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        match self.kind {
+            Kind::Bird => run(&format!("birdc -s {} show route all", self.dir.join("bird.ctl").display())),
+            Kind::Gobgp => {
+                run("gobgp -u 127.0.0.1 -p 50051 global rib -a ipv4 -j; gobgp -u 127.0.0.1 -p 50051 global rib -a ipv6 -j")
+            }
+            Kind::Frr => {
+                let n = self.frr_name.as_deref().unwrap_or("");
+                run(&format!(
+                    "vtysh -N {n} -c 'show bgp ipv4 unicast json' -c 'show bgp ipv6 unicast json' 2>/dev/null; vtysh -N {n} -c 'show bgp ipv4 unicast 0.0.0.0/0 longer-prefixes json' 2>/dev/null >/dev/null"
+                ))
+            }
+        }
+    }
+
+    /// One route's details (FRR: `show bgp ... PREFIX json`).
+    pub fn route(&self, prefix: &str) -> String {
+        match self.kind {
+            Kind::Frr => {
+                let n = self.frr_name.as_deref().unwrap_or("");
+                let fam = if prefix.contains(':') { "ipv6" } else { "ipv4" };
+                let out = Command::new("nsenter")
+                    .arg(format!("--net={}", self.ns.path()))
+                    .args([
+                        "vtysh",
+                        "-N",
+                        n,
+                        "-c",
+                        &format!("show bgp {fam} unicast {prefix} json"),
+                    ])
+                    .output()
+                    .expect("vtysh");
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            }
+            _ => self.rib(),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        for i in 0..self.children.len() {
+            s += &fs::read_to_string(self.dir.join(format!("d{i}.log"))).unwrap_or_default();
+        }
+        s
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {:?} router log:\n{}\n--- RIB:\n{}",
+                self.kind,
+                self.log(),
+                self.rib()
+            );
+        }
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for p in &self.pids {
+            if let Ok(pid) = fs::read_to_string(p) {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    // SAFETY: a signal to a daemon this router started.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        if let Some(n) = &self.frr_name {
+            let _ = fs::remove_dir_all(format!("/var/run/frr/{n}"));
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
