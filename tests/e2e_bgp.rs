@@ -3,7 +3,8 @@
 //! Sessions over IPv4 and IPv6 reach Established; the VIPs' /32 and /128
 //! appear in each peer's RIB with the node's address as next hop and the
 //! advertisement's communities; when every backend dies they are
-//! withdrawn everywhere; `rivoractl bgp peers|routes` say so.
+//! withdrawn everywhere; `rivoractl bgp peers|routes` say so. A restart
+//! of rivorad with `-persist-datapath` keeps the routes in every peer.
 
 mod common;
 
@@ -76,7 +77,7 @@ fn bird_frr_and_gobgp_get_the_vip_routes_and_lose_them_with_the_backends() {
     }
     let home = Home::new();
     let yaml = config(&topo, &home, &routers);
-    let rd = Rivorad::start(&topo.node, home, &yaml, &[]);
+    let mut rd = Rivorad::start(&topo.node, home, &yaml, &["-persist-datapath"]);
 
     let vip4 = format!("{}/32", topo.vip4);
     let vip6 = format!("{}/128", topo.vip6);
@@ -135,6 +136,34 @@ fn bird_frr_and_gobgp_get_the_vip_routes_and_lose_them_with_the_backends() {
         table.contains("Established") && table.contains("Bird-v4"),
         "{table}"
     );
+
+    // Graceful restart (RFC 4724) with a pinned datapath: rivorad stops
+    // (the sessions close without a NOTIFICATION), every peer keeps the
+    // routes, and the next rivorad comes back Established with them.
+    rd.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    for r in &routers {
+        let rib = r.rib();
+        assert!(
+            rib.contains(&vip4) && rib.contains(&vip6),
+            "{:?} kept the routes: {rib}",
+            r.kind
+        );
+    }
+    rd.restart(&["-persist-datapath"]);
+    wait_until("six Established sessions after the restart", LONG, || {
+        let p = rd.ctl_json(&["bgp", "peers"]);
+        p.as_array()
+            .is_some_and(|a| a.len() == 6 && a.iter().all(|s| s["state"] == "Established"))
+    });
+    for r in &routers {
+        let rib = r.rib();
+        assert!(
+            rib.contains(&vip4) && rib.contains(&vip6),
+            "{:?} after the restart: {rib}",
+            r.kind
+        );
+    }
 
     // Every backend dies: both routes leave every RIB.
     for i in 0..topo.backends.len() {
