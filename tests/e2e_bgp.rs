@@ -5,6 +5,15 @@
 //! advertisement's communities; when every backend dies they are
 //! withdrawn everywhere; `rivoractl bgp peers|routes` say so. A restart
 //! of rivorad with `-persist-datapath` keeps the routes in every peer.
+//!
+//! `md5_and_bfd_against_frr_bird_and_gobgp`: per router, the IPv4
+//! session has the router's TCP MD5 password and the IPv6 one a wrong
+//! one: the first comes up and carries the route, the second never does
+//! (the router's kernel counts the bad signatures). FRR (bfdd) and BIRD
+//! run BFD on the IPv4 session at 100 ms x 3: both ends see it Up; a cut
+//! link (the router's veth down) ends the BGP session with "BFD down"
+//! long before the 90 s hold time could, GoBGP's session (no BFD, link
+//! intact) stays up, and with the link back BFD and BGP come back.
 
 mod common;
 
@@ -16,8 +25,42 @@ use common::topology::{Mode, Topology, NAT_BACKEND_PORT};
 use common::traffic::{wait_until, Servers};
 
 const LONG: Duration = Duration::from_secs(60);
+const PASSWORD: &str = "rivora-s3cret";
+
+/// The session to `addr` as rivoractl shows it.
+fn peer(rd: &Rivorad, addr: &str) -> serde_json::Value {
+    rd.ctl_json(&["bgp", "peers"])
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["address"] == addr).cloned())
+        .unwrap_or_default()
+}
+
+/// A password file rivorad accepts (mode 0600).
+fn password_file(home: &Home, name: &str, pw: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let f = home.path(name);
+    std::fs::write(&f, format!("{pw}\n")).expect("password file");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    f.display().to_string()
+}
 
 fn config(topo: &Topology, home: &Home, routers: &[Router]) -> String {
+    let mut peers = String::new();
+    for r in routers {
+        for a in [&r.v4, &r.v6] {
+            peers += &format!(
+                "    - {{name: {:?}-{}, address: \"{a}\", asn: 65000, holdTime: 9s}}\n",
+                r.kind,
+                if a.contains(':') { "v6" } else { "v4" }
+            );
+        }
+    }
+    config_with_peers(topo, home, &peers)
+}
+
+/// The lab's two NAT VIPs and a `bgp` section with `peers` (YAML list
+/// items, indented four spaces).
+fn config_with_peers(topo: &Topology, home: &Home, peers: &str) -> String {
     let n6 = format!("{:x}", topo.n);
     let backends = |v6: bool| {
         topo.backends
@@ -33,16 +76,6 @@ fn config(topo: &Topology, home: &Home, routers: &[Router]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let mut peers = String::new();
-    for r in routers {
-        for a in [&r.v4, &r.v6] {
-            peers += &format!(
-                "    - {{name: {:?}-{}, address: \"{a}\", asn: 65000, holdTime: 9s}}\n",
-                r.kind,
-                if a.contains(':') { "v6" } else { "v4" }
-            );
-        }
-    }
     format!(
         "interfaces: [{{name: n0, xdpMode: native}}]\n\
          healthCheck: {{type: tcp, interval: 300ms, timeout: 200ms, rise: 1, fall: 1}}\n\
@@ -182,4 +215,128 @@ fn bird_frr_and_gobgp_get_the_vip_routes_and_lose_them_with_the_backends() {
     assert_eq!(rd.ctl_json(&["bgp", "routes"]), serde_json::json!([]));
     // Metrics name every peer.
     drop(rd);
+}
+
+#[test]
+fn md5_and_bfd_against_frr_bird_and_gobgp() {
+    let topo = Topology::builder(Mode::Nat).backends(1).build();
+    let _servers = Servers::for_topology(&topo, false);
+    let mut routers: Vec<Router> = [Kind::Frr, Kind::Bird, Kind::Gobgp]
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| Router::new(k, &topo.node, topo.n, 31 + i as u32))
+        .collect();
+    for r in &mut routers {
+        let (v4, v6) = (r.node_v4.clone(), r.node_v6.clone());
+        let bfd = r.kind != Kind::Gobgp;
+        r.start(&[
+            (&v4, 65001, Some(PASSWORD), bfd),
+            (&v6, 65001, Some(PASSWORD), false),
+        ]);
+    }
+    let home = Home::new();
+    let right = password_file(&home, "right.key", PASSWORD);
+    let wrong = password_file(&home, "wrong.key", "not-the-password");
+    let mut peers = String::new();
+    for r in &routers {
+        let bfd = if r.kind == Kind::Gobgp {
+            ""
+        } else {
+            ", bfd: {minRx: 100ms, minTx: 100ms, multiplier: 3}"
+        };
+        peers += &format!(
+            "    - {{name: {:?}-v4, address: \"{}\", asn: 65000, connectRetry: 1s, passwordFile: {right}{bfd}}}\n\
+             \x20   - {{name: {:?}-v6, address: \"{}\", asn: 65000, connectRetry: 1s, passwordFile: {wrong}}}\n",
+            r.kind, r.v4, r.kind, r.v6
+        );
+    }
+    let yaml = config_with_peers(&topo, &home, &peers);
+    let rd = Rivorad::start(&topo.node, home, &yaml, &[]);
+    let vip4 = format!("{}/32", topo.vip4);
+    let vip6 = format!("{}/128", topo.vip6);
+
+    // The right password: Established on both ends, the route held.
+    for r in &routers {
+        wait_until(&format!("{:?} over IPv4 with MD5", r.kind), LONG, || {
+            peer(&rd, &r.v4)["state"] == "Established" && r.established(&r.node_v4)
+        });
+        wait_until(&format!("{:?} holding the IPv4 route", r.kind), LONG, || {
+            r.rib().contains(&vip4)
+        });
+    }
+    // The wrong one: the router's kernel drops our signed segments, the
+    // session never comes up, the IPv6 route never arrives.
+    for r in &routers {
+        wait_until(
+            &format!("{:?} dropping segments with a wrong signature", r.kind),
+            LONG,
+            || r.md5_drops() > 0,
+        );
+    }
+    for r in &routers {
+        let p = peer(&rd, &r.v6);
+        assert_ne!(p["state"], "Established", "{p}");
+        assert_eq!(p["flaps"], 0, "{p}");
+        assert!(!r.established(&r.node_v6), "{:?}", r.kind);
+        assert!(!r.rib().contains(&vip6), "{:?}: {}", r.kind, r.rib());
+    }
+
+    // BFD Up at both ends of the FRR and BIRD sessions, at the fast rate
+    // (detection time 3 x 100 ms once the Poll Sequence is done).
+    let with_bfd: Vec<&Router> = routers.iter().filter(|r| r.kind != Kind::Gobgp).collect();
+    for r in &with_bfd {
+        wait_until(&format!("BFD Up with {:?}", r.kind), LONG, || {
+            let p = peer(&rd, &r.v4);
+            p["bfd_state"] == "Up" && p["bfd_detect_ms"] == 300 && r.bfd_up(&r.node_v4)
+        });
+    }
+    assert_eq!(peer(&rd, &routers[2].v4)["bfd_state"], serde_json::Value::Null);
+
+    // Cut both links at once. The hold time is 90 s: only BFD can end the
+    // sessions within the wait.
+    let flaps_before: Vec<u64> = with_bfd
+        .iter()
+        .map(|r| peer(&rd, &r.v4)["flaps"].as_u64().unwrap_or(0))
+        .collect();
+    // Coming Up never flapped the session: the faster rate announced by
+    // the Poll Sequence is the rate sent at once (the peers' detection
+    // time counts on it).
+    assert_eq!(flaps_before, [0, 0]);
+    let t0 = std::time::Instant::now();
+    for r in &with_bfd {
+        r.ns.exec("ip link set r0 down");
+    }
+    for r in &with_bfd {
+        wait_until(
+            &format!("BFD ending the {:?} session", r.kind),
+            Duration::from_secs(30),
+            || {
+                let p = peer(&rd, &r.v4);
+                p["state"] != "Established" && p["bfd_state"] == "Down"
+            },
+        );
+        let p = peer(&rd, &r.v4);
+        assert_eq!(p["last_error"], "BFD down", "{p}");
+        eprintln!("{:?}: BFD down after {:?}", r.kind, t0.elapsed());
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "the hold time (90 s) cannot have done it"
+    );
+    assert_eq!(peer(&rd, &routers[2].v4)["state"], "Established");
+
+    // The link back: BFD and BGP come back, one flap each.
+    for r in &with_bfd {
+        r.ns.exec("ip link set r0 up");
+    }
+    for (r, before) in with_bfd.iter().zip(flaps_before) {
+        wait_until(&format!("{:?} back with BFD", r.kind), LONG, || {
+            let p = peer(&rd, &r.v4);
+            p["state"] == "Established" && p["bfd_state"] == "Up" && r.bfd_up(&r.node_v4)
+        });
+        assert_eq!(peer(&rd, &r.v4)["flaps"], before + 1);
+        wait_until(&format!("{:?} holding the route again", r.kind), LONG, || {
+            r.rib().contains(&vip4)
+        });
+    }
 }

@@ -248,6 +248,92 @@ impl Router {
         }
     }
 
+    /// A shell command in the router's namespace; its stdout, whatever
+    /// its exit status.
+    pub fn run(&self, cmd: &str) -> String {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns.path()))
+            .args(["sh", "-c", cmd])
+            .output()
+            .expect("nsenter");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// FRR only: `vtysh -c CMD` against this router's daemons.
+    pub fn vtysh(&self, cmd: &str) -> String {
+        assert_eq!(self.kind, Kind::Frr, "vtysh is FRR's");
+        let n = self.frr_name.as_deref().unwrap_or("");
+        // vtysh complains about its own missing config on stderr.
+        self.run(&format!("vtysh -N {n} -c '{cmd}' 2>/dev/null"))
+    }
+
+    /// The BFD session with `peer` is up in this router's own view (FRR:
+    /// `show bfd peers json`; BIRD: `show bfd sessions`).
+    pub fn bfd_up(&self, peer: &str) -> bool {
+        match self.kind {
+            Kind::Frr => {
+                let v: serde_json::Value =
+                    serde_json::from_str(&self.vtysh("show bfd peers json")).unwrap_or_default();
+                v.as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|p| p["peer"] == peer && p["status"] == "up")
+                })
+            }
+            Kind::Bird => self
+                .run(&format!(
+                    "birdc -s {} show bfd sessions",
+                    self.dir.join("bird.ctl").display()
+                ))
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(peer) && l.contains(" Up ")),
+            Kind::Gobgp => false,
+        }
+    }
+
+    /// The BGP session with `peer` is Established in this router's view.
+    pub fn established(&self, peer: &str) -> bool {
+        match self.kind {
+            Kind::Frr => {
+                let v: serde_json::Value = serde_json::from_str(
+                    &self.vtysh(&format!("show bgp neighbors {peer} json")),
+                )
+                .unwrap_or_default();
+                v[peer]["bgpState"] == "Established"
+            }
+            Kind::Bird => {
+                let i = self.bird_protocol(peer);
+                self.run(&format!(
+                    "birdc -s {} show protocols {i}",
+                    self.dir.join("bird.ctl").display()
+                ))
+                .contains("Established")
+            }
+            Kind::Gobgp => {
+                let v: serde_json::Value = serde_json::from_str(&self.run(&format!(
+                    "gobgp -u 127.0.0.1 -p 50051 neighbor {peer} -j"
+                )))
+                .unwrap_or_default();
+                v["state"]["session_state"] == 6 || v["state"]["session_state"] == "established"
+            }
+        }
+    }
+
+    fn bird_protocol(&self, peer: &str) -> String {
+        let conf = fs::read_to_string(self.dir.join("bird.conf")).unwrap_or_default();
+        conf.lines()
+            .find(|l| l.contains(&format!("neighbor {peer} as")))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap_or("none")
+            .to_string()
+    }
+
+    /// TCP segments this router's kernel dropped for a wrong MD5
+    /// signature (`TcpExt: TCPMD5Failure`; an unsigned one, such as a
+    /// reset from a port nobody listens on, counts elsewhere).
+    pub fn md5_drops(&self) -> u64 {
+        md5_drops(&self.run("cat /proc/net/netstat"))
+    }
+
     pub fn log(&self) -> String {
         let mut s = String::new();
         for i in 0..self.children.len() {
@@ -255,6 +341,19 @@ impl Router {
         }
         s
     }
+}
+
+/// `TCPMD5Failure` from a `/proc/net/netstat` text.
+pub fn md5_drops(netstat: &str) -> u64 {
+    let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(head), Some(vals)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    head.split_whitespace()
+        .zip(vals.split_whitespace())
+        .filter(|(k, _)| *k == "TCPMD5Failure")
+        .filter_map(|(_, v)| v.parse::<u64>().ok())
+        .sum()
 }
 
 impl Drop for Router {

@@ -166,10 +166,8 @@ pub struct Session {
     remote_min_rx_us: u32,
     remote_desired_tx_us: u32,
     remote_mult: u8,
-    /// A Poll Sequence is under way (the fast intervals wait for Final).
+    /// A Poll Sequence is under way: packets carry Poll until a Final.
     polling: bool,
-    /// The fast intervals are in force (after a Poll Sequence once Up).
-    fast: bool,
     /// Answer the peer's Poll with Final on the next packet.
     pub send_final: bool,
     pub last_rx: Option<Instant>,
@@ -188,16 +186,16 @@ impl Session {
             remote_desired_tx_us: 0,
             remote_mult: 0,
             polling: false,
-            fast: false,
             send_final: false,
             last_rx: None,
         }
     }
 
-    /// bfd.DesiredMinTxInterval now: the configured one once Up (after the
-    /// Poll Sequence that announces it), one second otherwise.
+    /// bfd.DesiredMinTxInterval now: the configured one once Up
+    /// (announced with a Poll Sequence), at least one second otherwise
+    /// (6.8.3).
     pub fn desired_min_tx_us(&self) -> u32 {
-        if self.state == BfdState::Up && (self.fast || self.polling) {
+        if self.state == BfdState::Up {
             us(self.timers.min_tx)
         } else {
             SLOW_TX_US.max(us(self.timers.min_tx))
@@ -208,20 +206,19 @@ impl Session {
         us(self.timers.min_rx)
     }
 
-    /// How often to send: the larger of what we want and what the peer
-    /// can take (6.8.7), the slow rate until the Poll Sequence completes;
-    /// None when the peer asks for no packets.
+    /// How often to send: the larger of what we announce and what the
+    /// peer can take (6.8.7); None when the peer asks for no packets.
+    /// The rate follows the announced DesiredMinTx at once, not after the
+    /// Poll Sequence: the peer's detection time is computed from what we
+    /// announce, so a faster value announced but not yet used (the Poll
+    /// Sequence takes a round trip) gets the session declared Down. FRR's
+    /// bfdd did just that, 300 ms after the session came Up.
     pub fn tx_interval(&self) -> Option<Duration> {
         if self.remote_min_rx_us == 0 {
             return None;
         }
-        let ours = if self.fast {
-            self.desired_min_tx_us()
-        } else {
-            SLOW_TX_US.max(us(self.timers.min_tx))
-        };
         Some(Duration::from_micros(u64::from(
-            ours.max(self.remote_min_rx_us),
+            self.desired_min_tx_us().max(self.remote_min_rx_us),
         )))
     }
 
@@ -264,9 +261,8 @@ impl Session {
         self.remote_desired_tx_us = p.desired_min_tx_us;
         self.remote_mult = p.detect_mult;
         self.last_rx = Some(now);
-        if p.final_ && self.polling {
+        if p.final_ {
             self.polling = false;
-            self.fast = self.state == BfdState::Up;
         }
         if p.poll {
             self.send_final = true;
@@ -295,11 +291,7 @@ impl Session {
         self.state = BfdState::Up;
         self.local_diag = diag::NONE;
         // The faster intervals are announced by a Poll Sequence (6.8.3).
-        if us(self.timers.min_tx) < SLOW_TX_US {
-            self.polling = true;
-        } else {
-            self.fast = true;
-        }
+        self.polling = us(self.timers.min_tx) < SLOW_TX_US;
     }
 
     fn down(&mut self, d: u8) {
@@ -307,7 +299,6 @@ impl Session {
         self.local_diag = d;
         self.remote_discr = 0;
         self.polling = false;
-        self.fast = false;
     }
 
     /// Call when nothing arrived for the detection time: Down (6.8.4).
@@ -566,7 +557,7 @@ impl Bfd {
         let dst = SocketAddr::new(peer, PORT);
         let mut next_tx = Instant::now();
         loop {
-            let (pkt, interval, detect) = {
+            let (pkt, interval, detect, mult) = {
                 let mut map = lock(&self.sessions);
                 let Some(e) = map.get_mut(&discr) else {
                     return;
@@ -583,16 +574,25 @@ impl Bfd {
                 } else {
                     None
                 };
-                (pkt, interval, e.session.detection_time())
+                (
+                    pkt,
+                    interval,
+                    e.session.detection_time(),
+                    e.session.timers.multiplier,
+                )
             };
             if let Some(p) = pkt {
                 if let Err(err) = sock.send_to(&p.encode(), dst).await {
                     debug!(%peer, error = %err, "BFD send");
                 }
-                // 75-100% of the interval (RFC 5880 6.8.7), 90-100% with a
+                // 75-100% of the interval (RFC 5880 6.8.7), 75-90% with a
                 // multiplier of 1.
                 let iv = interval.unwrap_or(Duration::from_secs(1));
-                let jitter = 75 + rand_u32() % 26;
+                let jitter = if mult == 1 {
+                    75 + rand_u32() % 16
+                } else {
+                    75 + rand_u32() % 26
+                };
                 next_tx = Instant::now() + iv * jitter / 100;
             }
             // Wake for the next send or a detection check, whichever

@@ -71,6 +71,9 @@ fn two_sessions_come_up_and_agree_on_the_fast_intervals() {
     let pa = a.packet();
     assert!(pa.poll, "a Poll Sequence announces the faster rate");
     assert_eq!(pa.desired_min_tx_us, 100_000);
+    // What is announced is used at once: b's detection time now counts
+    // on it (b asks for 50 ms at best, a sends every 100 ms).
+    assert_eq!(a.tx_interval(), Some(Duration::from_millis(100)));
     b.receive(&pa, now);
     assert_eq!(b.state, BfdState::Up);
     assert!(b.send_final);
