@@ -260,9 +260,11 @@ fn md5_and_bfd_against_frr_bird_and_gobgp() {
         wait_until(&format!("{:?} over IPv4 with MD5", r.kind), LONG, || {
             peer(&rd, &r.v4)["state"] == "Established" && r.established(&r.node_v4)
         });
-        wait_until(&format!("{:?} holding the IPv4 route", r.kind), LONG, || {
-            r.rib().contains(&vip4)
-        });
+        wait_until(
+            &format!("{:?} holding the IPv4 route", r.kind),
+            LONG,
+            || r.rib().contains(&vip4),
+        );
     }
     // The wrong one: the router's kernel drops our signed segments, the
     // session never comes up, the IPv6 route never arrives.
@@ -290,7 +292,10 @@ fn md5_and_bfd_against_frr_bird_and_gobgp() {
             p["bfd_state"] == "Up" && p["bfd_detect_ms"] == 300 && r.bfd_up(&r.node_v4)
         });
     }
-    assert_eq!(peer(&rd, &routers[2].v4)["bfd_state"], serde_json::Value::Null);
+    assert_eq!(
+        peer(&rd, &routers[2].v4)["bfd_state"],
+        serde_json::Value::Null
+    );
 
     // Cut both links at once. The hold time is 90 s: only BFD can end the
     // sessions within the wait.
@@ -335,8 +340,213 @@ fn md5_and_bfd_against_frr_bird_and_gobgp() {
             p["state"] == "Established" && p["bfd_state"] == "Up" && r.bfd_up(&r.node_v4)
         });
         assert_eq!(peer(&rd, &r.v4)["flaps"], before + 1);
-        wait_until(&format!("{:?} holding the route again", r.kind), LONG, || {
-            r.rib().contains(&vip4)
+        wait_until(
+            &format!("{:?} holding the route again", r.kind),
+            LONG,
+            || r.rib().contains(&vip4),
+        );
+    }
+}
+
+/// Packets node `rd` forwarded for its TCP VIPs (both families).
+fn tcp_packets(rd: &Rivorad) -> u64 {
+    rd.ctl_json(&["vip", "list"])
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|v| v["vip"].as_str().is_some_and(|s| s.starts_with("tcp/")))
+                .filter_map(|v| v["packets"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn vtysh_conf(r: &Router, lines: &[&str]) {
+    let mut cmd = String::from("conf t' -c 'router bgp 65000");
+    for l in lines {
+        cmd += &format!("' -c '{l}");
+    }
+    r.vtysh(&cmd);
+}
+
+#[test]
+fn ecmp_two_nodes_paths_move_and_graceful_restart_lose_nothing() {
+    use common::ecmp::Ecmp;
+    use common::topology::VIP_PORT;
+    use common::traffic::{exchanges, long_lived, udp_streams, Proto};
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let lab = Ecmp::new(3);
+    let mut servers = Servers::new();
+    for b in &lab.backends {
+        let any = SocketAddr::from(([0u16; 8], VIP_PORT));
+        servers.tcp(&b.ns, &b.name, any);
+        servers.udp_sink(&b.ns, &b.name, any);
+    }
+    let mut rds: Vec<Rivorad> = (0..2)
+        .map(|i| {
+            let home = Home::new();
+            let yaml = lab.config(i, &home.socket());
+            Rivorad::start(&lab.nodes[i], home, &yaml, &["-persist-datapath"])
+        })
+        .collect();
+    let r = &lab.router;
+    let prefixes = [format!("{}/32", lab.vip4), format!("{}/128", lab.vip6)];
+    let hops = |prefix: &str| -> Vec<String> {
+        let mut v: Vec<String> = if prefix.contains(':') {
+            lab.node_v6.iter().map(|a| a.to_string()).collect()
+        } else {
+            lab.node_v4.iter().map(|a| a.to_string()).collect()
+        };
+        v.sort();
+        v
+    };
+    let both_paths = |what: &str| {
+        for p in &prefixes {
+            wait_until(&format!("{p} over both nodes ({what})"), LONG, || {
+                r.fib_nexthops(p) == hops(p)
+                    && r.bgp_paths(p).len() == 2
+                    && r.bgp_paths(p).iter().all(|(_, stale)| !stale)
+            });
+        }
+    };
+    both_paths("start");
+    let vip4 = SocketAddr::new(lab.vip4.into(), VIP_PORT);
+    let vip6 = SocketAddr::new(lab.vip6.into(), VIP_PORT);
+
+    // Many connections through the router: all complete, both nodes
+    // carry some.
+    let before: Vec<u64> = rds.iter().map(tcp_packets).collect();
+    for (vip, n) in [(vip4, 200), (vip6, 100)] {
+        let res = exchanges(&lab.client, vip, Proto::Tcp, n, Duration::from_secs(5));
+        let failed: Vec<_> = res.iter().filter(|r| r.is_err()).collect();
+        assert!(failed.is_empty(), "{vip}: {failed:?}");
+        assert_eq!(res.len(), n);
+    }
+    let after: Vec<u64> = rds.iter().map(tcp_packets).collect();
+    assert!(
+        after[0] > before[0] && after[1] > before[1],
+        "both nodes forward: {before:?} -> {after:?}"
+    );
+
+    // Long-lived connections while the router moves every path to one
+    // node, then to the other: each keeps its backend and survives.
+    let stop = Arc::new(AtomicBool::new(false));
+    let echoed = Arc::new(AtomicU64::new(0));
+    let conns: Vec<_> = [vip4, vip6]
+        .into_iter()
+        .flat_map(|v| std::iter::repeat_n(v, 4))
+        .map(|v| {
+            long_lived(
+                &lab.client,
+                v,
+                Duration::from_millis(20),
+                Duration::from_secs(5),
+                stop.clone(),
+                echoed.clone(),
+            )
+        })
+        .collect();
+    for c in &conns {
+        c.first
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a first echo");
+    }
+    let (a4, b4) = (lab.node_v4[0].to_string(), lab.node_v4[1].to_string());
+    for (down, up, only) in [(&a4, None, 1usize), (&b4, Some(&a4), 0usize)] {
+        let mut lines = vec![format!("neighbor {down} shutdown")];
+        if let Some(u) = up {
+            lines.push(format!("no neighbor {u} shutdown"));
+        }
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        vtysh_conf(r, &lines);
+        for p in &prefixes {
+            let want = if p.contains(':') {
+                lab.node_v6[only].to_string()
+            } else {
+                lab.node_v4[only].to_string()
+            };
+            wait_until(&format!("{p} only via node {only}"), LONG, || {
+                r.fib_nexthops(p) == [want.clone()]
+            });
+        }
+        let (e0, pk0) = (echoed.load(Ordering::Relaxed), tcp_packets(&rds[only]));
+        wait_until(&format!("echoes through node {only} alone"), LONG, || {
+            echoed.load(Ordering::Relaxed) >= e0 + 8 * 20
         });
+        assert!(tcp_packets(&rds[only]) > pk0, "node {only} carried them");
+    }
+    vtysh_conf(r, &[&format!("no neighbor {b4} shutdown")]);
+    both_paths("both neighbours back");
+    stop.store(true, Ordering::Relaxed);
+    for c in conns {
+        let res = c.handle.join().expect("connection thread");
+        assert!(res.error.is_none(), "{res:?}");
+        assert_eq!(res.backends.len(), 1, "{res:?}");
+    }
+
+    // Graceful restart of node A under numbered UDP streams through the
+    // router: the router keeps A's paths (stale) while it is down, A
+    // comes back with End-of-RIB, and not a datagram is lost.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let streams = [(vip4, 0u32), (vip6, 100u32)].map(|(v, first)| {
+        udp_streams(
+            &lab.client,
+            SocketAddr::new(v.ip(), VIP_PORT),
+            first,
+            8,
+            1000,
+            stop.clone(),
+            sent.clone(),
+        )
+    });
+    wait_until("the streams arriving", LONG, || {
+        servers.udp_log.lock().unwrap().total > 500
+    });
+    rds[0].stop();
+    for p in &prefixes {
+        let a = if p.contains(':') {
+            lab.node_v6[0].to_string()
+        } else {
+            a4.clone()
+        };
+        wait_until(&format!("{p}: node A's path stale"), LONG, || {
+            r.bgp_paths(p).contains(&(a.clone(), true))
+        });
+        assert_eq!(r.fib_nexthops(p), hops(p), "{p} kept in the FIB");
+    }
+    let arrived = servers.udp_log.lock().unwrap().total;
+    wait_until("datagrams while node A is down", LONG, || {
+        servers.udp_log.lock().unwrap().total > arrived + 1000
+    });
+    rds[0].restart(&["-persist-datapath"]);
+    both_paths("after node A's restart");
+    let p = peer(&rds[0], &r.v4);
+    assert_eq!(p["state"], "Established", "{p}");
+    stop.store(true, Ordering::Relaxed);
+    let per_flow: Vec<Vec<u64>> = streams
+        .into_iter()
+        .map(|h| h.join().expect("stream thread"))
+        .collect();
+    // What is in flight lands.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = servers.udp_log.lock().unwrap();
+    for (k, first) in [0u32, 100].into_iter().enumerate() {
+        for (i, &n) in per_flow[k].iter().enumerate() {
+            let flow = first + i as u32;
+            let (backends, seen) = log.flows.get(&flow).expect("flow arrived");
+            let lost = (0..n as usize)
+                .filter(|&s| !seen.get(s).copied().unwrap_or(false))
+                .count();
+            assert_eq!(lost, 0, "flow {flow}: {lost} of {n} lost");
+            assert_eq!(backends.len(), 1, "flow {flow}: {backends:?}");
+        }
+    }
+    drop(log);
+    for rd in &mut rds {
+        rd.stop();
     }
 }

@@ -40,33 +40,49 @@ impl Router {
     /// A router namespace linked to `node` on subnet `10.N.S.0/24`,
     /// `fd00:N:S::/64`; no daemon yet.
     pub fn new(kind: Kind, node: &Netns, n: u32, s: u32) -> Self {
-        let ns = Netns::new(&unique("rvbgp-r-"));
-        let node_dev = format!("bg{s}");
         let n6 = format!("{n:x}");
-        sh(&format!(
-            "ip link add {node_dev} netns {} type veth peer name r0 netns {}",
-            node.name, ns.name
-        ));
         let (v4, v6) = (format!("10.{n}.{s}.1"), format!("fd00:{n6}:{s}::1"));
         let (node_v4, node_v6) = (format!("10.{n}.{s}.2"), format!("fd00:{n6}:{s}::2"));
-        ns.exec(&format!(
-            "sysctl -qw net.ipv6.conf.all.accept_dad=0 2>/dev/null; echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; \
-             ip link set r0 up && ip addr add {v4}/24 dev r0 && ip addr add {v6}/64 dev r0 nodad"
+        let node_dev = format!("bg{s}");
+        let r = Self::bare(kind, &v4, &v6, &node_v4, &node_v6, &node_dev);
+        sh(&format!(
+            "ip link add {node_dev} netns {} type veth peer name r0 netns {}",
+            node.name, r.ns.name
+        ));
+        r.ns.exec(&format!(
+            "ip link set r0 up && ip addr add {v4}/24 dev r0 && ip addr add {v6}/64 dev r0 nodad"
         ));
         node.exec(&format!(
             "ip link set {node_dev} up && ip addr add {node_v4}/24 dev {node_dev} && ip addr add {node_v6}/64 dev {node_dev} nodad"
         ));
+        r
+    }
+
+    /// The namespace and the work directory, no link: the caller wires
+    /// the router (its address `v4`/`v6`; the node's, for reading).
+    pub fn bare(
+        kind: Kind,
+        v4: &str,
+        v6: &str,
+        node_v4: &str,
+        node_v6: &str,
+        node_dev: &str,
+    ) -> Self {
+        let ns = Netns::new(&unique("rvbgp-r-"));
+        ns.exec(
+            "echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad; echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad",
+        );
         let dir = std::env::temp_dir().join(unique("rvbgp-"));
         fs::create_dir_all(&dir).expect("router dir");
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
         Self {
             kind,
             ns,
-            v4,
-            v6,
-            node_v4,
-            node_v6,
-            node_dev,
+            v4: v4.to_string(),
+            v6: v6.to_string(),
+            node_v4: node_v4.to_string(),
+            node_v6: node_v6.to_string(),
+            node_dev: node_dev.to_string(),
             dir,
             children: Vec::new(),
             pids: Vec::new(),
@@ -139,13 +155,6 @@ impl Router {
             }
             Kind::Frr => {
                 let name = unique("rvf");
-                let run = PathBuf::from(format!("/var/run/frr/{name}"));
-                fs::create_dir_all(&run).expect("frr run dir");
-                sh(&format!(
-                    "chown frr:frr {} {}",
-                    run.display(),
-                    self.dir.display()
-                ));
                 let mut conf = format!(
                     "frr defaults traditional\nhostname {name}\nrouter bgp 65000\n bgp router-id {}\n no bgp ebgp-requires-policy\n bgp graceful-restart\n",
                     self.v4
@@ -180,25 +189,81 @@ impl Router {
                         }
                     }
                 }
-                let f = self.dir.join("frr.conf");
-                fs::write(&f, conf).expect("frr.conf");
-                sh(&format!("chown frr:frr {}", f.display()));
-                let mut daemons = vec!["zebra", "bgpd"];
-                if neighbors.iter().any(|n| n.3) {
-                    daemons.push("bfdd");
-                }
-                for d in daemons {
-                    let pid = self.dir.join(format!("{d}.pid"));
-                    self.ns.exec(&format!(
-                        "/usr/lib/frr/{d} -N {name} -u frr -g frr -d -f {} -i {} >/dev/null 2>&1",
-                        f.display(),
-                        pid.display()
-                    ));
-                    self.pids.push(pid);
-                }
-                self.frr_name = Some(name);
+                self.start_frr(&name, &conf, neighbors.iter().any(|n| n.3));
             }
         }
+    }
+
+    /// FRR with `conf` (after `frr defaults` and `hostname`, which this
+    /// adds): zebra, bgpd and, with `bfd`, bfdd, as instance `name`.
+    pub fn start_frr(&mut self, name: &str, conf: &str, bfd: bool) {
+        assert_eq!(self.kind, Kind::Frr);
+        let run = PathBuf::from(format!("/var/run/frr/{name}"));
+        fs::create_dir_all(&run).expect("frr run dir");
+        sh(&format!(
+            "chown frr:frr {} {}",
+            run.display(),
+            self.dir.display()
+        ));
+        let f = self.dir.join("frr.conf");
+        let conf = if conf.starts_with("frr defaults") {
+            conf.to_string()
+        } else {
+            format!("frr defaults traditional\nhostname {name}\n{conf}")
+        };
+        fs::write(&f, conf).expect("frr.conf");
+        sh(&format!("chown frr:frr {}", f.display()));
+        let mut daemons = vec!["zebra", "bgpd"];
+        if bfd {
+            daemons.push("bfdd");
+        }
+        // Known before the daemons start: a panic on the way still
+        // stops them on drop.
+        self.frr_name = Some(name.to_string());
+        for d in daemons {
+            let pid = self.dir.join(format!("{d}.pid"));
+            self.pids.push(pid.clone());
+            self.ns.exec(&format!(
+                "/usr/lib/frr/{d} -N {name} -u frr -g frr -d -f {} -i {} >/dev/null 2>&1",
+                f.display(),
+                pid.display()
+            ));
+        }
+    }
+
+    /// FRR: the paths of `prefix` in the BGP table, as (next hop, stale).
+    pub fn bgp_paths(&self, prefix: &str) -> Vec<(String, bool)> {
+        let fam = if prefix.contains(':') { "ipv6" } else { "ipv4" };
+        let v: serde_json::Value =
+            serde_json::from_str(&self.vtysh(&format!("show bgp {fam} unicast {prefix} json")))
+                .unwrap_or_default();
+        v["paths"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| {
+                        let hop = p["nexthops"][0]["ip"].as_str().unwrap_or("").to_string();
+                        (hop, p["stale"] == true)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The next hops of `prefix` in this namespace's kernel FIB (what
+    /// zebra installed), sorted.
+    pub fn fib_nexthops(&self, prefix: &str) -> Vec<String> {
+        let fam = if prefix.contains(':') { "-6" } else { "-4" };
+        let out = self.run(&format!("ip {fam} route show {prefix}"));
+        let mut v: Vec<String> = out
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "via")
+            .map(|w| w[1].to_string())
+            .collect();
+        v.sort();
+        v
     }
 
     /// The peer's RIB as text (JSON for FRR and GoBGP), both families.
@@ -274,10 +339,8 @@ impl Router {
             Kind::Frr => {
                 let v: serde_json::Value =
                     serde_json::from_str(&self.vtysh("show bfd peers json")).unwrap_or_default();
-                v.as_array().is_some_and(|a| {
-                    a.iter()
-                        .any(|p| p["peer"] == peer && p["status"] == "up")
-                })
+                v.as_array()
+                    .is_some_and(|a| a.iter().any(|p| p["peer"] == peer && p["status"] == "up"))
             }
             Kind::Bird => self
                 .run(&format!(
@@ -294,10 +357,9 @@ impl Router {
     pub fn established(&self, peer: &str) -> bool {
         match self.kind {
             Kind::Frr => {
-                let v: serde_json::Value = serde_json::from_str(
-                    &self.vtysh(&format!("show bgp neighbors {peer} json")),
-                )
-                .unwrap_or_default();
+                let v: serde_json::Value =
+                    serde_json::from_str(&self.vtysh(&format!("show bgp neighbors {peer} json")))
+                        .unwrap_or_default();
                 v[peer]["bgpState"] == "Established"
             }
             Kind::Bird => {
@@ -309,9 +371,9 @@ impl Router {
                 .contains("Established")
             }
             Kind::Gobgp => {
-                let v: serde_json::Value = serde_json::from_str(&self.run(&format!(
-                    "gobgp -u 127.0.0.1 -p 50051 neighbor {peer} -j"
-                )))
+                let v: serde_json::Value = serde_json::from_str(
+                    &self.run(&format!("gobgp -u 127.0.0.1 -p 50051 neighbor {peer} -j")),
+                )
                 .unwrap_or_default();
                 v["state"]["session_state"] == 6 || v["state"]["session_state"] == "established"
             }

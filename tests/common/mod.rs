@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod bgp;
 pub mod controller;
+pub mod ecmp;
 pub mod fixture;
 pub mod k8s;
 pub mod lab;
