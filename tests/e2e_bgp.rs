@@ -198,6 +198,40 @@ fn bird_frr_and_gobgp_get_the_vip_routes_and_lose_them_with_the_backends() {
         );
     }
 
+    // A reload applies the section: GoBGP's IPv6 peer removed (its
+    // session ends), the advertisement's community changed (the routes
+    // are sent again), and the router ID, which only a restart applies,
+    // named as such.
+    let gobgp_v6 = routers[2].v6.clone();
+    let reloaded = yaml
+        .lines()
+        .filter(|l| !l.contains(&format!("\"{gobgp_v6}\"")))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("65001:100", "65001:200")
+        .replace(
+            &format!("routerId: {}", topo.node_v4),
+            "routerId: 192.0.2.77",
+        );
+    assert_ne!(reloaded, yaml);
+    std::fs::write(rd.home.config(), reloaded + "\n").expect("writing the config");
+    let res = rd.ctl_json(&["reload"]);
+    assert_eq!(res["ok"], true, "{res}");
+    let warnings = res["warnings"].to_string();
+    assert!(
+        warnings.contains("bgp.routerId changed") && warnings.contains("next restart"),
+        "{res}"
+    );
+    assert_eq!(rd.ctl_json(&["bgp", "peers"]).as_array().unwrap().len(), 5);
+    wait_until("GoBGP's IPv6 session gone", LONG, || {
+        !routers[2].established(&routers[2].node_v6) && !routers[2].rib().contains(&vip6)
+    });
+    wait_until("FRR holding the new community", LONG, || {
+        let d = routers[1].route(&vip4);
+        d.contains("65001:200") && !d.contains("65001:100")
+    });
+    assert!(routers[2].established(&routers[2].node_v4));
+
     // Every backend dies: both routes leave every RIB.
     for i in 0..topo.backends.len() {
         servers.close(i);

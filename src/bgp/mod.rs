@@ -13,14 +13,17 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rivora_bgp::{Family, PeerConfig, Route, RouteAttrs, Speaker, SpeakerConfig};
 use rivora_model::config::bgp::{BgpSettings, PeerSettings, RoutePolicy};
-use tracing::info;
+use tokio::sync::watch;
+use tracing::{info, warn};
 
 use crate::reconciler::status::{DataplaneStatus, StatusReader};
 
+pub mod kubernetes;
 pub mod metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,34 @@ pub fn router_id(s: &BgpSettings) -> Option<Ipv4Addr> {
     }
 }
 
+/// The speaker and where its peers come from: the file's `bgp` section
+/// (replaced on reload) and, with `-kubernetes`, the BGPPeer objects that
+/// select this node ([`kubernetes`]). Cheap to clone.
+#[derive(Clone)]
+pub struct Bgp {
+    pub speaker: Speaker,
+    /// What the speaker started with: what a reload cannot change.
+    started: Arc<BgpSettings>,
+    peers: Arc<Mutex<PeerSources>>,
+    /// The advertisements in force (the route policy), for the task that
+    /// turns the status into routes.
+    settings: Arc<watch::Sender<Arc<BgpSettings>>>,
+}
+
+#[derive(Default)]
+struct PeerSources {
+    file: Vec<PeerSettings>,
+    kubernetes: Vec<PeerSettings>,
+}
+
+impl std::fmt::Debug for Bgp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bgp")
+            .field("asn", &self.started.asn)
+            .finish()
+    }
+}
+
 /// Start the speaker and the task that keeps its routes to the status.
 /// `persist`: the datapath outlives rivorad, so the forwarding-state bit
 /// is set; `restarted`: this start found the maps pinned.
@@ -113,7 +144,7 @@ pub fn start(
     status: StatusReader,
     persist: bool,
     restarted: bool,
-) -> Result<Speaker, BgpError> {
+) -> Result<Bgp, BgpError> {
     let router_id = router_id(&settings).ok_or(BgpError::NoRouterId)?;
     let speaker = Speaker::start(&SpeakerConfig {
         asn: settings.asn,
@@ -125,18 +156,118 @@ pub fn start(
     })?;
     // Routes first, so a session that comes up sends the full table.
     speaker.set_routes(routes_of(&status.current(), &settings));
-    speaker.set_peers(settings.peers.iter().map(peer_config).collect())?;
-    let sp = speaker.clone();
-    tokio::spawn(async move { follow(sp, status, settings).await });
-    Ok(speaker)
+    let settings = Arc::new(settings);
+    let (tx, rx) = watch::channel(settings.clone());
+    let bgp = Bgp {
+        speaker: speaker.clone(),
+        started: settings.clone(),
+        peers: Arc::new(Mutex::new(PeerSources {
+            file: settings.peers.clone(),
+            kubernetes: Vec::new(),
+        })),
+        settings: Arc::new(tx),
+    };
+    bgp.push_peers()?;
+    tokio::spawn(follow(speaker, status, rx));
+    Ok(bgp)
 }
 
-async fn follow(speaker: Speaker, mut status: StatusReader, settings: BgpSettings) {
-    loop {
-        if !status.changed().await {
-            return;
+impl Bgp {
+    /// Give the speaker every peer: the file's, then Kubernetes' (a
+    /// BGPPeer at an address the file already has is left out: the file
+    /// is the node's own word).
+    fn push_peers(&self) -> Result<(), BgpError> {
+        let peers: Vec<PeerConfig> = {
+            let src = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = std::collections::BTreeSet::new();
+            src.file
+                .iter()
+                .chain(src.kubernetes.iter())
+                .filter(|p| {
+                    let new = seen.insert(p.address);
+                    if !new {
+                        warn!(peer = %p.address, name = %p.name, "a BGPPeer at an address the file already peers with: the file's session is kept");
+                    }
+                    new
+                })
+                .map(peer_config)
+                .collect()
+        };
+        self.speaker.set_peers(peers)?;
+        Ok(())
+    }
+
+    /// The peers the BGPPeer objects give this node.
+    pub fn set_kubernetes_peers(&self, peers: Vec<PeerSettings>) -> Result<(), BgpError> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .kubernetes = peers;
+        self.push_peers()
+    }
+
+    /// A reload's `bgp` section: peers added, removed or reset (a changed
+    /// peer's session restarts with Cease / other configuration change),
+    /// advertisements applied to the routes at once. What identifies the
+    /// speaker (AS, router ID, listen port, restart time) takes effect at
+    /// the next restart: one warning each. No section any more: every
+    /// session from the file ends (Cease / peer de-configured).
+    pub fn reload(&self, new: Option<&BgpSettings>) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let was = &*self.started;
+        if let Some(n) = new {
+            let mut note = |what: &str, a: String, b: String| {
+                if a != b {
+                    warnings.push(format!(
+                        "{what} changed from {a} to {b}: it takes effect at the next restart"
+                    ));
+                }
+            };
+            note("bgp.asn", was.asn.to_string(), n.asn.to_string());
+            let rid = |r: Option<std::net::Ipv4Addr>| {
+                r.map_or_else(|| "none (from the peers)".to_string(), |a| a.to_string())
+            };
+            note("bgp.routerId", rid(was.router_id), rid(n.router_id));
+            note(
+                "bgp.listenPort",
+                was.listen_port.to_string(),
+                n.listen_port.to_string(),
+            );
+            note(
+                "bgp.restartTime",
+                format!("{}s", was.restart_time),
+                format!("{}s", n.restart_time),
+            );
         }
-        let routes = routes_of(&status.current(), &settings);
+        let settings = match new {
+            Some(n) => n.clone(),
+            None => BgpSettings {
+                peers: Vec::new(),
+                advertisements: Vec::new(),
+                ..(*self.started).clone()
+            },
+        };
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).file = settings.peers.clone();
+        if let Err(e) = self.push_peers() {
+            warnings.push(format!("bgp.peers not applied: {e}"));
+        }
+        self.settings.send_replace(Arc::new(settings));
+        warnings
+    }
+}
+
+async fn follow(
+    speaker: Speaker,
+    mut status: StatusReader,
+    mut settings: watch::Receiver<Arc<BgpSettings>>,
+) {
+    loop {
+        tokio::select! {
+            alive = status.changed() => if !alive { return },
+            r = settings.changed() => if r.is_err() { return },
+        }
+        let s = settings.borrow_and_update().clone();
+        let routes = routes_of(&status.current(), &s);
         let n = routes.len();
         let before = speaker.routes().len();
         speaker.set_routes(routes);
@@ -149,8 +280,8 @@ async fn follow(speaker: Speaker, mut status: StatusReader, settings: BgpSetting
 /// Stop the speaker: with a pinned datapath, close the sessions for the
 /// peers' graceful restart to keep our routes; otherwise withdraw them
 /// and say goodbye.
-pub async fn stop(speaker: &Speaker, persist: bool) {
-    speaker.shutdown(persist, Duration::from_secs(3)).await;
+pub async fn stop(bgp: &Bgp, persist: bool) {
+    bgp.speaker.shutdown(persist, Duration::from_secs(3)).await;
 }
 
 #[cfg(test)]

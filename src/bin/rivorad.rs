@@ -243,7 +243,10 @@ fn main() -> Result<()> {
             let _rt = runtime.enter();
             let sp = rivora::bgp::start(settings, d.status(), args.persist_datapath, d.restarted)
                 .context("starting the BGP speaker")?;
-            let _ = bgp_metrics.speaker.set(sp.clone());
+            let _ = bgp_metrics.speaker.set(sp.speaker.clone());
+            let on_reload = sp.clone();
+            d.file_source()
+                .on_bgp_reload(Box::new(move |s| on_reload.reload(s)));
             Some(sp)
         }
         None => None,
@@ -258,7 +261,7 @@ fn main() -> Result<()> {
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
         watches: kube.as_ref().map(|(_, _, _, w)| w.clone()),
-        bgp: bgp.clone(),
+        bgp: bgp.as_ref().map(|b| b.speaker.clone()),
     });
     // Checked and held since before the datapath was touched; the
     // server binds its own listeners on the same addresses.
