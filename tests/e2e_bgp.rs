@@ -584,3 +584,201 @@ fn ecmp_two_nodes_paths_move_and_graceful_restart_lose_nothing() {
         rd.stop();
     }
 }
+
+/// What rivorad needs for BGPPeers, as the README lists it (beside its
+/// Service rules, of which the Node watch uses `nodes`).
+fn bgp_rules() -> serde_json::Value {
+    serde_json::json!([
+        { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+        { "apiGroups": ["rivora.io"], "resources": ["bgppeers"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["rivora.io"], "resources": ["bgpnodestatuses", "bgpnodestatuses/status"], "verbs": ["get", "create", "patch"] },
+        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"] },
+    ])
+}
+
+/// BGPPeers against the real API server drive sessions with a real FRR:
+/// the one whose selector picks the node comes up with the password of
+/// its Secret; the one whose selector excludes the node opens nothing
+/// until the selector changes; a node relabelled out of both ends both.
+/// The node's BGPNodeStatus follows, written by its rivorad as a user
+/// with only the README's rules.
+#[test]
+fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
+    use common::k8s::{shared, write_kubeconfig_with, ApiProxy, Identity, Kube, Rbac};
+    use k8s_openapi::api::core::v1::{Node, Secret};
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+    use rivora_k8s::{BgpNodeStatus, BgpPeer};
+
+    let s = shared();
+    let kube = Kube::admin();
+    let topo = Topology::builder(Mode::Nat).backends(1).build();
+    let _servers = Servers::for_topology(&topo, false);
+    let mut router = Router::new(Kind::Frr, &topo.node, topo.n, 41);
+    let (nv4, nv6) = (router.node_v4.clone(), router.node_v6.clone());
+    router.start(&[
+        (&nv4, 65001, Some(PASSWORD), false),
+        (&nv6, 65001, None, false),
+    ]);
+
+    // The cluster: this node (labelled), a Secret, two BGPPeers.
+    let node = common::unique("bgpnode-");
+    let k8s = kube.namespace("e2ebgp-");
+    let nodes: Api<Node> = Api::all(kube.client.clone());
+    let node_obj: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": node, "labels": { "rack": "r1" } },
+    }))
+    .unwrap();
+    kube.block_on(nodes.create(&PostParams::default(), &node_obj))
+        .expect("creating the Node");
+    let secrets: Api<Secret> = Api::namespaced(kube.client.clone(), &k8s.name);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "tor-pw" },
+        "stringData": { "password": PASSWORD },
+    }))
+    .unwrap();
+    kube.block_on(secrets.create(&PostParams::default(), &secret))
+        .expect("creating the Secret");
+    let peers: Api<BgpPeer> = Api::all(kube.client.clone());
+    let (p4, p6) = (common::unique("tor-v4-"), common::unique("tor-v6-"));
+    for (name, addr, rack, pw) in [
+        (&p4, &router.v4, "r1", true),
+        (&p6, &router.v6, "r2", false),
+    ] {
+        let mut spec = serde_json::json!({
+            "address": addr, "asn": 65000, "holdTime": "9s", "connectRetry": "1s",
+            "nodeSelector": { "matchLabels": { "rack": rack } },
+        });
+        if pw {
+            spec["passwordSecretRef"] =
+                serde_json::json!({ "name": "tor-pw", "namespace": k8s.name });
+        }
+        let p: BgpPeer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rivora.io/v1alpha1", "kind": "BGPPeer",
+            "metadata": { "name": name }, "spec": spec,
+        }))
+        .unwrap();
+        kube.block_on(peers.create(&PostParams::default(), &p))
+            .expect("creating a BGPPeer");
+    }
+    struct Cleanup(Kube, Vec<String>, String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let dp = DeleteParams::default();
+            let peers: Api<BgpPeer> = Api::all(self.0.client.clone());
+            for p in &self.1 {
+                let _ = self.0.block_on(peers.delete(p, &dp));
+            }
+            let nodes: Api<Node> = Api::all(self.0.client.clone());
+            let _ = self.0.block_on(nodes.delete(&self.2, &dp));
+            let st: Api<BgpNodeStatus> = Api::all(self.0.client.clone());
+            let _ = self.0.block_on(st.delete(&self.2, &dp));
+        }
+    }
+    let _cleanup = Cleanup(kube.clone(), vec![p4.clone(), p6.clone()], node.clone());
+
+    // rivorad -kubernetes as a user with the README's rules only.
+    let home = Home::new();
+    let user = common::unique("rivorad-bgp-");
+    let id = Identity::user(&home.path(""), &user);
+    let rbac = Rbac::new(&kube, &user);
+    rbac.grant("bgp", bgp_rules());
+    let proxy = ApiProxy::start(&topo.node, s.addr);
+    let kubeconfig = home.path("kubeconfig");
+    write_kubeconfig_with(&kubeconfig, &proxy.url(), &s.server.ca_cert, &id);
+    let yaml = format!(
+        "{}bgp:\n  asn: 65001\n  routerId: {}\n",
+        home.node_config("n0", topo.node_v4, topo.node_v6),
+        topo.node_v4
+    );
+    let rd = Rivorad::start_kubernetes(&topo.node, home, &yaml, &kubeconfig, &node, &[]);
+    let sessions = |rd: &Rivorad| -> Vec<(String, String)> {
+        rd.ctl_json(&["bgp", "peers"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap_or("").to_string(),
+                    p["state"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    let statuses: Api<BgpNodeStatus> = Api::all(kube.client.clone());
+    let node_status = || -> serde_json::Value {
+        kube.block_on(statuses.get_opt(&node))
+            .ok()
+            .flatten()
+            .map(|o| serde_json::to_value(o).unwrap())
+            .unwrap_or_default()
+    };
+
+    // The selected peer: Established with the Secret's password; the
+    // other opens nothing.
+    wait_until("the selected BGPPeer Established", LONG, || {
+        sessions(&rd) == [(p4.clone(), "Established".to_string())] && router.established(&nv4)
+    });
+    assert!(!router.established(&nv6));
+    wait_until("the node status saying so", LONG, || {
+        let st = node_status();
+        st["spec"]["nodeName"] == node.as_str()
+            && st["status"]["establishedCount"] == 1
+            && st["status"]["sessionCount"] == 1
+            && st["status"]["sessions"][0]["name"] == p4.as_str()
+            && st["status"]["sessions"][0]["state"] == "Established"
+    });
+    let w = rd.status()["watches"].clone();
+    let bgppeers = w
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["resource"] == "bgppeers")
+        .cloned()
+        .unwrap_or_else(|| panic!("no bgppeers watch: {w}"));
+    assert_eq!(bgppeers["synced"], true, "{bgppeers}");
+    assert!(bgppeers["objects"].as_u64().unwrap() >= 2, "{bgppeers}");
+
+    // The second BGPPeer's selector now picks the node: its session too.
+    kube.block_on(peers.patch(
+        &p6,
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"spec": {"nodeSelector": {"matchLabels": {"rack": "r1"}}}}),
+        ),
+    ))
+    .expect("patching the BGPPeer");
+    wait_until("both BGPPeers Established", LONG, || {
+        let mut s = sessions(&rd);
+        s.sort();
+        let mut want = vec![
+            (p4.clone(), "Established".to_string()),
+            (p6.clone(), "Established".to_string()),
+        ];
+        want.sort();
+        s == want && router.established(&nv6)
+    });
+    wait_until("the node status with two sessions", LONG, || {
+        node_status()["status"]["establishedCount"] == 2
+    });
+
+    // The node relabelled out of both selectors: no session at all.
+    kube.block_on(nodes.patch(
+        &node,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"rack": "r3"}}})),
+    ))
+    .expect("relabelling the Node");
+    wait_until("no session once the node is not selected", LONG, || {
+        sessions(&rd).is_empty() && !router.established(&nv4) && !router.established(&nv6)
+    });
+    wait_until("the node status empty", LONG, || {
+        node_status()["status"]["sessionCount"] == 0
+    });
+    drop(rd);
+    drop(proxy);
+    drop(rbac);
+}

@@ -288,6 +288,15 @@ fn main() -> Result<()> {
         None => None,
     };
     if let Some((client, opts, outputs, _)) = kube {
+        if let Some(b) = &bgp {
+            info!(node = %opts.node_name, "taking BGP peers from BGPPeers too");
+            runtime.spawn(rivora::bgp::kubernetes::run(
+                client.clone(),
+                opts.node_name.clone(),
+                b.clone(),
+                outputs.watches.clone(),
+            ));
+        }
         info!(node = %opts.node_name, "taking VIPs from Kubernetes");
         runtime.spawn(kubernetes::run(client, opts, d.sender(), outputs));
     }

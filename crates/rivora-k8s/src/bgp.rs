@@ -278,12 +278,12 @@ impl BgpPeerSpec {
         match &self.node_selector {
             None => Ok(true),
             Some(sel) => {
-                let s: Selector = sel
-                    .clone()
-                    .try_into()
-                    .map_err(|e: kube::core::ParseExpressionError| {
-                        PeerError::Selector(e.to_string())
-                    })?;
+                let s: Selector =
+                    sel.clone()
+                        .try_into()
+                        .map_err(|e: kube::core::ParseExpressionError| {
+                            PeerError::Selector(e.to_string())
+                        })?;
                 Ok(s.matches(labels))
             }
         }
@@ -385,7 +385,9 @@ mod tests {
         assert_eq!(p.policy.communities, vec![(65000 << 16) | 100]);
         assert_eq!(p.password.as_deref(), Some(&b"pw"[..]));
         // BFD off when said so.
-        let off = spec(serde_json::json!({"address": "10.0.0.1", "asn": 65000, "bfd": {"enabled": false}}));
+        let off = spec(
+            serde_json::json!({"address": "10.0.0.1", "asn": 65000, "bfd": {"enabled": false}}),
+        );
         assert!(off.settings("x", 65001, None).unwrap().bfd.is_none());
     }
 
@@ -395,7 +397,11 @@ mod tests {
         let e = s.settings("x", 65001, None).unwrap_err().to_string();
         assert!(e.starts_with("spec.holdTime:"), "{e}");
         let s = spec(serde_json::json!({"address": "nope", "asn": 65000}));
-        assert!(s.settings("x", 65001, None).unwrap_err().to_string().starts_with("spec.address:"));
+        assert!(s
+            .settings("x", 65001, None)
+            .unwrap_err()
+            .to_string()
+            .starts_with("spec.address:"));
     }
 
     #[test]
