@@ -301,6 +301,14 @@ impl Session {
         self.polling = false;
     }
 
+    /// When the detection time runs out if nothing arrives (Init or Up).
+    pub fn expires_at(&self) -> Option<Instant> {
+        if !matches!(self.state, BfdState::Init | BfdState::Up) {
+            return None;
+        }
+        Some(self.last_rx? + self.detection_time()?)
+    }
+
     /// Call when nothing arrived for the detection time: Down (6.8.4).
     pub fn check_expiry(&mut self, now: Instant) -> bool {
         if !matches!(self.state, BfdState::Init | BfdState::Up) {
@@ -557,7 +565,7 @@ impl Bfd {
         let dst = SocketAddr::new(peer, PORT);
         let mut next_tx = Instant::now();
         loop {
-            let (pkt, interval, detect, mult) = {
+            let (pkt, interval, expires, mult) = {
                 let mut map = lock(&self.sessions);
                 let Some(e) = map.get_mut(&discr) else {
                     return;
@@ -577,7 +585,7 @@ impl Bfd {
                 (
                     pkt,
                     interval,
-                    e.session.detection_time(),
+                    e.session.expires_at(),
                     e.session.timers.multiplier,
                 )
             };
@@ -595,13 +603,18 @@ impl Bfd {
                 };
                 next_tx = Instant::now() + iv * jitter / 100;
             }
-            // Wake for the next send or a detection check, whichever
-            // comes first; a state change wakes at once.
-            let check = detect.map(|d| d / 4).unwrap_or(Duration::from_millis(250));
-            let until = next_tx
-                .saturating_duration_since(Instant::now())
-                .min(check)
-                .max(Duration::from_millis(1));
+            // Wake for the next send or the moment the detection time
+            // runs out (just past it: check_expiry wants "more than"),
+            // whichever comes first; a packet pushes the expiry back and
+            // a state change wakes at once. Waking at the expiry itself,
+            // not at a fraction of the detection time, keeps the
+            // detection within it.
+            let now = Instant::now();
+            let mut until = next_tx.saturating_duration_since(now);
+            if let Some(x) = expires {
+                until = until.min(x.saturating_duration_since(now) + Duration::from_micros(200));
+            }
+            let until = until.max(Duration::from_micros(200));
             tokio::select! {
                 _ = tokio::time::sleep(until) => {}
                 _ = wake.notified() => { next_tx = next_tx.min(Instant::now()); }
