@@ -112,7 +112,7 @@ impl Router {
                 let mut conf = format!("router id {};\nprotocol device {{}}\n", self.v4);
                 let bfd = neighbors.iter().any(|n| n.3);
                 if bfd {
-                    conf += "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }\n";
+                    conf += "protocol bfd { interface \"*\" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }; }\n";
                 }
                 for (i, (addr, asn, pw, bfd)) in neighbors.iter().enumerate() {
                     let v6 = addr.contains(':');
@@ -185,7 +185,7 @@ impl Router {
                     conf += "bfd\n";
                     for (addr, _, _, bfd) in neighbors {
                         if *bfd {
-                            conf += &format!(" peer {addr}\n  receive-interval 100\n  transmit-interval 100\n  detect-multiplier 3\n exit\n");
+                            conf += &format!(" peer {addr}\n  receive-interval 300\n  transmit-interval 300\n  detect-multiplier 3\n exit\n");
                         }
                     }
                 }
