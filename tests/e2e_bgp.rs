@@ -558,7 +558,8 @@ fn ecmp_two_nodes_paths_move_and_graceful_restart_lose_nothing() {
 
     // Graceful restart of node A under numbered UDP streams through the
     // router: the router keeps A's paths (stale) while it is down, A
-    // comes back with End-of-RIB, and not a datagram is lost.
+    // comes back (restart and forwarding-state bits) with End-of-RIB, and
+    // not a datagram is lost.
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let streams = [(vip4, 0u32), (vip6, 100u32)].map(|(v, first)| {
@@ -595,6 +596,17 @@ fn ecmp_two_nodes_paths_move_and_graceful_restart_lose_nothing() {
     both_paths("after node A's restart");
     let p = peer(&rds[0], &r.v4);
     assert_eq!(p["state"], "Established", "{p}");
+    // FRR's view: the restart bit and the forwarding-state bit for both
+    // families, and End-of-RIB received for both.
+    let nb: serde_json::Value =
+        serde_json::from_str(&r.vtysh(&format!("show bgp neighbors {a4} json")))
+            .unwrap_or_default();
+    let gr = &nb[&a4]["gracefulRestartInfo"];
+    for fam in ["ipv4Unicast", "ipv6Unicast"] {
+        assert_eq!(gr[fam]["fBit"], true, "{fam}: {gr}");
+        assert_eq!(gr["endOfRibRecv"][fam], true, "{fam}: {gr}");
+    }
+    assert_eq!(gr["rBit"], true, "{gr}");
     stop.store(true, Ordering::Relaxed);
     let per_flow: Vec<Vec<u64>> = streams
         .into_iter()
