@@ -691,6 +691,7 @@ fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
         .expect("creating the Secret");
     let peers: Api<BgpPeer> = Api::all(kube.client.clone());
     let (p4, p6) = (common::unique("tor-v4-"), common::unique("tor-v6-"));
+    let bad = common::unique("tor-bad-");
     for (name, addr, rack, pw) in [
         (&p4, &router.v4, "r1", true),
         (&p6, &router.v6, "r2", false),
@@ -725,7 +726,11 @@ fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
             let _ = self.0.block_on(st.delete(&self.2, &dp));
         }
     }
-    let _cleanup = Cleanup(kube.clone(), vec![p4.clone(), p6.clone()], node.clone());
+    let _cleanup = Cleanup(
+        kube.clone(),
+        vec![p4.clone(), p6.clone(), bad.clone()],
+        node.clone(),
+    );
 
     // rivorad -kubernetes as a user with the README's rules only.
     let home = Home::new();
@@ -788,6 +793,34 @@ fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
         .unwrap_or_else(|| panic!("no bgppeers watch: {w}"));
     assert_eq!(bgppeers["synced"], true, "{bgppeers}");
     assert!(bgppeers["objects"].as_u64().unwrap() >= 2, "{bgppeers}");
+
+    // A BGPPeer the schema takes but the validator refuses (a hold time
+    // of 2 s) opens nothing and is named, with why, in the node status
+    // and the watch's last error.
+    let p: BgpPeer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "BGPPeer",
+        "metadata": { "name": bad },
+        "spec": { "address": "10.250.0.1", "asn": 65000, "holdTime": "2s" },
+    }))
+    .unwrap();
+    kube.block_on(peers.create(&PostParams::default(), &p))
+        .expect("creating a BGPPeer");
+    wait_until("the refused BGPPeer in the node status", LONG, || {
+        let st = node_status();
+        st["status"]["refused"].as_array().is_some_and(|a| {
+            a.iter().any(|r| {
+                r["name"] == bad.as_str()
+                    && r["reason"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("spec.holdTime:"))
+            })
+        })
+    });
+    assert_eq!(sessions(&rd), [(p4.clone(), "Established".to_string())]);
+    let w = rd.status()["watches"].to_string();
+    assert!(w.contains(&format!("BGPPeer {bad}: spec.holdTime")), "{w}");
+    kube.block_on(peers.delete(&bad, &DeleteParams::default()))
+        .expect("deleting the BGPPeer");
 
     // The second BGPPeer's selector now picks the node: its session too.
     kube.block_on(peers.patch(

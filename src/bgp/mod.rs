@@ -213,32 +213,9 @@ impl Bgp {
     /// the next restart: one warning each. No section any more: every
     /// session from the file ends (Cease / peer de-configured).
     pub fn reload(&self, new: Option<&BgpSettings>) -> Vec<String> {
-        let mut warnings = Vec::new();
-        let was = &*self.started;
-        if let Some(n) = new {
-            let mut note = |what: &str, a: String, b: String| {
-                if a != b {
-                    warnings.push(format!(
-                        "{what} changed from {a} to {b}: it takes effect at the next restart"
-                    ));
-                }
-            };
-            note("bgp.asn", was.asn.to_string(), n.asn.to_string());
-            let rid = |r: Option<std::net::Ipv4Addr>| {
-                r.map_or_else(|| "none (from the peers)".to_string(), |a| a.to_string())
-            };
-            note("bgp.routerId", rid(was.router_id), rid(n.router_id));
-            note(
-                "bgp.listenPort",
-                was.listen_port.to_string(),
-                n.listen_port.to_string(),
-            );
-            note(
-                "bgp.restartTime",
-                format!("{}s", was.restart_time),
-                format!("{}s", n.restart_time),
-            );
-        }
+        let mut warnings = new
+            .map(|n| restart_only(&self.started, n))
+            .unwrap_or_default();
         let settings = match new {
             Some(n) => n.clone(),
             None => BgpSettings {
@@ -254,6 +231,35 @@ impl Bgp {
         self.settings.send_replace(Arc::new(settings));
         warnings
     }
+}
+
+/// What differs between the section the speaker started with and a
+/// reloaded one that only a restart applies: one sentence each.
+pub fn restart_only(was: &BgpSettings, now: &BgpSettings) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut note = |what: &str, a: String, b: String| {
+        if a != b {
+            warnings.push(format!(
+                "{what} changed from {a} to {b}: it takes effect at the next restart"
+            ));
+        }
+    };
+    note("bgp.asn", was.asn.to_string(), now.asn.to_string());
+    let rid = |r: Option<Ipv4Addr>| {
+        r.map_or_else(|| "none (from the peers)".to_string(), |a| a.to_string())
+    };
+    note("bgp.routerId", rid(was.router_id), rid(now.router_id));
+    note(
+        "bgp.listenPort",
+        was.listen_port.to_string(),
+        now.listen_port.to_string(),
+    );
+    note(
+        "bgp.restartTime",
+        format!("{}s", was.restart_time),
+        format!("{}s", now.restart_time),
+    );
+    warnings
 }
 
 async fn follow(

@@ -107,3 +107,34 @@ fn the_router_id_is_configured_or_the_address_toward_a_peer() {
     let p: IpAddr = "127.0.0.1".parse().unwrap();
     assert_eq!(rivora_bgp::speaker::local_toward(p), Some(p));
 }
+
+#[test]
+fn only_the_speakers_identity_waits_for_a_restart() {
+    let was = BgpSettings {
+        asn: 65001,
+        router_id: None,
+        listen_port: 179,
+        restart_time: 120,
+        peers: Vec::new(),
+        advertisements: Vec::new(),
+    };
+    // Peers and advertisements are applied: no warning.
+    let mut now = was.clone();
+    now.advertisements.push(Advertisement {
+        prefixes: vec![("10.0.0.0".parse().unwrap(), 24)],
+        policy: RoutePolicy::default(),
+    });
+    assert!(restart_only(&was, &now).is_empty());
+    now.asn = 65002;
+    now.router_id = Some("10.0.0.9".parse().unwrap());
+    now.restart_time = 30;
+    let w = restart_only(&was, &now);
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(
+        w[0].starts_with("bgp.asn changed from 65001 to 65002"),
+        "{w:?}"
+    );
+    assert!(w[1].contains("bgp.routerId changed from none (from the peers) to 10.0.0.9"));
+    assert!(w[2]
+        .contains("bgp.restartTime changed from 120s to 30s: it takes effect at the next restart"));
+}

@@ -154,3 +154,26 @@ fn a_peer_that_wants_no_packets_gets_none() {
     a.receive(&p, Instant::now());
     assert_eq!(a.tx_interval(), None);
 }
+
+/// The expiry is the last packet plus the detection time, while Init or
+/// Up; none while Down.
+#[test]
+fn the_expiry_follows_the_last_packet() {
+    let t0 = Instant::now();
+    let mut a = Session::new(1, timers(100, 3));
+    let mut b = Session::new(2, timers(100, 3));
+    assert_eq!(a.expires_at(), None);
+    a.receive(&b.packet(), t0);
+    // Init: b's slow rate (1 s) x its multiplier.
+    assert_eq!(a.state, BfdState::Init);
+    assert_eq!(a.expires_at(), Some(t0 + Duration::from_secs(3)));
+    let t1 = t0 + Duration::from_millis(500);
+    b.receive(&a.packet(), t1);
+    a.receive(&b.packet(), t1);
+    assert_eq!(a.state, BfdState::Up);
+    // b is Up and announces 100 ms: 3 x 100 ms after its packet.
+    assert_eq!(a.expires_at(), Some(t1 + Duration::from_millis(300)));
+    assert!(!a.check_expiry(t1 + Duration::from_millis(300)));
+    assert!(a.check_expiry(t1 + Duration::from_millis(301)));
+    assert_eq!(a.expires_at(), None);
+}
