@@ -135,7 +135,8 @@ variant:
 # namespaces. Both write target/bench/results.json; the lab also
 # target/bench/lab.svg. BENCHMARKS.md explains the figures.
 bench: deps
-	@scripts/deps.sh $(LAB_PKGS)
+	@# The bgp area runs FRR (zebra, bgpd, bfdd) as the router.
+	@scripts/deps.sh $(LAB_PKGS) $(BGP_PKGS)
 	@scripts/bpffs.sh
 	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
 	$(MAKE) apiserver
