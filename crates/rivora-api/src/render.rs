@@ -457,6 +457,82 @@ pub fn stats(vips: &[VipInfo], drops: &Drops, previous: Option<(&[VipInfo], Dura
     out
 }
 
+/// `rivoractl bgp peers`.
+pub fn bgp_peers(peers: &[crate::types::BgpPeerInfo]) -> String {
+    if peers.is_empty() {
+        return "no BGP peers (no bgp section in the configuration)\n".into();
+    }
+    let mut t = Table::new(&[
+        "PEER",
+        "ASN>",
+        "STATE",
+        "UPTIME>",
+        "FLAPS>",
+        "SENT>",
+        "RECEIVED>",
+        "ROUTES>",
+        "BFD",
+        "LAST ERROR",
+    ]);
+    for p in peers {
+        let bfd = match &p.bfd_state {
+            Some(s) if p.bfd_detect_ms > 0 => format!("{s} ({} ms)", p.bfd_detect_ms),
+            Some(s) => s.clone(),
+            None => "-".into(),
+        };
+        t.row(vec![
+            if p.name == p.address.to_string() {
+                p.name.clone()
+            } else {
+                format!("{} ({})", p.name, p.address)
+            },
+            p.asn.to_string(),
+            p.state.clone(),
+            if p.uptime_seconds > 0 {
+                fmt_age(p.uptime_seconds)
+                    .trim_end_matches(" ago")
+                    .to_string()
+            } else {
+                "-".into()
+            },
+            p.flaps.to_string(),
+            p.updates_sent.to_string(),
+            p.updates_received.to_string(),
+            p.advertised.to_string(),
+            bfd,
+            p.last_error.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t.render()
+}
+
+/// `rivoractl bgp routes`.
+pub fn bgp_routes(routes: &[crate::types::BgpRouteInfo]) -> String {
+    if routes.is_empty() {
+        return "no routes announced\n".into();
+    }
+    let mut t = Table::new(&["PREFIX", "COMMUNITIES", "LOCAL PREF>", "MED>", "PEERS"]);
+    let or_dash = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(",")
+        }
+    };
+    for r in routes {
+        let mut c = r.communities.clone();
+        c.extend(r.large_communities.iter().cloned());
+        t.row(vec![
+            r.prefix.clone(),
+            or_dash(c),
+            r.local_pref.map_or_else(|| "-".into(), |v| v.to_string()),
+            r.med.map_or_else(|| "-".into(), |v| v.to_string()),
+            or_dash(r.peers.clone()),
+        ]);
+    }
+    t.render()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -614,3 +614,63 @@ mod tests {
         assert!(r.is_err());
     }
 }
+
+/// `GET /v1/bgp/peers`: one BGP session of this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpPeerInfo {
+    pub name: String,
+    pub address: IpAddr,
+    pub asn: u32,
+    /// `Idle`, `Connect`, `Active`, `OpenSent`, `OpenConfirm`,
+    /// `Established`.
+    pub state: String,
+    #[serde(default)]
+    pub local_address: Option<IpAddr>,
+    /// Seconds Established; 0 when not.
+    pub uptime_seconds: u64,
+    /// Unix seconds it became Established; 0 when not.
+    #[serde(default)]
+    pub established_at: u64,
+    /// Times it left Established.
+    pub flaps: u64,
+    pub updates_sent: u64,
+    pub updates_received: u64,
+    /// Negotiated hold time, seconds.
+    pub hold_time: u32,
+    /// Negotiated families (`ipv4-unicast`, `ipv6-unicast`).
+    #[serde(default)]
+    pub families: Vec<String>,
+    /// The peer speaks graceful restart (RFC 4724).
+    #[serde(default)]
+    pub graceful_restart: bool,
+    /// Routes the peer holds from this node.
+    pub advertised: u64,
+    /// BFD: `Up`, `Down`, `Init`, `AdminDown`; null when not configured.
+    #[serde(default)]
+    pub bfd_state: Option<String>,
+    /// BFD detection time in force, milliseconds.
+    #[serde(default)]
+    pub bfd_detect_ms: u64,
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// `GET /v1/bgp/routes`: one route this node announces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpRouteInfo {
+    /// `10.0.0.1/32`, `fd00::1/128`.
+    pub prefix: String,
+    /// `65000:100`.
+    #[serde(default)]
+    pub communities: Vec<String>,
+    /// `4200000001:1:2`.
+    #[serde(default)]
+    pub large_communities: Vec<String>,
+    #[serde(default)]
+    pub local_pref: Option<u32>,
+    #[serde(default)]
+    pub med: Option<u32>,
+    /// The peers (by address) that hold it now.
+    #[serde(default)]
+    pub peers: Vec<String>,
+}

@@ -76,6 +76,9 @@ enum Command {
     Config(ConfigCommand),
     /// Make rivorad re-read its configuration file.
     Reload,
+    /// The BGP speaker: sessions and announced routes.
+    #[command(subcommand)]
+    Bgp(BgpCommand),
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
 }
@@ -86,6 +89,14 @@ enum VipCommand {
     List,
     /// One VIP and its backends, e.g. `tcp/10.0.0.1:80`.
     Show { vip: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum BgpCommand {
+    /// Each peer's session: state, uptime, flaps, updates, BFD.
+    Peers,
+    /// The routes this node announces, and to which peers.
+    Routes,
 }
 
 #[derive(Debug, Subcommand)]
@@ -196,6 +207,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Backend(BackendCommand::List) => {
             show(&cli, "GET", "/v1/backends", None, |b: &Vec<_>| {
                 render::backend_list(b)
+            })
+        }
+        Command::Bgp(BgpCommand::Peers) => {
+            show(&cli, "GET", "/v1/bgp/peers", None, |p: &Vec<_>| {
+                render::bgp_peers(p)
+            })
+        }
+        Command::Bgp(BgpCommand::Routes) => {
+            show(&cli, "GET", "/v1/bgp/routes", None, |r: &Vec<_>| {
+                render::bgp_routes(r)
             })
         }
         Command::Drain(args) | Command::Undrain(args) => {

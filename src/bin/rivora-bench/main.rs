@@ -2,6 +2,7 @@
 //! (one flat object of "metric_key": number). Each area adds its keys in its
 //! own module.
 
+mod bgp;
 mod controller;
 mod daemon;
 mod health;
@@ -129,6 +130,13 @@ fn main() -> Result<()> {
     if want("controller") {
         println!("rivora-controller: 1,000 Services and leader failover against a real API server");
         controller::run(&mut results).context("controller bench")?;
+    }
+
+    if want("bgp") {
+        println!(
+            "BGP: withdraw, graceful restart and BFD against FRR (real rivorad in namespaces)"
+        );
+        bgp::run(&mut results).context("bgp bench")?;
     }
 
     for n in &results.notes {

@@ -30,6 +30,7 @@ use crate::model::{
     Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
 
+pub mod bgp;
 mod fields;
 mod yaml;
 
@@ -57,6 +58,9 @@ pub struct File {
     pub metrics: MetricsConf,
     #[serde(default)]
     pub vips: Vec<VipConf>,
+    /// The BGP speaker: this node's AS, its peers, what routes carry.
+    #[serde(default)]
+    pub bgp: Option<bgp::BgpConf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -423,6 +427,8 @@ pub struct Config {
     /// What the file was checked to fit: a reload is checked against
     /// the same.
     pub capacity: Capacity,
+    /// The `bgp` section, validated (password files read).
+    pub bgp: Option<bgp::BgpSettings>,
 }
 
 /// The node's runtime settings, apart from the VIPs: what the daemon
@@ -737,6 +743,10 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
     // neighbour table): check everything else.
     validate_shapes(&desired).map_err(|e| model_error(&e, &file, &fail))?;
     no_loopback_backends(&file, &fail)?;
+    let bgp = match &file.bgp {
+        None => None,
+        Some(b) => Some(bgp::validate(b).map_err(|(field, msg)| fail(&field, msg))?),
+    };
     Ok(Config {
         path: path.to_path_buf(),
         file,
@@ -744,6 +754,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         health,
         names,
         capacity: *capacity,
+        bgp,
     })
 }
 
