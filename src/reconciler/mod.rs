@@ -544,6 +544,15 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             }
         }
 
+        // Slices are planned for the whole set before anything is
+        // written (sizes follow the set, not the order of the writes).
+        let planned: Vec<Vip> = merged
+            .vips
+            .values()
+            .map(|(_, d)| self.drained(d).unwrap_or_else(|| d.vip.clone()))
+            .collect();
+        self.writer.begin(&planned);
+
         // Removals first: they free ids and slots for what comes next.
         let gone: Vec<VipKey> = self
             .written
@@ -633,7 +642,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             self.facts.prepare_l3dsr(&self.node.interfaces);
         }
         if let Err(e) = self.writer.finish() {
-            error!(error = %e, "reclaiming retired map entries");
+            error!(error = %e, "resizing Maglev slices or reclaiming retired map entries");
         }
         if self.store.all_synced() {
             match self.writer.prune_unclaimed() {
@@ -909,6 +918,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 mode: vip.mode,
                 affinity: vip.affinity,
                 backends,
+                slice_need: Some(info.need),
             });
         }
         self.publisher.publish(DataplaneStatus {
@@ -959,6 +969,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             mode: u.mode?,
             affinity: u.affinity,
             backends,
+            slice_need: None,
         })
     }
 }

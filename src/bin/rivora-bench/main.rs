@@ -7,6 +7,7 @@ mod daemon;
 mod health;
 mod k8s;
 mod labxdp;
+mod maglev;
 mod restart;
 mod synflood;
 mod writer;
@@ -91,6 +92,10 @@ fn main() -> Result<()> {
     if want("xdp") {
         println!("xdp_ingress / tc_nat per-packet cost (BPF_PROG_TEST_RUN)");
         xdp::run(&mut results).context("xdp bench")?;
+    }
+    if want("maglev") {
+        println!("Maglev population and slice sizes");
+        maglev::run(&mut results).context("maglev bench")?;
     }
     if want("writer") {
         println!("map writer and Maglev");
