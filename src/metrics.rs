@@ -612,9 +612,10 @@ mod tests {
             1.0
         );
 
-        // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2 + the
-        // two gauges, and per result the 14 bounds, +Inf, _sum and _count.
-        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 + 3 * 17);
+        // Nothing beyond the above: 1 + (4 counters + 2 gauges) × 2 VIPs +
+        // 3 states + 2 + 2 + the two gauges, and per result the 14 bounds,
+        // +Inf, _sum and _count.
+        assert_eq!(p.samples.len(), 1 + 12 + 3 + 2 + 2 + 2 + 3 * 17);
         assert_eq!(
             m.encode(snapshot()).unwrap(),
             text,

@@ -250,12 +250,16 @@ impl FileSource {
                 return Err(e);
             }
         };
-        let warnings = restart_only_changes(&self.started, &cfg.node_settings());
+        let restart = restart_only_changes(&self.started, &cfg.node_settings());
+        if let Ok(mut p) = self.pending_restart.lock() {
+            p.clone_from(&restart);
+        }
+        // The validator's warnings too (VIPs the Maglev table cannot give
+        // the precision their weights need): the reload's answer says so.
+        let mut warnings = restart;
+        warnings.extend(cfg.warnings.iter().cloned());
         for w in &warnings {
             warn!(file = %self.path.display(), "{w}");
-        }
-        if let Ok(mut p) = self.pending_restart.lock() {
-            p.clone_from(&warnings);
         }
         let (ack, done) = oneshot::channel();
         for c in commands(&cfg, Some(ack)) {
