@@ -188,11 +188,12 @@ fn bounds(lo: i128, hi: i128, d: i128) -> (i64, i64) {
 /// whether the bands keep every share within the precision rule.
 ///
 /// The band is ±[`BAND_PERCENT`] of the exact share where that holds an
-/// integer inside the rule's tolerance, else the rule's whole tolerance. Bands must sum around `len` (floors
-/// at most, ceilings at least): where the narrow bands do not, every band
-/// is the rule's whole tolerance; where those do not either, or some
-/// backend has no count within its tolerance, floor and ceiling of the
-/// exact share, which always do (precision then not met).
+/// integer (always inside the rule's tolerance), else the rule's whole
+/// tolerance. Bands must sum around `len` (floors at most, ceilings at
+/// least): where the narrow bands do not, every band is the rule's whole
+/// tolerance; where those do not either, or some backend has no count
+/// within its tolerance, floor and ceiling of the exact share, which
+/// always do (precision then not met).
 pub fn bands(weights: &[u32], len: u32) -> (Vec<(u32, u32)>, bool) {
     let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
     if total == 0 || len == 0 {
