@@ -375,8 +375,8 @@ fn ordered<'a>(entries: &'a [Entry<'a>]) -> Vec<&'a Entry<'a>> {
 #[derive(Debug, Clone, Copy)]
 struct Walker {
     /// Next slot of its permutation, and the step to the one after.
-    pos: u32,
-    skip: u32,
+    pos: usize,
+    skip: usize,
     id: u32,
     count: u32,
     /// Its band: it always claims below `lo`; up to `hi` while the pool
@@ -394,27 +394,62 @@ impl Walker {
     }
 
     /// One turn: a try at the next slot of its walk, claimed if free and
-    /// the band allows. Returns whether it claimed.
+    /// the band allows. Whether it claimed.
     #[inline]
-    fn turn(&mut self, table: &mut [u32], pool: &mut u32) -> bool {
-        let m = table.len() as u32;
-        let p = self.pos as usize;
+    fn turn(&mut self, f: &mut Fill) -> bool {
+        let p = self.pos;
         self.pos += self.skip;
-        if self.pos >= m {
-            self.pos -= m;
+        if self.pos >= f.len {
+            self.pos -= f.len;
         }
-        if table[p] != 0 {
+        // The bitmap, not the table: most tries late in a fill hit taken
+        // slots, and 8 KB of bits stay in cache where 256 KB of slots do
+        // not (the build's cost is these misses).
+        let (word, bit) = (p >> 6, 1u64 << (p & 63));
+        if f.taken[word] & bit != 0 {
             return false;
         }
         if self.count >= self.lo {
-            if *pool == 0 || self.count >= self.hi {
+            if f.pool == 0 || self.count >= self.hi {
                 return false;
             }
-            *pool -= 1;
+            f.pool -= 1;
         }
-        table[p] = self.id;
+        f.taken[word] |= bit;
+        f.table[p] = self.id;
+        f.filled += 1;
         self.count += 1;
         true
+    }
+}
+
+/// A slice while it fills.
+struct Fill {
+    table: Vec<u32>,
+    /// One bit per slot: taken.
+    taken: Vec<u64>,
+    len: usize,
+    filled: usize,
+    /// Slots left once every backend has its floor: shared, first come.
+    pool: u32,
+}
+
+impl Fill {
+    /// One turn of each walker of a group, in order; walkers that may not
+    /// claim any more leave it.
+    fn turns(&mut self, group: &mut Vec<Walker>) {
+        let pool_before = self.pool;
+        let mut leaving = false;
+        for w in group.iter_mut() {
+            if w.turn(self) {
+                leaving |= !w.may_claim(self.pool);
+            }
+        }
+        // The pool running out stops every walker at its floor.
+        if leaving || (pool_before > 0 && self.pool == 0) {
+            let pool = self.pool;
+            group.retain(|w| w.may_claim(pool));
+        }
     }
 }
 
@@ -444,12 +479,18 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
     let weights: Vec<u32> = order.iter().map(|e| e.weight).collect();
     let (band, _) = bands(&weights, size);
     let floors: u64 = band.iter().map(|b| u64::from(b.0)).sum();
-    let mut pool = (u64::from(size) - floors) as u32;
+    let mut f = Fill {
+        table: vec![0u32; m],
+        taken: vec![0u64; m.div_ceil(64)],
+        len: m,
+        filled: 0,
+        pool: (u64::from(size) - floors) as u32,
+    };
     let walkers = order.iter().zip(&band).map(|(e, (lo, hi))| {
         let (pos, skip) = permutation(e.identity, size);
         Walker {
-            pos,
-            skip,
+            pos: pos as usize,
+            skip: skip as usize,
             id: e.id,
             count: 0,
             lo: *lo,
@@ -466,40 +507,36 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
             groups[g].push(walker);
         }
     }
-    let mut table = vec![0u32; m];
-    let mut filled = 0usize;
-    let turns = |g: &mut Vec<Walker>, table: &mut [u32], pool: &mut u32, filled: &mut usize| {
-        let mut leaving = false;
-        for w in g.iter_mut() {
-            if w.turn(table, pool) {
-                *filled += 1;
-                leaving |= !w.may_claim(*pool);
-            }
-        }
-        if leaving || *pool == 0 {
-            g.retain(|w| w.may_claim(*pool));
-        }
-    };
     if groups.len() == 1 {
         let g = &mut groups[0];
-        while filled < m && !g.is_empty() {
-            turns(g, &mut table, &mut pool, &mut filled);
+        while f.filled < m && !g.is_empty() {
+            f.turns(g);
         }
     } else {
         let stride: Vec<u128> = ws.iter().map(|w| (1u128 << 64) / u128::from(*w)).collect();
         let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..groups.len())
             .map(|g| Reverse((stride[g] / 2, g)))
             .collect();
-        while filled < m {
+        // Once the pool has run out (in some group's turn), each group
+        // drops its walkers at their floor before its next turn: left in,
+        // they would take turns for nothing, a heavy one a million between
+        // two turns of a light one that still needs a slot.
+        let mut purged = vec![false; groups.len()];
+        while f.filled < m {
             let Some(Reverse((pass, g))) = heap.pop() else {
                 break;
             };
-            turns(&mut groups[g], &mut table, &mut pool, &mut filled);
+            if f.pool == 0 && !purged[g] {
+                groups[g].retain(|w| w.may_claim(0));
+                purged[g] = true;
+            }
+            f.turns(&mut groups[g]);
             if !groups[g].is_empty() {
                 heap.push(Reverse((pass + stride[g], g)));
             }
         }
     }
+    let mut table = f.table;
     spread_runs(&mut table);
     table
 }
@@ -621,18 +658,7 @@ pub fn populate_paper(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
     }
     let mut taken = vec![0u32; order.len()];
     let mut filled = 0usize;
-    let stride: Vec<u128> = weights
-        .iter()
-        .map(|w| (1u128 << 64) / u128::from(*w))
-        .collect();
-    let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..order.len())
-        .filter(|i| target[*i] > 0)
-        .map(|i| Reverse((stride[i] / 2, i)))
-        .collect();
-    while filled < m {
-        let Some(Reverse((pass, i))) = heap.pop() else {
-            break;
-        };
+    let claim = |i: usize, table: &mut [u32], pos: &mut [usize], taken: &mut [u32]| {
         let mut p = pos[i];
         while table[p] != 0 {
             p += skip[i];
@@ -647,6 +673,32 @@ pub fn populate_paper(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
         }
         pos[i] = p;
         taken[i] += 1;
+    };
+    if weights.iter().all(|w| *w == weights[0]) {
+        // The paper's loop: plain round robin in identity order.
+        while filled < m {
+            for i in 0..order.len() {
+                if taken[i] < target[i] && filled < m {
+                    claim(i, &mut table, &mut pos, &mut taken);
+                    filled += 1;
+                }
+            }
+        }
+        return table;
+    }
+    let stride: Vec<u128> = weights
+        .iter()
+        .map(|w| (1u128 << 64) / u128::from(*w))
+        .collect();
+    let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..order.len())
+        .filter(|i| target[*i] > 0)
+        .map(|i| Reverse((stride[i] / 2, i)))
+        .collect();
+    while filled < m {
+        let Some(Reverse((pass, i))) = heap.pop() else {
+            break;
+        };
+        claim(i, &mut table, &mut pos, &mut taken);
         filled += 1;
         if taken[i] < target[i] {
             heap.push(Reverse((pass + stride[i], i)));
