@@ -308,10 +308,16 @@ pub fn service_entry(vip: &Vip, slice_start: u32, slice_len: u32) -> ServiceEntr
 }
 
 pub fn render_vip(vip: &Vip, slice: (u32, u32), ids: &[u32]) -> VipImage {
+    vip_image(vip, slice.0, maglev_slots(vip, ids, slice.1))
+}
+
+/// [`render_vip`] with the slice already populated (`slots`, as long as
+/// the slice): populating a big slice is the costly part of a rebuild.
+pub fn vip_image(vip: &Vip, slice_start: u32, slots: Vec<u32>) -> VipImage {
     VipImage {
         matches: match_keys(&vip.key()),
-        service: service_entry(vip, slice.0, slice.1),
-        slots: maglev_slots(vip, ids, slice.1),
+        service: service_entry(vip, slice_start, slots.len() as u32),
+        slots,
         rate_limit: vip.rate_limit,
     }
 }

@@ -1126,7 +1126,7 @@ impl<S: MapStore> Writer<S> {
             old_slice
         };
         let start = new_slice.map_or(old_slice.start, |s| s.start);
-        let image = render::render_vip(vip, (start, len), &ids);
+        let image = render::vip_image(vip, start, slots);
         let (old_service, old_rl, old_matches) = {
             let cur = &self.vips[&svc];
             (

@@ -248,9 +248,31 @@ pub fn bands(weights: &[u32], len: u32) -> (Vec<(u32, u32)>, bool) {
 }
 
 /// Whether a slice of `len` gives every backend (weights all non-zero) a
-/// share within the precision rule.
+/// share within the precision rule: [`bands`]' verdict, in one pass and
+/// without allocating (sizing every VIP of a full-scale apply asks this
+/// at every rung).
 pub fn precision_met(weights: &[u32], len: u32) -> bool {
-    bands(weights, len).1
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if total == 0 || len == 0 {
+        return true;
+    }
+    let (mut narrow, mut rule) = ((0i64, 0i64, true), (0i64, 0i64, true));
+    let mut floor_ceil_within = true;
+    for w in weights {
+        let r = rule_bounds(*w, total, len);
+        let b = band_bounds(*w, total, len);
+        let n = if b.0 <= b.1 { b } else { r };
+        narrow = (narrow.0 + n.0, narrow.1 + n.1, narrow.2 && n.0 <= n.1);
+        rule = (rule.0 + r.0, rule.1 + r.1, rule.2 && r.0 <= r.1);
+        let exact = u128::from(len) * u128::from(*w);
+        let f = (exact / u128::from(total)) as i64;
+        let c = if exact % u128::from(total) == 0 { f } else { f + 1 };
+        floor_ceil_within &= f >= r.0 && c <= r.1;
+    }
+    let feasible = |(lo, hi, nonempty): (i64, i64, bool)| {
+        nonempty && lo <= i64::from(len) && hi >= i64::from(len)
+    };
+    feasible(narrow) || feasible(rule) || floor_ceil_within
 }
 
 /// Why the VIPs cannot all be written: even at their smallest slices

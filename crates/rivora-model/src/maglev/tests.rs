@@ -532,3 +532,17 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The allocation-free check says what the bands say.
+    #[test]
+    fn precision_check_agrees_with_the_bands(
+        w in proptest::collection::vec(1u32..=1_000_000, 1..=40),
+        rung in 0usize..12,
+    ) {
+        let len = ladder().nth(rung).unwrap_or(MAX_SLICE);
+        prop_assert_eq!(precision_met(&w, len), bands(&w, len).1);
+    }
+}
