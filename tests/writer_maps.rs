@@ -418,6 +418,9 @@ impl MapStore for Probed<'_> {
     fn synchronize(&mut self) -> Result<(), DataplaneError> {
         self.maps.synchronize()
     }
+    fn grace_period() -> Result<(), DataplaneError> {
+        Maps::grace_period()
+    }
 }
 
 /// Write `vips` as rivorad before issue 20 did: slices of its size rule

@@ -266,7 +266,11 @@ pub fn precision_met(weights: &[u32], len: u32) -> bool {
         rule = (rule.0 + r.0, rule.1 + r.1, rule.2 && r.0 <= r.1);
         let exact = u128::from(len) * u128::from(*w);
         let f = (exact / u128::from(total)) as i64;
-        let c = if exact % u128::from(total) == 0 { f } else { f + 1 };
+        let c = if exact % u128::from(total) == 0 {
+            f
+        } else {
+            f + 1
+        };
         floor_ceil_within &= f >= r.0 && c <= r.1;
     }
     let feasible = |(lo, hi, nonempty): (i64, i64, bool)| {
