@@ -22,6 +22,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)]) -> VipStatus {
         mode: Mode::Nat,
         affinity: Affinity::None,
         traffic_policy: crate::desired::TrafficPolicy::Cluster,
+        slice_need: None,
         backends: backends
             .iter()
             .enumerate()

@@ -184,6 +184,9 @@ fn main() -> Result<()> {
             rivora::sources::file::check_node_only(&c)?;
         }
         println!("{}", rivora::config::summary(&c));
+        for w in &c.warnings {
+            println!("warning: {w}");
+        }
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -14,7 +14,8 @@ use crate::abi::{self, rv_drop_stats, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
     InterfaceStatus, L2Group, L2Info, Ports as ApiPorts, ProbeState, Proto, ReloadResult,
-    SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode as ApiXdpMode,
+    SlicePrecision, SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo,
+    XdpMode as ApiXdpMode,
 };
 use crate::api::{ApiRequestError, ApiState};
 use crate::dataplane::render::Health;
@@ -195,6 +196,13 @@ impl DaemonApi {
                     rate_limited: c.rate_limited,
                     no_backend: c.no_backend,
                     source: source_of(v.owner.as_ref()),
+                    slice_precision: v.slice_need.map_or_else(Default::default, |n| {
+                        SlicePrecision {
+                            needed: n.need,
+                            wanted: n.want,
+                            reduced: v.reduced_precision(),
+                        }
+                    }),
                 }
             })
             .collect()
@@ -455,6 +463,8 @@ impl ApiState for DaemonApi {
                     bytes: v.bytes,
                     rate_limited_syns: v.rate_limited,
                     no_healthy_backend_drops: v.no_backend,
+                    maglev_slots: u64::from(v.slice_len),
+                    maglev_reduced_precision: v.slice_precision.reduced,
                 })
                 .collect(),
             backends: Self::backend_infos(&st)

@@ -166,6 +166,9 @@ impl Daemon {
                 (cfg, reserved, config_ms, dp, load_ms, writer, ms(t))
             };
         let mut writer = writer;
+        for w in &cfg.warnings {
+            warn!(config = %opts.config.display(), "{w}");
+        }
         let adopted = writer.vips().len();
         let drains = match stored_drains {
             Some(d) => d,

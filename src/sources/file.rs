@@ -272,20 +272,24 @@ impl FileSource {
                 return Err(e);
             }
         };
-        let mut warnings = restart_only_changes(&self.started, &cfg.node_settings());
+        let mut restart = restart_only_changes(&self.started, &cfg.node_settings());
         if let Ok(b) = self.bgp.lock() {
             match &*b {
-                Some(apply) => warnings.extend(apply(cfg.bgp.as_ref())),
-                None if cfg.bgp.is_some() => warnings
+                Some(apply) => restart.extend(apply(cfg.bgp.as_ref())),
+                None if cfg.bgp.is_some() => restart
                     .push("bgp was added: the BGP speaker starts at the next restart".to_string()),
                 None => {}
             }
         }
+        if let Ok(mut p) = self.pending_restart.lock() {
+            p.clone_from(&restart);
+        }
+        // The validator's warnings too (VIPs the Maglev table cannot give
+        // the precision their weights need): the reload's answer says so.
+        let mut warnings = restart;
+        warnings.extend(cfg.warnings.iter().cloned());
         for w in &warnings {
             warn!(file = %self.path.display(), "{w}");
-        }
-        if let Ok(mut p) = self.pending_restart.lock() {
-            p.clone_from(&warnings);
         }
         let (ack, done) = oneshot::channel();
         for c in commands(&cfg, Some(ack)) {

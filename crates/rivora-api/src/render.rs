@@ -352,13 +352,26 @@ pub fn vip_show(v: &VipInfo) -> String {
     let _ = writeln!(out, "mode          {}", mode(v.mode));
     let _ = writeln!(out, "affinity      {}", affinity(v.affinity));
     let _ = writeln!(out, "service id    {}", v.service_id);
-    let _ = writeln!(
+    let p = &v.slice_precision;
+    let _ = write!(
         out,
-        "maglev slice  {}..{} ({} slots)",
+        "maglev slice  {}..{} ({} slots",
         v.slice_start,
         u64::from(v.slice_start) + u64::from(v.slice_len),
         v.slice_len
     );
+    if p.needed > 0 {
+        let _ = write!(out, "; weights need {}, wants {}", p.needed, p.wanted);
+    }
+    let _ = writeln!(out, ")");
+    if p.reduced {
+        let _ = writeln!(
+            out,
+            "precision     reduced: {} of the {} slots its weights need (the Maglev table is \
+             full); shares may be off their weights by more than 5 %",
+            v.slice_len, p.needed
+        );
+    }
     let _ = writeln!(out, "packets       {}", v.packets);
     let _ = writeln!(out, "bytes         {}", v.bytes);
     let _ = writeln!(out, "rate limited  {}", v.rate_limited);
@@ -536,7 +549,7 @@ pub fn bgp_routes(routes: &[crate::types::BgpRouteInfo]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Ports, Proto, VipBackend};
+    use crate::types::{Ports, Proto, SlicePrecision, VipBackend};
 
     #[test]
     fn reload_line_lists_each_warning() {
@@ -602,6 +615,7 @@ mod tests {
             rate_limited: 3,
             no_backend: 0,
             source: "file".into(),
+            slice_precision: SlicePrecision::default(),
         }
     }
 
@@ -649,6 +663,34 @@ mod tests {
         for line in out.lines().skip(1) {
             assert_eq!(line.split_whitespace().nth(7), Some("0"), "{line}");
         }
+    }
+
+    #[test]
+    fn vip_show_says_when_precision_is_reduced() {
+        let mut v = vip("tcp/10.0.0.2:443", 1, 2);
+        v.slice_precision = SlicePrecision {
+            needed: 96,
+            wanted: 768,
+            reduced: false,
+        };
+        let out = vip_show(&v);
+        assert!(
+            out.contains("maglev slice  0..7 (7 slots; weights need 96, wants 768)\npackets"),
+            "{out}"
+        );
+        v.slice_precision.reduced = true;
+        let out = vip_show(&v);
+        assert!(
+            out.contains(
+                "maglev slice  0..7 (7 slots; weights need 96, wants 768)\n\
+                 precision     reduced: 7 of the 96 slots its weights need (the Maglev table is \
+                 full); shares may be off their weights by more than 5 %\npackets"
+            ),
+            "{out}"
+        );
+        // Unknown (an unclaimed VIP, an older rivorad): the slice alone.
+        v.slice_precision = SlicePrecision::default();
+        assert!(vip_show(&v).contains("maglev slice  0..7 (7 slots)\n"));
     }
 
     #[test]

@@ -284,6 +284,24 @@ pub struct VipInfo {
     /// weights). Empty from an older rivorad.
     #[serde(default)]
     pub source: String,
+    /// How its Maglev slice compares with what its weights need.
+    #[serde(default)]
+    pub slice_precision: SlicePrecision,
+}
+
+/// A VIP's Maglev slice against its weights (README "Maglev").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlicePrecision {
+    /// Slots its weights need for every backend's share of the slice to
+    /// be within 5 % of its weight's share (0.05 points for shares under
+    /// 1 %). 0 when unknown: an unclaimed VIP (the maps keep no weights),
+    /// or an older rivorad.
+    pub needed: u32,
+    /// Slots it gets when the Maglev table has room.
+    pub wanted: u32,
+    /// The slice is smaller than `needed`: the table is too full to give
+    /// this VIP the precision its weights ask for.
+    pub reduced: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

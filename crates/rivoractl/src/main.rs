@@ -246,9 +246,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             match cli.output {
                 Output::Json => println!(
                     "{}",
-                    serde_json::json!({ "file": file, "valid": true, "summary": summary })
+                    serde_json::json!({
+                        "file": file, "valid": true, "summary": summary, "warnings": cfg.warnings,
+                    })
                 ),
-                Output::Table => println!("{}: valid: {summary}", file.display()),
+                Output::Table => {
+                    println!("{}: valid: {summary}", file.display());
+                    for w in &cfg.warnings {
+                        println!("  warning: {w}");
+                    }
+                }
             }
             Ok(())
         }

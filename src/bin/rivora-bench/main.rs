@@ -9,6 +9,7 @@ mod health;
 mod k8s;
 mod l2;
 mod labxdp;
+mod maglev;
 mod restart;
 mod synflood;
 mod writer;
@@ -93,6 +94,10 @@ fn main() -> Result<()> {
     if want("xdp") {
         println!("xdp_ingress / tc_nat per-packet cost (BPF_PROG_TEST_RUN)");
         xdp::run(&mut results).context("xdp bench")?;
+    }
+    if want("maglev") {
+        println!("Maglev population and slice sizes");
+        maglev::run(&mut results).context("maglev bench")?;
     }
     if want("writer") {
         println!("map writer and Maglev");
