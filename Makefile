@@ -8,7 +8,10 @@ BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/ab
 L2_PKGS := iputils-arping ndisc6 tcpdump
 # Test peers and tools used by the test suites, beyond the build's needs
 # (procps: the packet tests set sysctls in their namespaces).
-TEST_PKGS := iputils-ping python3 procps $(L2_PKGS)
+# BGP peers for tests/e2e_bgp.rs: BIRD 2, FRR (zebra, bgpd, bfdd), GoBGP
+# (Debian's package is gobgpd; it ships the gobgp client too).
+BGP_PKGS := bird2 frr gobgpd
+TEST_PKGS := iputils-ping python3 procps $(L2_PKGS) $(BGP_PKGS)
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 # What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
@@ -37,7 +40,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# What does not program the dataplane must not link libbpf (rivoractl
 	@# builds on a machine without clang or libelf).
-	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-speaker; do \
+	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-speaker rivora-bgp; do \
 		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
 			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)
@@ -136,7 +139,8 @@ variant:
 # namespaces. Both write target/bench/results.json; the lab also
 # target/bench/lab.svg. BENCHMARKS.md explains the figures.
 bench: deps
-	@scripts/deps.sh $(LAB_PKGS) $(L2_PKGS)
+	@# The bgp area runs FRR (zebra, bgpd, bfdd) as the router.
+	@scripts/deps.sh $(LAB_PKGS) $(L2_PKGS) $(BGP_PKGS)
 	@scripts/bpffs.sh
 	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
 	$(MAKE) apiserver

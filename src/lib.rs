@@ -2,6 +2,7 @@
 //! Maglev, NAT / DSR / L3 DSR.
 
 pub mod abi;
+pub mod bgp;
 pub mod bpf;
 pub mod daemon;
 pub mod dataplane;

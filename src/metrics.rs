@@ -61,6 +61,10 @@ pub struct VipCounters {
     pub bytes: u64,
     pub rate_limited_syns: u64,
     pub no_healthy_backend_drops: u64,
+    /// Slots of its Maglev slice.
+    pub maglev_slots: u64,
+    /// Its slice is smaller than its weights need (the table is full).
+    pub maglev_reduced_precision: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +236,25 @@ impl Collector for SnapshotCollector {
         for (name, help, get) in per_vip {
             let samples = vips.iter().map(|v| (v.vip.as_str(), get(v)));
             counters(&mut enc, name, help, "vip", samples)?;
+        }
+        let per_vip_gauges: [(&str, &str, VipField); 2] = [
+            (
+                "rivora_vip_maglev_slots",
+                "Slots of the VIP's slice of the shared Maglev table.",
+                |v| v.maglev_slots,
+            ),
+            (
+                "rivora_vip_maglev_reduced_precision",
+                "1 when the VIP's Maglev slice is smaller than its backends' weights need (a share may be off its weight's by more than 5 %: the table is too full), else 0.",
+                |v| u64::from(v.maglev_reduced_precision),
+            ),
+        ];
+        for (name, help, get) in per_vip_gauges {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for v in &vips {
+                ConstGauge::new(i64::try_from(get(v)).unwrap_or(i64::MAX))
+                    .encode(family.encode_family(&[("vip", v.vip.as_str())])?)?;
+            }
         }
 
         // One 0/1 series per state (a state set), so `== 1` selects the state
@@ -437,8 +460,10 @@ mod tests {
         p
     }
 
-    const FAMILIES: [(&str, &str); 11] = [
+    const FAMILIES: [(&str, &str); 13] = [
         ("rivora_build_info", "gauge"),
+        ("rivora_vip_maglev_slots", "gauge"),
+        ("rivora_vip_maglev_reduced_precision", "gauge"),
         ("rivora_vip_packets_total", "counter"),
         ("rivora_vip_bytes_total", "counter"),
         ("rivora_vip_rate_limited_syns_total", "counter"),
@@ -472,6 +497,8 @@ mod tests {
                     bytes: 500,
                     rate_limited_syns: 0,
                     no_healthy_backend_drops: 0,
+                    maglev_slots: 96,
+                    maglev_reduced_precision: true,
                 },
                 VipCounters {
                     vip: "tcp/10.0.0.1:80".into(),
@@ -479,6 +506,8 @@ mod tests {
                     bytes: 64000,
                     rate_limited_syns: 3,
                     no_healthy_backend_drops: 7,
+                    maglev_slots: 768,
+                    maglev_reduced_precision: false,
                 },
             ],
             backends: vec![BackendHealthSample {
@@ -534,6 +563,13 @@ mod tests {
                 "sorted by VIP"
             );
         }
+        for (name, at_tcp, at_udp) in [
+            ("rivora_vip_maglev_slots", 768.0, 96.0),
+            ("rivora_vip_maglev_reduced_precision", 0.0, 1.0),
+        ] {
+            assert_eq!(p.value(name, &tcp), at_tcp, "{name}");
+            assert_eq!(p.value(name, &udp), at_udp, "{name}");
+        }
         for (state, v) in [("healthy", 0.0), ("draining", 1.0), ("down", 0.0)] {
             let labels = [("backend", "10.0.1.1:8080"), ("state", state)];
             assert_eq!(p.value("rivora_backend_health", &labels), v, "{state}");
@@ -576,9 +612,10 @@ mod tests {
             1.0
         );
 
-        // Nothing beyond the above: 1 + 4 × 2 VIPs + 3 states + 2 + 2 + the
-        // two gauges, and per result the 14 bounds, +Inf, _sum and _count.
-        assert_eq!(p.samples.len(), 1 + 8 + 3 + 2 + 2 + 2 + 3 * 17);
+        // Nothing beyond the above: 1 + (4 counters + 2 gauges) × 2 VIPs +
+        // 3 states + 2 + 2 + the two gauges, and per result the 14 bounds,
+        // +Inf, _sum and _count.
+        assert_eq!(p.samples.len(), 1 + 12 + 3 + 2 + 2 + 2 + 3 * 17);
         assert_eq!(
             m.encode(snapshot()).unwrap(),
             text,

@@ -641,4 +641,13 @@ fn the_models_capacities_are_the_abis() {
         rv_limits::RV_MAX_IFACES.0 as usize,
         "RV_MAX_IFACES"
     );
+    // The population keeps runs of one backend shorter than the window
+    // the datapath steps over.
+    assert_eq!(
+        rivora::maglev::PROBE_WINDOW,
+        MAGLEV_PROBES as usize,
+        "RV_MAGLEV_PROBES"
+    );
+    // The largest slice rebuilds next to itself in the default table.
+    const { assert!(2 * rivora::maglev::MAX_SLICE <= MAGLEV_DEFAULT_SIZE) };
 }

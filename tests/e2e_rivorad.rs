@@ -1629,6 +1629,82 @@ fn reload_names_settings_only_a_restart_applies() {
     );
 }
 
+/// A Maglev table too small for every VIP's weights (issue 20): `rivorad
+/// -check` accepts the file with a warning; started on it, the VIPs run
+/// with reduced precision and `rivoractl vip show` and the metrics say
+/// so; a reload with fewer VIPs gives each the slots its weights need
+/// (every slice rebuilt and switched), and both say that too.
+#[test]
+fn reduced_precision_shows_in_vip_show_and_metrics() {
+    common::require::root_and_tools("e2e_rivorad");
+    let ns = small_ns("rvd-mgl-");
+    let home = Home::new();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port(&ns))
+        .parse()
+        .expect("an address");
+    let socket = home.socket();
+    // Canaries at 1 of 1,000: 768 slots each for 0.1 % within 0.05
+    // points; five of them and room to rebuild one do not fit 4,096.
+    let yaml = |n: u8| {
+        let mut y = format!(
+            "interfaces:\n  - name: v0\napi:\n  socket: {}\nmetrics:\n  listen: {metrics}\nvips:\n",
+            socket.display()
+        );
+        for i in 1..=n {
+            y.push_str(&format!(
+                "  - {{address: 10.9.0.{i}, port: 80, protocol: tcp, mode: nat, backends: \
+                 [{{address: 10.9.1.1, port: 8080, weight: 1}}, {{address: 10.9.1.2, port: 8080, weight: 999}}]}}\n"
+            ));
+        }
+        y
+    };
+    let file = home.path("check.yaml");
+    fs::write(&file, yaml(5)).expect("writing the file");
+    let out = std::process::Command::new(common::rivorad::rivorad_bin())
+        .args(["-check", "-maglev-size", "4096", "-config"])
+        .arg(&file)
+        .output()
+        .expect("running rivorad -check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "rivorad -check: {text}");
+    assert!(
+        text.contains(
+            "warning: the Maglev table (4096 slots, rivorad -maglev-size) is too small for every VIP's weights: 5 VIP(s) will run with reduced precision"
+        ),
+        "rivorad -check: {text}"
+    );
+
+    let rd = Rivorad::start(&ns, home, &yaml(5), &["-maglev-size", "4096"]);
+    let vip = "tcp/10.9.0.1:80";
+    let show = rd.ctl_ok(&["vip", "show", vip]);
+    assert!(
+        show.contains("(384 slots; weights need 768, wants 768)\nprecision     reduced: 384 of the 768 slots its weights need"),
+        "{show}"
+    );
+    let metric = |name: &str| {
+        let (code, text) = http_get(&ns, metrics, "/metrics", None);
+        assert_eq!(code, 200, "GET /metrics: {text}");
+        let prefix = format!("{name}{{vip=\"{vip}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in the metrics:\n{text}"))
+    };
+    assert_eq!(metric("rivora_vip_maglev_reduced_precision"), 1);
+    assert_eq!(metric("rivora_vip_maglev_slots"), 384);
+
+    fs::write(rd.home.config(), yaml(2)).expect("writing the config");
+    let out = rd.ctl_ok(&["reload"]);
+    assert!(!out.contains("warning"), "rivoractl reload: {out}");
+    let show = rd.ctl_ok(&["vip", "show", vip]);
+    assert!(
+        show.contains("(768 slots; weights need 768, wants 768)\npackets"),
+        "{show}"
+    );
+    assert_eq!(metric("rivora_vip_maglev_reduced_precision"), 0);
+    assert_eq!(metric("rivora_vip_maglev_slots"), 768);
+}
+
 // ---------------------------------------------------------------------
 // 8. Restart: -persist-datapath forwards while rivorad is down; the next
 //    start adopts (IDs kept) and removes what the file no longer lists

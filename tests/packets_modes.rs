@@ -1391,6 +1391,7 @@ fn status_of(
         slice: Slice { start: 0, len: 0 },
         mode: v.mode,
         affinity: v.affinity,
+        slice_need: None,
         backends: v
             .backends
             .iter()

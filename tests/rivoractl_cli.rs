@@ -517,8 +517,8 @@ fn config_validate_refuses_what_the_datapath_cannot_hold() {
     let many: String = (0..5000)
         .map(|i| vip(&format!("10.0.{}.{}", i / 256, i % 256), "80", ""))
         .collect();
-    let big: Vec<String> = (0..100)
-        .map(|k| format!("{{address: 10.1.0.{k}}}"))
+    let big: Vec<String> = (0..400)
+        .map(|k| format!("{{address: 10.1.{}.{}}}", k / 256, k % 256))
         .collect();
     let cases: Vec<(&str, String, &[&str], &[&str])> = vec![
         (
@@ -552,7 +552,7 @@ fn config_validate_refuses_what_the_datapath_cannot_hold() {
             "a VIP too big for rivorad's -maglev-size",
             format!("{head}{}", vip("10.0.0.1", "80", &big.join(", "))),
             &["--maglev-size", "1021"],
-            &[":3: vips[0]: the VIPs need 2560 Maglev slots, over the table's 1021"],
+            &[":3: vips[0]: the VIPs need at least 1536 Maglev slots (their smallest slices and room to rebuild the largest), over the table's 1021"],
         ),
     ];
     for (i, (what, text, flags, says)) in cases.iter().enumerate() {
@@ -581,6 +581,57 @@ fn config_validate_refuses_what_the_datapath_cannot_hold() {
         ],
     );
     assert_exit(&o, 0);
+}
+
+/// A table big enough for every VIP's smallest slice but not for the
+/// slices their weights need: `config validate` accepts the file and
+/// warns, naming the VIPs (table and JSON), as `rivorad -check` does.
+#[test]
+fn config_validate_warns_when_precision_will_be_reduced() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("canaries.yaml");
+    let vips: String = (0..85)
+        .map(|i| {
+            format!(
+                "  - {{address: 10.0.0.{i}, port: 80, protocol: tcp, mode: nat, backends: [{{address: 10.1.0.1, weight: 1}}, {{address: 10.1.0.2, weight: 999}}]}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(
+        &file,
+        format!("interfaces: [{{name: eth0}}]\nvips:\n{vips}"),
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let o = run(Path::new("/nonexistent"), &["config", "validate", path]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains(": valid: "), "{out}");
+    assert!(
+        out.contains(
+            "\n  warning: the Maglev table (65537 slots, rivorad -maglev-size) is too small for every VIP's weights: 85 VIP(s) will run with reduced precision"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("vips[0] (tcp/10.0.0.0:80) gets 384 of the 768 slots"),
+        "{out}"
+    );
+    let o = run(
+        Path::new("/nonexistent"),
+        &["-o", "json", "config", "validate", path],
+    );
+    assert_exit(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(1), "{v}");
+    // A bigger table: no warning.
+    let o = run(
+        Path::new("/nonexistent"),
+        &["config", "validate", path, "--maglev-size", "131071"],
+    );
+    assert_exit(&o, 0);
+    assert!(!stdout(&o).contains("warning"), "{}", stdout(&o));
 }
 
 /// The euid, without a libc binding: /proc/self belongs to it.

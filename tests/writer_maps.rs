@@ -12,7 +12,7 @@ use libbpf_rs::ProgramInput;
 
 use rivora::dataplane::dump::dump;
 use rivora::dataplane::render::{self, Health, MapImage};
-use rivora::dataplane::{Datapath, LoadOptions, Maps, Writer};
+use rivora::dataplane::{Datapath, DataplaneError, LoadOptions, MapStore, Maps, Writer};
 use rivora::model::*;
 
 const XDP_PASS: u32 = 2;
@@ -333,4 +333,266 @@ fn rebuilds_are_atomic_for_the_datapath() {
         "saw both sets: {seen:?}"
     );
     check(&mut w);
+}
+
+/// A store over the real pinned maps that, after every map write, sends
+/// new flows to every VIP through xdp_ingress: each must be forwarded to
+/// one of its VIP's backends. Whatever the writer is in the middle of,
+/// a packet finds the old slice or the new one, never a gap.
+struct Probed<'a> {
+    maps: Maps,
+    dp: &'a Datapath,
+    vips: Vec<(Ipv4Addr, BTreeSet<IpAddr>)>,
+    writes: u16,
+}
+
+impl Probed<'_> {
+    fn probe(&mut self, what: &str) {
+        self.writes += 1;
+        for (i, (vip, allowed)) in self.vips.iter().enumerate() {
+            for k in 0..4u16 {
+                let client = Ipv4Addr::new(192, 0, 2, 1 + i as u8);
+                let sport = 1024 + self.writes * 4 + k;
+                let (verdict, dst) = syn_through(self.dp, client, sport, *vip, 80);
+                assert_eq!(
+                    verdict, XDP_PASS,
+                    "after write {} ({what}): {vip} dropped",
+                    self.writes
+                );
+                assert!(
+                    allowed.contains(&dst),
+                    "after write {} ({what}): {vip} forwarded to {dst}",
+                    self.writes
+                );
+            }
+        }
+    }
+
+    fn after<T>(&mut self, r: Result<T, DataplaneError>, what: &str) -> Result<T, DataplaneError> {
+        self.probe(what);
+        r
+    }
+}
+
+impl MapStore for Probed<'_> {
+    fn table_size(&self) -> u32 {
+        self.maps.table_size()
+    }
+    fn put_backends(&mut self, e: &[(u32, render::BackendEntry)]) -> Result<(), DataplaneError> {
+        let r = self.maps.put_backends(e);
+        self.after(r, "backends")
+    }
+    fn clear_backends(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
+        let r = self.maps.clear_backends(ids);
+        self.after(r, "clear backends")
+    }
+    fn put_health(&mut self, e: &[(u32, Health)]) -> Result<(), DataplaneError> {
+        let r = self.maps.put_health(e);
+        self.after(r, "health")
+    }
+    fn put_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), DataplaneError> {
+        let r = self.maps.put_slots(start, ids);
+        self.after(r, "slots")
+    }
+    fn put_service(&mut self, svc: u32, e: &render::ServiceEntry) -> Result<(), DataplaneError> {
+        let r = self.maps.put_service(svc, e);
+        self.after(r, "service")
+    }
+    fn put_svc_rate_limit(
+        &mut self,
+        svc: u32,
+        rl: Option<RateLimit>,
+    ) -> Result<(), DataplaneError> {
+        let r = self.maps.put_svc_rate_limit(svc, rl);
+        self.after(r, "rate limit")
+    }
+    fn put_match(&mut self, m: &render::MatchKey, svc: u32) -> Result<(), DataplaneError> {
+        let r = self.maps.put_match(m, svc);
+        self.after(r, "match")
+    }
+    fn remove_match(&mut self, m: &render::MatchKey) -> Result<(), DataplaneError> {
+        let r = self.maps.remove_match(m);
+        self.after(r, "remove match")
+    }
+    fn zero_stats(&mut self, svc: u32) -> Result<(), DataplaneError> {
+        self.maps.zero_stats(svc)
+    }
+    fn put_nat_owner(
+        &mut self,
+        k: &render::NatOwnerKey,
+        o: Option<&render::NatOwner>,
+    ) -> Result<(), DataplaneError> {
+        let r = self.maps.put_nat_owner(k, o);
+        self.after(r, "nat owner")
+    }
+    fn put_vip_filter(
+        &mut self,
+        bits: &[u64; rivora::abi::VIP_FILTER_WORDS],
+    ) -> Result<(), DataplaneError> {
+        let r = self.maps.put_vip_filter(bits);
+        self.after(r, "vip filter")
+    }
+    fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        self.maps.scrub_flows(svcs)
+    }
+    fn put_node(
+        &mut self,
+        n: &render::NodeImage,
+        p: &render::NodeImage,
+    ) -> Result<(), DataplaneError> {
+        self.maps.put_node(n, p)
+    }
+    fn read(&self) -> Result<MapImage, DataplaneError> {
+        self.maps.read()
+    }
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        self.maps.synchronize()
+    }
+    fn grace_period() -> Result<(), DataplaneError> {
+        Maps::grace_period()
+    }
+}
+
+/// Write `vips` as rivorad before issue 20 did: slices of its size rule
+/// (12 slots up to four backends, else 20 per backend with the count
+/// rounded up to a power of two, at most 32,768), filled by the paper's
+/// population, one after the other; backends, slots, the service entry,
+/// then the match entry.
+fn write_old_rule<S: MapStore>(store: &mut S, vips: &[Vip]) {
+    let old_size = |n: usize| match n {
+        0 => 1,
+        1..=4 => 12,
+        _ => (20 * n.next_power_of_two() as u32).min(32_768),
+    };
+    let mut ids: Vec<BackendKey> = Vec::new();
+    let mut start = 0u32;
+    for (i, v) in vips.iter().enumerate() {
+        let mut mine = Vec::new();
+        for b in &v.backends {
+            let id = match ids.iter().position(|k| *k == b.key()) {
+                Some(p) => p as u32 + 1,
+                None => {
+                    ids.push(b.key());
+                    ids.len() as u32
+                }
+            };
+            mine.push(id);
+            store
+                .put_backends(&[(id, render::backend_entry(b, Default::default()))])
+                .unwrap();
+            store.put_health(&[(id, Health::Healthy)]).unwrap();
+        }
+        let identities: Vec<Vec<u8>> = v.backends.iter().map(|b| b.key().identity()).collect();
+        let entries: Vec<rivora::maglev::Entry<'_>> = v
+            .backends
+            .iter()
+            .zip(&identities)
+            .zip(&mine)
+            .map(|((b, identity), id)| rivora::maglev::Entry {
+                identity,
+                weight: b.weight,
+                id: *id,
+            })
+            .collect();
+        let len = old_size(v.backends.len());
+        let slots = rivora::maglev::populate_paper(&entries, len);
+        store.put_slots(start, &slots).unwrap();
+        let svc = i as u32 + 1;
+        store
+            .put_service(svc, &render::service_entry(v, start, len))
+            .unwrap();
+        for m in render::match_keys(&v.key()) {
+            store.put_match(&m, svc).unwrap();
+        }
+        start += len;
+    }
+}
+
+/// Restarts across the change of rule: a rivorad with this population
+/// and these slice sizes adopts maps the one before wrote (other sizes,
+/// the paper's population, a canary at weight 1 of 100 holding no slot)
+/// and converges: every VIP's slice is rebuilt and switched, and after
+/// every single map write every VIP still forwards new flows to one of
+/// its backends (xdp_ingress, BPF_PROG_TEST_RUN).
+#[test]
+fn adopting_maps_of_the_old_rule_keeps_forwarding() {
+    let pins = PinDir::new();
+    let dp = pins.load();
+    let mut canary = nat("10.0.0.3", 80, vec![be("10.3.0.1", 0), be("10.3.0.2", 0)]);
+    canary.backends[1].weight = 99;
+    let vips = vec![
+        nat("10.0.0.1", 80, vec![be("10.1.0.1", 0), be("10.1.0.2", 0)]),
+        nat(
+            "10.0.0.2",
+            80,
+            (1..=5).map(|i| be(&format!("10.2.0.{i}"), 0)).collect(),
+        ),
+        canary,
+    ];
+    let allowed: Vec<(Ipv4Addr, BTreeSet<IpAddr>)> = vips
+        .iter()
+        .map(|v| {
+            let IpAddr::V4(a) = v.addr else {
+                unreachable!()
+            };
+            (a, v.backends.iter().map(|b| b.addr).collect())
+        })
+        .collect();
+    let mut store = Probed {
+        maps: Maps::open(&pins.0).unwrap(),
+        dp: &dp,
+        vips: Vec::new(),
+        writes: 0,
+    };
+    write_old_rule(&mut store, &vips);
+    let old = store.read().unwrap();
+    let canary_id = old
+        .backends
+        .iter()
+        .find(|(_, b)| b.addr.to_string() == "10.3.0.1")
+        .map(|(id, _)| *id);
+    let old_canary = old
+        .slots
+        .values()
+        .filter(|id| Some(**id) == canary_id)
+        .count();
+    assert_eq!(old_canary, 0, "the old rule gave the canary no slot of 12");
+    store.vips = allowed;
+    store.probe("the old maps");
+
+    let mut w = Writer::open(store).unwrap();
+    let desired = DesiredState {
+        node: NodeSettings::default(),
+        vips: vips.clone(),
+    };
+    let r = w.reconcile(&desired).unwrap();
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!(r.updated, vips.len(), "every slice rebuilt to the new rule");
+    w.reclaim().unwrap();
+    let writes = w.store().writes;
+    assert!(writes > 10, "{writes} writes, each followed by packets");
+    let plan = desired.maglev_sizes(&Capacity::default()).unwrap();
+    for (v, p) in w.vips().iter().zip(&plan) {
+        assert_eq!(v.slice.len, p.len, "{:?}", v.key);
+        assert!(v.claimed);
+    }
+    let img = w.read_maps().unwrap();
+    let want = render::render(
+        &w.specs(),
+        w.node(),
+        &w.allocations(),
+        &|t| w.health(t).unwrap_or(Health::Healthy),
+        &|a| w.next_hop(a),
+    );
+    assert_eq!(
+        img,
+        want,
+        "maps:\n{}\nrendered:\n{}",
+        dump(&img),
+        dump(&want)
+    );
+    assert!(
+        img.slots.values().any(|id| Some(*id) == canary_id),
+        "the canary has slots now"
+    );
 }

@@ -184,6 +184,9 @@ fn main() -> Result<()> {
             rivora::sources::file::check_node_only(&c)?;
         }
         println!("{}", rivora::config::summary(&c));
+        for w in &c.warnings {
+            println!("warning: {w}");
+        }
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -228,6 +231,10 @@ fn main() -> Result<()> {
             outputs.programming.clone(),
         );
     }
+    let bgp_metrics = rivora::bgp::metrics::BgpCollector::default();
+    metrics
+        .registry_mut()
+        .register_collector(Box::new(bgp_metrics.clone()));
     let metrics = Arc::new(metrics);
     let observer: rivora::healthcheck::Observer<daemon::ProbeKey> = {
         let metrics = metrics.clone();
@@ -235,6 +242,21 @@ fn main() -> Result<()> {
     };
     let mut d = Daemon::start(opts, runtime.handle().clone(), observer)
         .with_context(|| format!("starting with {}", config.display()))?;
+    // The BGP speaker, once the first apply is published: its first
+    // table is what the datapath forwards.
+    let bgp = match d.bgp.clone() {
+        Some(settings) => {
+            let _rt = runtime.enter();
+            let sp = rivora::bgp::start(settings, d.status(), args.persist_datapath, d.restarted)
+                .context("starting the BGP speaker")?;
+            let _ = bgp_metrics.speaker.set(sp.speaker.clone());
+            let on_reload = sp.clone();
+            d.file_source()
+                .on_bgp_reload(Box::new(move |s| on_reload.reload(s)));
+            Some(sp)
+        }
+        None => None,
+    };
     let api_conf = d.node.api.clone();
     let metrics_addr = d.node.metrics.listen;
     let file = d.file_source();
@@ -261,6 +283,7 @@ fn main() -> Result<()> {
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
         watches: kube.as_ref().map(|(_, _, _, w)| w.clone()),
+        bgp: bgp.as_ref().map(|b| b.speaker.clone()),
         l2: speaker.as_ref().map(Speaker::state),
     });
     // Checked and held since before the datapath was touched; the
@@ -288,6 +311,15 @@ fn main() -> Result<()> {
         None => None,
     };
     if let Some((client, opts, outputs, _)) = kube {
+        if let Some(b) = &bgp {
+            info!(node = %opts.node_name, "taking BGP peers from BGPPeers too");
+            runtime.spawn(rivora::bgp::kubernetes::run(
+                client.clone(),
+                opts.node_name.clone(),
+                b.clone(),
+                outputs.watches.clone(),
+            ));
+        }
         info!(node = %opts.node_name, "taking VIPs from Kubernetes");
         runtime.spawn(kubernetes::run(client, opts, d.sender(), outputs));
     }
@@ -314,6 +346,12 @@ fn main() -> Result<()> {
             }
         }
         watcher.abort();
+        // Peers first: without a pinned datapath the routes are withdrawn
+        // before the programs detach; with one, the sessions close for
+        // the peers' graceful restart to keep them.
+        if let Some(b) = &bgp {
+            rivora::bgp::stop(b, args.persist_datapath).await;
+        }
         // Quiet, then the Leases released: another node takes over at
         // once rather than when they expire.
         if let Some(s) = speaker {

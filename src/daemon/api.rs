@@ -14,7 +14,8 @@ use crate::abi::{self, rv_drop_stats, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
     InterfaceStatus, L2Group, L2Info, Ports as ApiPorts, ProbeState, Proto, ReloadResult,
-    SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode as ApiXdpMode,
+    SlicePrecision, SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo,
+    XdpMode as ApiXdpMode,
 };
 use crate::api::{ApiRequestError, ApiState};
 use crate::dataplane::render::Health;
@@ -39,6 +40,8 @@ pub struct DaemonApi {
     pub metrics: Arc<Metrics>,
     /// The Kubernetes source's watches (`-kubernetes`); None without.
     pub watches: Option<WatchStates>,
+    /// The BGP speaker, when the file has a `bgp` section.
+    pub bgp: Option<rivora_bgp::Speaker>,
     /// The L2 speaker's state; None when it does not run.
     pub l2: Option<tokio::sync::watch::Receiver<Arc<L2State>>>,
 }
@@ -193,6 +196,13 @@ impl DaemonApi {
                     rate_limited: c.rate_limited,
                     no_backend: c.no_backend,
                     source: source_of(v.owner.as_ref()),
+                    slice_precision: v.slice_need.map_or_else(Default::default, |n| {
+                        SlicePrecision {
+                            needed: n.need,
+                            wanted: n.want,
+                            reduced: v.reduced_precision(),
+                        }
+                    }),
                 }
             })
             .collect()
@@ -398,6 +408,46 @@ impl ApiState for DaemonApi {
         }
     }
 
+    async fn bgp_peers(&self) -> Result<Vec<crate::api::BgpPeerInfo>, ApiRequestError> {
+        Ok(self
+            .bgp
+            .as_ref()
+            .map(|b| b.status().iter().map(bgp_peer_info).collect())
+            .unwrap_or_default())
+    }
+
+    async fn bgp_routes(&self) -> Result<Vec<crate::api::BgpRouteInfo>, ApiRequestError> {
+        let Some(b) = &self.bgp else {
+            return Ok(Vec::new());
+        };
+        let peers = b.status();
+        Ok(b.routes()
+            .iter()
+            .map(|r| crate::api::BgpRouteInfo {
+                prefix: r.prefix.to_string(),
+                communities: r
+                    .attrs
+                    .communities
+                    .iter()
+                    .map(|c| format!("{}:{}", c >> 16, c & 0xffff))
+                    .collect(),
+                large_communities: r
+                    .attrs
+                    .large_communities
+                    .iter()
+                    .map(|(a, b, c)| format!("{a}:{b}:{c}"))
+                    .collect(),
+                local_pref: r.attrs.local_pref,
+                med: r.attrs.med,
+                peers: peers
+                    .iter()
+                    .filter(|p| p.advertised.contains(&r.prefix))
+                    .map(|p| p.address.to_string())
+                    .collect(),
+            })
+            .collect())
+    }
+
     async fn metrics(&self) -> Result<String, ApiRequestError> {
         let drops = self.drops().await?.by_reason;
         let st = self.status.current();
@@ -413,6 +463,8 @@ impl ApiState for DaemonApi {
                     bytes: v.bytes,
                     rate_limited_syns: v.rate_limited,
                     no_healthy_backend_drops: v.no_backend,
+                    maglev_slots: u64::from(v.slice_len),
+                    maglev_reduced_precision: v.slice_precision.reduced,
                 })
                 .collect(),
             backends: Self::backend_infos(&st)
@@ -430,5 +482,32 @@ impl ApiState for DaemonApi {
             vips_not_applied: st.failed.len() as u64,
         };
         self.metrics.encode(snap).map_err(internal)
+    }
+}
+
+/// A BGP session as the API shows it.
+pub fn bgp_peer_info(p: &rivora_bgp::PeerStatus) -> crate::api::BgpPeerInfo {
+    crate::api::BgpPeerInfo {
+        name: p.name.clone(),
+        address: p.address,
+        asn: p.asn,
+        state: p.state.to_string(),
+        local_address: p.local_address,
+        uptime_seconds: p.uptime().as_secs(),
+        established_at: p
+            .established_since
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        flaps: p.flaps,
+        updates_sent: p.updates_sent,
+        updates_received: p.updates_received,
+        hold_time: u32::from(p.hold_time),
+        families: p.families.iter().map(|f| f.as_str().to_string()).collect(),
+        graceful_restart: p.peer_graceful_restart,
+        advertised: p.advertised.len() as u64,
+        bfd_state: p.bfd.map(|b| b.state.as_str().to_string()),
+        bfd_detect_ms: p.bfd.map(|b| b.detect_ms).unwrap_or(0),
+        last_error: p.last_error.clone(),
     }
 }

@@ -86,6 +86,10 @@ pub struct Daemon {
     reconciler: Option<std::thread::JoinHandle<()>>,
     /// The listeners checked at start, until the API server takes over.
     reserved: Option<preflight::Reserved>,
+    /// The file's `bgp` section, read at start.
+    pub bgp: Option<crate::config::bgp::BgpSettings>,
+    /// The maps were pinned when this start began: a restart.
+    pub restarted: bool,
 }
 
 impl Daemon {
@@ -100,6 +104,7 @@ impl Daemon {
         observer: crate::healthcheck::Observer<ProbeKey>,
     ) -> Result<Self, DaemonError> {
         let t0 = std::time::Instant::now();
+        let restarted = opts.pin_dir.join("meta_map").exists();
         let load_opts = LoadOptions {
             pin_dir: opts.pin_dir.clone(),
             maglev_size: opts.maglev_size,
@@ -161,6 +166,9 @@ impl Daemon {
                 (cfg, reserved, config_ms, dp, load_ms, writer, ms(t))
             };
         let mut writer = writer;
+        for w in &cfg.warnings {
+            warn!(config = %opts.config.display(), "{w}");
+        }
         let adopted = writer.vips().len();
         let drains = match stored_drains {
             Some(d) => d,
@@ -252,6 +260,8 @@ impl Daemon {
             )),
             reconciler: None,
             reserved: Some(reserved),
+            bgp: cfg.bgp.clone(),
+            restarted,
         };
         d.attach()?;
         rec.set_attached(

@@ -465,6 +465,17 @@ impl BackendRegistry {
             .collect()
     }
 
+    /// The invariant `knows_target` relies on: the health map holds a
+    /// target exactly while some id has it. A scan: for tests only (it
+    /// was a debug assertion in every status publish, which made a debug
+    /// build's publish at 4,096 VIPs take seconds).
+    #[cfg(test)]
+    pub fn health_index_consistent(&self) -> bool {
+        let targets: std::collections::HashSet<BackendTarget> =
+            self.records.values().map(|r| r.key.target()).collect();
+        targets.len() == self.health.len() && targets.iter().all(|t| self.health.contains_key(t))
+    }
+
     /// Whether some backend id has this address and port. The health
     /// map holds an entry exactly while one does (acquire adds it, the
     /// last release removes it): a lookup, not a scan of every id.

@@ -72,6 +72,8 @@ pub enum DataplaneError {
         free: u32,
         largest: u32,
     },
+    #[error("VIP {vip}: no room in the Maglev table: with the VIPs it holds, the smallest slices and room to rebuild the largest need {needed} slots, over the table's {size} (rivorad -maglev-size)")]
+    MaglevNoRoom { vip: VipKey, needed: u64, size: u32 },
     #[error("VIP {vip}: {source}")]
     Vip {
         vip: VipKey,

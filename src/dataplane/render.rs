@@ -386,9 +386,9 @@ pub struct VipImage {
 }
 
 /// The slice contents of a VIP whose backends got `ids` (parallel to
-/// `vip.backends`): weighted Maglev over the slice length for this many
-/// backends.
-pub fn maglev_slots(vip: &Vip, ids: &[u32]) -> Vec<u32> {
+/// `vip.backends`): weighted Maglev over a slice of `len` slots (the
+/// length the writer planned, [`maglev::plan`]).
+pub fn maglev_slots(vip: &Vip, ids: &[u32], len: u32) -> Vec<u32> {
     let identities: Vec<Vec<u8>> = vip.backends.iter().map(|b| b.key().identity()).collect();
     let entries: Vec<maglev::Entry<'_>> = vip
         .backends
@@ -401,11 +401,12 @@ pub fn maglev_slots(vip: &Vip, ids: &[u32]) -> Vec<u32> {
             id: *id,
         })
         .collect();
-    maglev::populate(&entries, maglev::slice_size(vip.backends.len()))
+    maglev::populate(&entries, len)
 }
 
-/// The service entry for a VIP whose slice starts at `slice_start`.
-pub fn service_entry(vip: &Vip, slice_start: u32) -> ServiceEntry {
+/// The service entry for a VIP whose slice is `slice_len` slots from
+/// `slice_start`.
+pub fn service_entry(vip: &Vip, slice_start: u32, slice_len: u32) -> ServiceEntry {
     let mut flags = abi::rv_service_flags::RV_SVC_F_ACTIVE.0;
     if vip.rate_limit.is_some() {
         flags |= abi::rv_service_flags::RV_SVC_F_RATE_LIMIT.0;
@@ -426,17 +427,23 @@ pub fn service_entry(vip: &Vip, slice_start: u32) -> ServiceEntry {
         proto: vip.proto.number(),
         flags,
         slice_start,
-        slice_len: maglev::slice_size(vip.backends.len()),
+        slice_len,
         backend_count: vip.backends.len() as u32,
         affinity_timeout_s: timeout,
     }
 }
 
-pub fn render_vip(vip: &Vip, slice_start: u32, ids: &[u32]) -> VipImage {
+pub fn render_vip(vip: &Vip, slice: (u32, u32), ids: &[u32]) -> VipImage {
+    vip_image(vip, slice.0, maglev_slots(vip, ids, slice.1))
+}
+
+/// [`render_vip`] with the slice already populated (`slots`, as long as
+/// the slice): populating a big slice is the costly part of a rebuild.
+pub fn vip_image(vip: &Vip, slice_start: u32, slots: Vec<u32>) -> VipImage {
     VipImage {
         matches: match_keys(&vip.key()),
-        service: service_entry(vip, slice_start),
-        slots: maglev_slots(vip, ids),
+        service: service_entry(vip, slice_start, slots.len() as u32),
+        slots,
         rate_limit: vip.rate_limit,
     }
 }
@@ -450,12 +457,13 @@ pub fn backend_entry(b: &crate::model::Backend, nexthop: NextHop) -> BackendEntr
     }
 }
 
-/// Where a VIP lives: its service id, slice start and backend ids
-/// (parallel to its backends).
+/// Where a VIP lives: its service id, slice and backend ids (parallel to
+/// its backends).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     pub svc_id: u32,
     pub slice_start: u32,
+    pub slice_len: u32,
     pub backend_ids: Vec<u32>,
     /// The nat_owner_map keys this VIP owns (an allocation: the first
     /// NAT VIP to use a key keeps it while it does).
@@ -481,7 +489,7 @@ pub fn render(
         let Some(a) = alloc.get(&vip.key()) else {
             continue;
         };
-        let v = render_vip(vip, a.slice_start, &a.backend_ids);
+        let v = render_vip(vip, (a.slice_start, a.slice_len), &a.backend_ids);
         for m in v.matches {
             img.matches.insert(m, a.svc_id);
         }

@@ -52,6 +52,10 @@ fn empty_image() -> MapImage {
 fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
     w.reclaim().unwrap();
     assert_eq!(w.pending_reclaim(), 0);
+    assert!(
+        w.health_index_consistent(),
+        "the health index names exactly the targets some backend id has"
+    );
     let live = w.read_maps().unwrap();
     let want = render::render(
         &w.specs(),
@@ -345,12 +349,16 @@ fn capacity_errors_hit_one_vip_only() {
     check(&mut w);
 }
 
+/// A VIP that does not fit even at its smallest slice (with room kept to
+/// rebuild the largest) is refused whole, before anything is written; a
+/// VIP that fits can always be rebuilt.
 #[test]
 fn full_table_is_an_error_for_that_vip() {
-    // 1,000 slots: six 160-slot slices fit, a seventh does not.
-    let mut w = Writer::open(MemStore::new(1000)).unwrap();
+    // 100 slots: seven VIPs of five backends at 12 slots each, and 12 to
+    // rebuild one, fit; an eighth does not.
+    let mut w = Writer::open(MemStore::new(100)).unwrap();
     let backends: Vec<Backend> = (1..=5).map(|i| be(&format!("10.1.0.{i}"), 0, 1)).collect();
-    for i in 1..=6 {
+    for i in 1..=7 {
         w.upsert_vip(&vip(
             &format!("10.0.0.{i}"),
             Ports::One(80),
@@ -358,18 +366,28 @@ fn full_table_is_an_error_for_that_vip() {
         ))
         .unwrap();
     }
+    assert!(w.vips().iter().all(|v| v.slice.len == 12));
+    let before = w.read_maps().unwrap();
     let err = w
-        .upsert_vip(&vip("10.0.0.7", Ports::One(80), backends.clone()))
+        .upsert_vip(&vip("10.0.0.8", Ports::One(80), backends.clone()))
         .unwrap_err();
     assert!(
-        matches!(err, DataplaneError::MaglevTableFull { .. }),
+        matches!(
+            err,
+            DataplaneError::MaglevNoRoom {
+                needed: 108,
+                size: 100,
+                ..
+            }
+        ),
         "{err}"
     );
-    // Rebuilding one needs 160 free slots next to the live slice: there
-    // are 40, so the update fails and the old slice keeps forwarding.
+    assert_eq!(w.read_maps().unwrap(), before, "nothing written");
+    // Rebuilding one needs 12 free slots next to the live slice: kept.
     let mut v1 = vip("10.0.0.1", Ports::One(80), backends.clone());
     v1.backends[0].weight = 3;
-    assert!(w.upsert_vip(&v1).is_err());
+    assert_eq!(w.upsert_vip(&v1).unwrap(), Upsert::Updated);
+    assert!(w.vips().iter().all(|v| v.reduced_precision()));
     check(&mut w);
 }
 
@@ -398,7 +416,7 @@ fn a_grace_ticket_covers_what_was_retired_before_it_and_nothing_after() {
     a2.backends.push(be("10.1.0.2", 0, 1));
     w.upsert_vip(&a2).unwrap();
     let len2 = slice_of(&w, &a2);
-    let first = w.finish_deferred().expect("the old slice is retired");
+    let first = w.finish_deferred().0.expect("the old slice is retired");
     assert_eq!(
         w.grace_ticket(),
         None,
@@ -434,9 +452,9 @@ fn a_grace_ticket_covers_what_was_retired_before_it_and_nothing_after() {
 
 #[test]
 fn fragmentation_is_handled_by_moving_slices() {
-    // 12-slot slices fill a 100-slot table (8 of them), then every other
-    // one goes: 48 slots free in 12-slot holes, a 160-slot... too big;
-    // use a 5-backend VIP in a 400-slot table instead.
+    // 32 one-backend VIPs of 12 slots fill a 400-slot table (and 12 to
+    // rebuild one), then every other one goes: 208 slots free, in holes
+    // of 12 and one of 16. A VIP of five backends needs 96.
     let mut w = Writer::open(MemStore::new(400)).unwrap();
     let small = |i: u32| {
         vip(
@@ -445,18 +463,23 @@ fn fragmentation_is_handled_by_moving_slices() {
             vec![be("10.1.0.1", 0, 1)],
         )
     };
-    for i in 1..=33 {
+    for i in 1..=32 {
         w.upsert_vip(&small(i)).unwrap();
     }
-    // 396 used; free every other one: 17 holes of 12 (and 4 at the end).
-    for i in (1..=33).step_by(2) {
+    assert!(w.vips().iter().all(|v| v.slice.len == 12));
+    for i in (1..=32).step_by(2) {
         w.remove_vip(&small(i).key()).unwrap();
     }
     w.reclaim().unwrap();
-    assert!(w.largest_free_run() < 160 && w.free_slots() >= 160);
+    assert!(
+        w.vips().iter().all(|v| v.slice.len == 12),
+        "no room to grow"
+    );
     let five: Vec<Backend> = (1..=5).map(|i| be(&format!("10.2.0.{i}"), 0, 1)).collect();
+    assert!(w.largest_free_run() < 96 && w.free_slots() >= 96);
     w.upsert_vip(&vip("10.0.1.1", Ports::One(80), five))
         .unwrap();
+    assert_eq!(w.vips().last().map(|v| v.slice.len), Some(96));
     check(&mut w);
 }
 
@@ -532,6 +555,329 @@ fn unclaimed_vips_pruned_only_on_request() {
     check(&mut w);
     // The weight-0 backend of b was an orphan: gone too.
     assert_eq!(w.read_maps().unwrap().backends.len(), 1);
+}
+
+/// Sizes follow the set of VIPs held: as a table fills, each new VIP
+/// lowers the water level and bigger slices are rebuilt smaller (each an
+/// atomic switch); past the point where the VIPs' needs fit, every VIP
+/// runs with reduced precision, which `vips()` reports; as VIPs go, the
+/// others grow back. At every step the sizes are the plan's for what is
+/// held, the maps match the rendering, and nothing leaks.
+#[test]
+fn slices_shrink_as_the_table_fills_and_grow_back() {
+    let table = 8192;
+    let mut w = Writer::open(MemStore::new(table)).unwrap();
+    let backends: Vec<Backend> = (1..=10).map(|i| be(&format!("10.1.0.{i}"), 0, 1)).collect();
+    let need = crate::maglev::slice_need(&[1; 10]);
+    assert_eq!((need.need, need.want), (192, 3072));
+    let v = |i: usize| {
+        vip(
+            &format!("10.0.{}.{}", i / 256, i % 256),
+            Ports::One(80),
+            backends.clone(),
+        )
+    };
+    let planned = |n: usize| crate::maglev::plan(&vec![need; n], table).unwrap()[0];
+    let mut seen = Vec::new();
+    for n in 1..=45 {
+        w.upsert_vip(&v(n)).unwrap();
+        let lens: BTreeSet<u32> = w.vips().iter().map(|x| x.slice.len).collect();
+        assert_eq!(lens, BTreeSet::from([planned(n)]), "{n} VIPs");
+        let reduced = w.vips().iter().filter(|x| x.reduced_precision()).count();
+        assert_eq!(reduced, if planned(n) < 192 { n } else { 0 }, "{n} VIPs");
+        if seen.last() != Some(&planned(n)) {
+            seen.push(planned(n));
+            check(&mut w);
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![3072, 1536, 768, 384, 192, 96],
+        "the level came down"
+    );
+    for n in (1..=44).rev() {
+        w.remove_vip(&v(n + 1).key()).unwrap();
+        let lens: BTreeSet<u32> = w.vips().iter().map(|x| x.slice.len).collect();
+        assert_eq!(lens, BTreeSet::from([planned(n)]), "{n} VIPs left");
+    }
+    assert_eq!(w.vips()[0].slice.len, 3072, "alone again: its wanted size");
+    check(&mut w);
+    w.remove_vip(&v(1).key()).unwrap();
+    assert_eq!(check(&mut w), MapImage::default());
+    assert_eq!(w.free_slots(), table);
+}
+
+/// One reconcile, VIP-by-VIP upserts in another order, and the
+/// validator's plan for the same VIPs agree on every slice's length and
+/// contents: every node holding the same VIPs builds the same slices.
+#[test]
+fn batch_and_single_upserts_agree_with_the_validator() {
+    let table = 20_000;
+    let mut vips = Vec::new();
+    for i in 0..12u8 {
+        let n = 1 + (i as usize * 7) % 40;
+        let backends = (0..n)
+            .map(|k| {
+                be(
+                    &format!("10.{}.0.{}", 1 + i, k + 1),
+                    0,
+                    1 + (k as u32 * i as u32) % 5,
+                )
+            })
+            .collect();
+        vips.push(vip(&format!("10.0.0.{}", i + 1), Ports::One(80), backends));
+    }
+    let desired = DesiredState {
+        node: NodeSettings::default(),
+        vips: vips.clone(),
+    };
+    let plan = desired
+        .maglev_sizes(&Capacity { maglev_size: table })
+        .expect("fits");
+    let slices = |w: &Writer<MemStore>| {
+        let img = w.read_maps().unwrap();
+        let mut out = BTreeMap::new();
+        for v in w.vips() {
+            let svc = img.services[&v.svc_id];
+            let names: Vec<IpAddr> = img
+                .slice_of(&svc)
+                .iter()
+                .map(|id| img.backends[id].addr)
+                .collect();
+            out.insert(v.key.unwrap(), names);
+        }
+        out
+    };
+    let mut batch = Writer::open(MemStore::new(table)).unwrap();
+    let r = batch.reconcile(&desired).unwrap();
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    check(&mut batch);
+    let mut single = Writer::open(MemStore::new(table)).unwrap();
+    for v in vips.iter().rev() {
+        single.upsert_vip(v).unwrap();
+    }
+    single.finish().unwrap();
+    check(&mut single);
+    let a = slices(&batch);
+    assert_eq!(a, slices(&single));
+    for (v, p) in vips.iter().zip(&plan) {
+        assert_eq!(a[&v.key()].len() as u32, p.len, "{}", v.key());
+    }
+    assert!(
+        plan.iter().any(|p| p.len < p.need.want),
+        "the table was short"
+    );
+}
+
+/// A store that, after every map write, checks what a packet would find:
+/// each VIP match names an active service whose whole slice names
+/// backends that exist. Records the first write after which it did not.
+struct GapCheck {
+    inner: MemStore,
+    gap: Option<String>,
+}
+
+impl GapCheck {
+    fn after(&mut self, r: Result<(), DataplaneError>, what: &str) -> Result<(), DataplaneError> {
+        let img = self.inner.read().expect("read");
+        for (m, svc) in &img.matches {
+            let Some(s) = img.services.get(svc).filter(|s| s.is_active()) else {
+                self.gap
+                    .get_or_insert(format!("after {what}: {m:?} names no service"));
+                continue;
+            };
+            let slots = img.slice_of(s);
+            if slots.is_empty() || slots.iter().any(|id| !img.backends.contains_key(id)) {
+                self.gap.get_or_insert(format!(
+                    "after {what}: {m:?}'s slice {}+{} is not whole",
+                    s.slice_start, s.slice_len
+                ));
+            }
+        }
+        r
+    }
+}
+
+impl MapStore for GapCheck {
+    fn table_size(&self) -> u32 {
+        self.inner.table_size()
+    }
+    fn put_backends(&mut self, e: &[(u32, render::BackendEntry)]) -> Result<(), DataplaneError> {
+        let r = self.inner.put_backends(e);
+        self.after(r, "put_backends")
+    }
+    fn clear_backends(&mut self, ids: &[u32]) -> Result<(), DataplaneError> {
+        let r = self.inner.clear_backends(ids);
+        self.after(r, "clear_backends")
+    }
+    fn put_health(&mut self, e: &[(u32, Health)]) -> Result<(), DataplaneError> {
+        let r = self.inner.put_health(e);
+        self.after(r, "put_health")
+    }
+    fn put_slots(&mut self, start: u32, ids: &[u32]) -> Result<(), DataplaneError> {
+        let r = self.inner.put_slots(start, ids);
+        self.after(r, "put_slots")
+    }
+    fn put_service(&mut self, svc: u32, e: &render::ServiceEntry) -> Result<(), DataplaneError> {
+        let r = self.inner.put_service(svc, e);
+        self.after(r, "put_service")
+    }
+    fn put_svc_rate_limit(
+        &mut self,
+        svc: u32,
+        rl: Option<RateLimit>,
+    ) -> Result<(), DataplaneError> {
+        let r = self.inner.put_svc_rate_limit(svc, rl);
+        self.after(r, "put_svc_rate_limit")
+    }
+    fn put_match(&mut self, m: &render::MatchKey, svc: u32) -> Result<(), DataplaneError> {
+        let r = self.inner.put_match(m, svc);
+        self.after(r, "put_match")
+    }
+    fn remove_match(&mut self, m: &render::MatchKey) -> Result<(), DataplaneError> {
+        let r = self.inner.remove_match(m);
+        self.after(r, "remove_match")
+    }
+    fn zero_stats(&mut self, svc: u32) -> Result<(), DataplaneError> {
+        self.inner.zero_stats(svc)
+    }
+    fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        self.inner.scrub_flows(svcs)
+    }
+    fn put_nat_owner(
+        &mut self,
+        k: &render::NatOwnerKey,
+        o: Option<&render::NatOwner>,
+    ) -> Result<(), DataplaneError> {
+        self.inner.put_nat_owner(k, o)
+    }
+    fn put_vip_filter(
+        &mut self,
+        bits: &[u64; crate::abi::VIP_FILTER_WORDS],
+    ) -> Result<(), DataplaneError> {
+        self.inner.put_vip_filter(bits)
+    }
+    fn put_node(
+        &mut self,
+        n: &render::NodeImage,
+        p: &render::NodeImage,
+    ) -> Result<(), DataplaneError> {
+        self.inner.put_node(n, p)
+    }
+    fn read(&self) -> Result<MapImage, DataplaneError> {
+        self.inner.read()
+    }
+    fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        self.inner.synchronize()
+    }
+    fn grace_period() -> Result<(), DataplaneError> {
+        MemStore::grace_period()
+    }
+}
+
+/// The slice length the writer before issue 20 gave a VIP of `n`
+/// backends: 12 up to four, else 20 per backend with `n` rounded up to a
+/// power of two, at most 32,768.
+pub fn old_slice_size(n: usize) -> u32 {
+    match n {
+        0 => 1,
+        1..=4 => 12,
+        _ => (20 * n.next_power_of_two() as u32).min(32_768),
+    }
+}
+
+/// Write `vips` as the writer before issue 20 did: slices of the old size
+/// rule, filled by the paper's population, one after the other.
+pub fn write_old_rule<S: MapStore>(store: &mut S, vips: &[Vip]) {
+    let mut ids: BTreeMap<BackendKey, u32> = BTreeMap::new();
+    let mut start = 0u32;
+    for (i, v) in vips.iter().enumerate() {
+        let svc = i as u32 + 1;
+        let mut mine = Vec::new();
+        for b in &v.backends {
+            let next = ids.len() as u32 + 1;
+            let id = *ids.entry(b.key()).or_insert(next);
+            mine.push(id);
+            store
+                .put_backends(&[(id, render::backend_entry(b, Default::default()))])
+                .unwrap();
+            store.put_health(&[(id, Health::Healthy)]).unwrap();
+        }
+        let identities: Vec<Vec<u8>> = v.backends.iter().map(|b| b.key().identity()).collect();
+        let entries: Vec<crate::maglev::Entry<'_>> = v
+            .backends
+            .iter()
+            .zip(&identities)
+            .zip(&mine)
+            .map(|((b, ident), id)| crate::maglev::Entry {
+                identity: ident,
+                weight: b.weight,
+                id: *id,
+            })
+            .collect();
+        let len = old_slice_size(v.backends.len());
+        store
+            .put_slots(start, &crate::maglev::populate_paper(&entries, len))
+            .unwrap();
+        store
+            .put_service(svc, &render::service_entry(v, start, len))
+            .unwrap();
+        for m in render::match_keys(&v.key()) {
+            store.put_match(&m, svc).unwrap();
+        }
+        start += len;
+    }
+}
+
+/// Maps written by the writer before issue 20 (old slice sizes, the
+/// paper's population) are adopted and converge to the new rule: every
+/// VIP's slice is rebuilt and switched, and after every single map write
+/// each VIP still leads to a whole slice of live backends (no gap).
+#[test]
+fn adopting_old_rule_maps_converges_without_a_gap() {
+    let vips: Vec<Vip> = (0..6u8)
+        .map(|i| {
+            let n = [2usize, 3, 5, 9, 1, 30][i as usize];
+            vip(
+                &format!("10.0.0.{}", i + 1),
+                Ports::One(80),
+                (0..n)
+                    .map(|k| be(&format!("10.{}.0.{}", 1 + i, k + 1), 0, 1 + k as u32 % 3))
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut store = GapCheck {
+        inner: MemStore::new(TABLE),
+        gap: None,
+    };
+    write_old_rule(&mut store, &vips);
+    assert_eq!(store.gap, None, "the old image is whole");
+    let old = store.read().unwrap();
+    let mut w = Writer::open(store).unwrap();
+    let desired = DesiredState {
+        node: NodeSettings::default(),
+        vips: vips.clone(),
+    };
+    let r = w.reconcile(&desired).unwrap();
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!(r.updated, vips.len(), "every slice rebuilt");
+    assert_eq!(w.store().gap, None);
+    let plan = desired.maglev_sizes(&Capacity::default()).unwrap();
+    for (v, p) in w.vips().iter().zip(&plan) {
+        assert_eq!(v.slice.len, p.len);
+    }
+    w.reclaim().unwrap();
+    let img = w.read_maps().unwrap();
+    assert_eq!(img.backends, old.backends, "backend ids kept");
+    let want = render::render(
+        &w.specs(),
+        w.node(),
+        &w.allocations(),
+        &|t| w.health(t).unwrap_or(Health::Healthy),
+        &|a| w.next_hop(a),
+    );
+    assert_eq!(img, want);
 }
 
 // ---- property test ----

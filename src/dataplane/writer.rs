@@ -47,6 +47,7 @@ use crate::dataplane::render::{
 };
 use crate::dataplane::store::MapStore;
 use crate::dataplane::{DataplaneError, Maps};
+use crate::maglev::{self, SliceNeed};
 use crate::model::{
     Affinity, BackendKey, BackendTarget, DesiredState, Mode, ModelError, NodeSettings, Ports, Vip,
     VipKey,
@@ -74,6 +75,10 @@ struct LiveVip {
     slice_owned: bool,
     /// nat_owner_map keys this VIP owns.
     nat_owned: Vec<NatOwnerKey>,
+    /// How big its slice may be: from its spec's weights, or its current
+    /// length for an adopted VIP no upsert has named (the maps keep no
+    /// weights).
+    need: SliceNeed,
 }
 
 impl LiveVip {
@@ -95,6 +100,18 @@ pub struct VipInfo {
     /// False for a VIP adopted from the maps that no upsert or reconcile
     /// has named since: `prune_unclaimed` removes those.
     pub claimed: bool,
+    /// How big its slice may be (see [`maglev::slice_need`]); an adopted
+    /// VIP no upsert has named: its current length, fixed.
+    pub need: SliceNeed,
+}
+
+impl VipInfo {
+    /// Its slice is smaller than its weights need: some backend's share
+    /// is off its weight's by more than the precision rule allows (the
+    /// table is too full to give it more).
+    pub fn reduced_precision(&self) -> bool {
+        self.slice.len < self.need.need
+    }
 }
 
 /// What a reconcile did. VIPs that failed (a full table, a map write)
@@ -171,6 +188,10 @@ pub struct Writer<S: MapStore = Maps> {
     /// vip_filter_map: match entries per filter bit, and the bits written.
     filter_counts: HashMap<u32, u32>,
     filter_bits: [u64; abi::VIP_FILTER_WORDS],
+    /// Between [`Writer::begin`] and [`Writer::finish`]: the slice length
+    /// planned for each VIP of the batch (absent: no room even at its
+    /// smallest slice).
+    batch: Option<HashMap<VipKey, u32>>,
 }
 
 impl Writer<Maps> {
@@ -245,6 +266,7 @@ impl<S: MapStore> Writer<S> {
             nat_owners: HashMap::new(),
             filter_counts: HashMap::new(),
             filter_bits: [0; abi::VIP_FILTER_WORDS],
+            batch: None,
             store,
         };
         for v in a.vips {
@@ -435,6 +457,7 @@ impl<S: MapStore> Writer<S> {
                 svc_id: v.svc_id,
                 key,
                 spec: None,
+                need: SliceNeed::fixed(v.image.service.slice_len),
                 image: v.image,
                 backend_ids: v.backend_ids,
                 claimed: false,
@@ -600,16 +623,184 @@ impl<S: MapStore> Writer<S> {
     }
 
     /// Create or update one VIP. Claims it if it was adopted.
+    ///
+    /// Its slice length comes from the plan over every VIP this writer
+    /// holds ([`maglev::plan`]): inside a batch ([`Writer::begin`]) the
+    /// batch's plan, and other VIPs are resized at [`Writer::finish`];
+    /// alone, VIPs the plan shrinks are rebuilt smaller first (room for
+    /// this one) and VIPs it lets grow are rebuilt after, so that sizes
+    /// always follow the set of VIPs held, whatever the order they came
+    /// in. Resizing another VIP that fails here is retried by the next
+    /// upsert, removal or `finish`.
     pub fn upsert_vip(&mut self, vip: &Vip) -> Result<Upsert, DataplaneError> {
         vip.validate()?;
         vip.check_resolved()?;
         self.node.check_vip(vip)?;
         let key = vip.key();
         self.check_overlap(vip)?;
-        match self.by_key.get(&key).copied() {
-            None => self.create(vip).map(|()| Upsert::Created),
-            Some(svc) => self.update(svc, vip),
+        if let Some(planned) = self.batch.as_ref().and_then(|b| b.get(&key)).copied() {
+            return self.write_vip(vip, planned);
         }
+        let (sizes, len) = self
+            .plan_held(Some(vip))
+            .map_err(|s| self.no_room(&key, s))?;
+        let _ = self.resize(&sizes, false);
+        let r = self.write_vip(vip, len.unwrap_or(maglev::LADDER_MIN));
+        if self.batch.is_none() {
+            self.resize_held();
+        }
+        r
+    }
+
+    fn write_vip(&mut self, vip: &Vip, len: u32) -> Result<Upsert, DataplaneError> {
+        match self.by_key.get(&vip.key()).copied() {
+            None => self.create(vip, len).map(|()| Upsert::Created),
+            Some(svc) => self.update(svc, vip, len),
+        }
+    }
+
+    fn no_room(&self, vip: &VipKey, s: maglev::PlanShortfall) -> DataplaneError {
+        DataplaneError::MaglevNoRoom {
+            vip: *vip,
+            needed: s.needed,
+            size: self.slices.size(),
+        }
+    }
+
+    /// Slice lengths for the VIPs this writer holds, with `add` (a VIP
+    /// about to be created or changed) in place of the one of its key:
+    /// by service id, and `add`'s.
+    fn plan_held(
+        &self,
+        add: Option<&Vip>,
+    ) -> Result<(BTreeMap<u32, u32>, Option<u32>), maglev::PlanShortfall> {
+        let add_key = add.map(Vip::key);
+        let held: Vec<(u32, SliceNeed)> = self
+            .vips
+            .values()
+            .filter(|v| add_key.is_none() || v.key != add_key)
+            .map(|v| (v.svc_id, v.need))
+            .collect();
+        let mut needs: Vec<SliceNeed> = held.iter().map(|h| h.1).collect();
+        if let Some(v) = add {
+            needs.push(v.slice_need());
+        }
+        let sizes = maglev::plan(&needs, self.slices.size())?;
+        let by_svc = held
+            .iter()
+            .zip(&sizes)
+            .map(|((svc, _), len)| (*svc, *len))
+            .collect();
+        Ok((by_svc, add.and(sizes.last().copied())))
+    }
+
+    /// Rebuild the VIPs whose slice length differs from `sizes`, smaller
+    /// ones first (they free room for the rest); with `grow` false, only
+    /// those. Adopted VIPs nothing has named keep theirs (the maps keep
+    /// no weights to rebuild them by). Each is the usual switch: new slice
+    /// into free space, then the service entry. Every VIP is tried; the
+    /// failures are returned.
+    fn resize(&mut self, sizes: &BTreeMap<u32, u32>, grow: bool) -> Vec<(u32, DataplaneError)> {
+        let mut todo: Vec<(bool, u32, u32)> = sizes
+            .iter()
+            .filter_map(|(svc, len)| {
+                let v = self.vips.get(svc)?;
+                v.spec.as_ref()?;
+                let cur = v.image.service.slice_len;
+                (*len != cur && (grow || *len < cur)).then_some((*len > cur, *svc, *len))
+            })
+            .collect();
+        todo.sort_unstable();
+        let mut failed = Vec::new();
+        for (_, svc, len) in todo {
+            let Some(spec) = self.vips.get(&svc).and_then(|v| v.spec.clone()) else {
+                continue;
+            };
+            if let Err(e) = self.update(svc, &spec, len) {
+                failed.push((svc, e));
+            }
+        }
+        failed
+    }
+
+    /// Bring every VIP held to the plan of what is held.
+    fn resize_held(&mut self) -> Vec<(u32, DataplaneError)> {
+        match self.plan_held(None) {
+            Ok((sizes, _)) => self.resize(&sizes, true),
+            // What is held does not fit at its smallest (an adoption of
+            // maps written for a bigger plan): leave sizes as they are.
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Start a batch: `vips` are the VIPs the writer is to hold once the
+    /// caller has removed the others it holds and upserted each of these
+    /// (adopted VIPs nothing has named stay too, at their size). Plans
+    /// the slices of that set and rebuilds smaller the VIPs whose spec
+    /// stays but whose slice shrinks, so that the upserts find room.
+    /// Until [`Writer::finish`], upserts use the plan and removals and
+    /// upserts leave other VIPs alone. VIPs that do not fit even at their
+    /// smallest slice (the first in the order: held ones, by service id,
+    /// then new ones as listed) fail their upsert with
+    /// [`DataplaneError::MaglevNoRoom`].
+    pub fn begin(&mut self, vips: &[Vip]) {
+        self.start_batch(vips, true);
+    }
+
+    fn start_batch(&mut self, vips: &[Vip], keep_unclaimed: bool) {
+        let listed: HashMap<VipKey, &Vip> = vips.iter().map(|v| (v.key(), v)).collect();
+        let mut held: Vec<(Option<VipKey>, u32, SliceNeed)> = Vec::new();
+        for v in self.vips.values() {
+            match v.key.and_then(|k| listed.get(&k)) {
+                Some(spec) => held.push((v.key, v.svc_id, spec.slice_need())),
+                // About to be removed.
+                None if v.spec.is_some() || !keep_unclaimed => {}
+                None => held.push((None, v.svc_id, SliceNeed::fixed(v.image.service.slice_len))),
+            }
+        }
+        // Fixed ones first: they stay whatever happens.
+        held.sort_by_key(|(k, svc, _)| (k.is_some(), *svc));
+        let new: Vec<&Vip> = vips
+            .iter()
+            .filter(|v| !self.by_key.contains_key(&v.key()))
+            .collect();
+        let mut needs: Vec<SliceNeed> = held.iter().map(|h| h.2).collect();
+        needs.extend(new.iter().map(|v| v.slice_need()));
+        let size = self.slices.size();
+        let mut fit = needs.len();
+        let sizes = loop {
+            match maglev::plan(&needs[..fit], size) {
+                Ok(s) => break Some(s),
+                Err(s) if s.index >= held.len() && s.index < fit => fit = s.index,
+                Err(_) if fit > held.len() => fit = held.len(),
+                Err(_) => break None,
+            }
+        };
+        let mut batch = HashMap::new();
+        let mut shrink = BTreeMap::new();
+        if let Some(sizes) = sizes {
+            for ((key, svc, _), len) in held.iter().zip(&sizes) {
+                if let Some(k) = key {
+                    batch.insert(*k, *len);
+                    let same =
+                        self.vips.get(svc).and_then(|v| v.spec.as_ref()) == listed.get(k).copied();
+                    if same {
+                        shrink.insert(*svc, *len);
+                    }
+                }
+            }
+            for (v, len) in new.iter().zip(&sizes[held.len()..]) {
+                batch.insert(v.key(), *len);
+            }
+        } else {
+            for (key, svc, _) in &held {
+                if let (Some(k), Some(v)) = (key, self.vips.get(svc)) {
+                    batch.insert(*k, v.image.service.slice_len);
+                }
+            }
+        }
+        let _ = self.resize(&shrink, false);
+        self.batch = Some(batch);
     }
 
     /// A port range must not overlap another VIP's range on the same
@@ -635,13 +826,17 @@ impl<S: MapStore> Writer<S> {
         Ok(())
     }
 
-    /// Remove one VIP; false if there was none.
+    /// Remove one VIP; false if there was none. Outside a batch, the
+    /// VIPs the plan now lets grow are rebuilt bigger (see `upsert_vip`).
     pub fn remove_vip(&mut self, key: &VipKey) -> Result<bool, DataplaneError> {
         let Some(svc) = self.by_key.get(key).copied() else {
             return Ok(false);
         };
         self.remove_svc(svc)?;
         self.retire(Cleanup::Services(BTreeSet::from([svc])));
+        if self.batch.is_none() {
+            self.resize_held();
+        }
         Ok(true)
     }
 
@@ -655,6 +850,8 @@ impl<S: MapStore> Writer<S> {
         self.set_node(&desired.node)?;
         let mut report = ReconcileReport::default();
         let wanted: BTreeSet<VipKey> = desired.vips.iter().map(|v| v.key()).collect();
+        // Adopted VIPs the state does not list go too: not planned for.
+        self.start_batch(&desired.vips, false);
         // Removals first: they free ids and slots for the new VIPs.
         let gone: Vec<u32> = self
             .vips
@@ -692,7 +889,13 @@ impl<S: MapStore> Writer<S> {
                 Err(e) => report.failed.push((vip.key(), e)),
             }
         }
+        self.batch = None;
         self.prune_orphan_backends();
+        for (svc, e) in self.resize_held() {
+            if let Some(k) = self.vips.get(&svc).and_then(|v| v.key) {
+                report.failed.push((k, e));
+            }
+        }
         self.reclaim()?;
         Ok(report)
     }
@@ -720,23 +923,49 @@ impl<S: MapStore> Writer<S> {
             // pruned, nothing to wait for, whatever else is queued.
             self.retire(Cleanup::Services(scrub));
             self.reclaim()?;
+            // The VIPs left may grow into the room.
+            if let Some((_, e)) = self.resize_held().into_iter().next() {
+                return Err(e);
+            }
         }
         Ok(out)
     }
 
     /// Close a batch of upserts and removals: free backends no VIP lists
-    /// any more, and reclaim what the batch retired (one grace period).
+    /// any more, bring every VIP's slice to the plan of what is now held
+    /// (smaller ones first), and reclaim what the batch retired (one grace
+    /// period). The first resize that failed is returned (the VIP keeps
+    /// forwarding with its slice; the next finish tries again).
     pub fn finish(&mut self) -> Result<(), DataplaneError> {
-        self.prune_orphan_backends();
-        self.reclaim()
+        let failed = self.close_batch();
+        self.reclaim()?;
+        failed.into_iter().next().map_or(Ok(()), Err)
     }
 
     /// Close a batch without waiting: free backends no VIP lists any
-    /// more and return the ticket of a grace period to have waited for
-    /// elsewhere ([`Writer::grace_ticket`]), then [`Writer::reclaim_covered`].
-    pub fn finish_deferred(&mut self) -> Option<u64> {
+    /// more, bring every slice to the plan (as `finish`), and return the
+    /// ticket of a grace period to have waited for elsewhere
+    /// ([`Writer::grace_ticket`], then [`Writer::reclaim_covered`]) with
+    /// the resizes that failed.
+    pub fn finish_deferred(&mut self) -> (Option<u64>, Vec<DataplaneError>) {
+        let failed = self.close_batch();
+        (self.grace_ticket(), failed)
+    }
+
+    fn close_batch(&mut self) -> Vec<DataplaneError> {
+        self.batch = None;
         self.prune_orphan_backends();
-        self.grace_ticket()
+        let failed = self.resize_held();
+        failed
+            .into_iter()
+            .map(|(svc, e)| match self.vips.get(&svc).and_then(|v| v.key) {
+                Some(vip) if !matches!(e, DataplaneError::Vip { .. }) => DataplaneError::Vip {
+                    vip,
+                    source: Box::new(e),
+                },
+                _ => e,
+            })
+            .collect()
     }
 
     /// Mark an adopted VIP as still wanted without changing it.
@@ -759,6 +988,7 @@ impl<S: MapStore> Writer<S> {
                 slice: v.slice(),
                 backend_ids: v.backend_ids.clone(),
                 claimed: v.claimed,
+                need: v.need,
             })
             .collect()
     }
@@ -820,6 +1050,7 @@ impl<S: MapStore> Writer<S> {
                     Allocation {
                         svc_id: v.svc_id,
                         slice_start: v.image.service.slice_start,
+                        slice_len: v.image.service.slice_len,
                         backend_ids: v.backend_ids.clone(),
                         nat_owned: v.nat_owned.clone(),
                     },
@@ -833,11 +1064,16 @@ impl<S: MapStore> Writer<S> {
         // Called for every backend of every VIP when the reconciler
         // publishes its status: a scan of all ids here made that
         // quadratic (about 120 ms at 4,096 VIPs x 2 backends).
-        let known = self.backends.knows_target(t);
-        // Every debug build (so every test) checks the invariant the
-        // lookup relies on against the scan it replaces.
-        debug_assert_eq!(known, !self.backends.ids_of_target(t).is_empty());
-        known.then(|| self.backends.health_inputs(t).state())
+        // The writer tests check the index this relies on after every
+        // step (`health_index_consistent`).
+        self.backends
+            .knows_target(t)
+            .then(|| self.backends.health_inputs(t).state())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn health_index_consistent(&self) -> bool {
+        self.backends.health_index_consistent()
     }
 
     /// Targets the maps (or this writer) hold as draining. After adoption
@@ -1052,7 +1288,7 @@ impl<S: MapStore> Writer<S> {
         Ok(())
     }
 
-    fn create(&mut self, vip: &Vip) -> Result<(), DataplaneError> {
+    fn create(&mut self, vip: &Vip, len: u32) -> Result<(), DataplaneError> {
         let key = vip.key();
         if self.svc_ids.free_count() == 0 {
             self.reclaim()?;
@@ -1071,8 +1307,7 @@ impl<S: MapStore> Writer<S> {
                 return Err(e);
             }
         };
-        let slots = render::maglev_slots(vip, &ids);
-        let slice = match self.alloc_slice(slots.len() as u32, key) {
+        let slice = match self.alloc_slice(len, key) {
             Ok(s) => s,
             Err(e) => {
                 self.release_backends(&ids, true);
@@ -1080,7 +1315,7 @@ impl<S: MapStore> Writer<S> {
                 return Err(e);
             }
         };
-        let image = render::render_vip(vip, slice.start, &ids);
+        let image = render::render_vip(vip, (slice.start, len), &ids);
         let (owned, _) = self.claim_nat_owners(svc, vip, &ids, &[]);
         let mut matched: Vec<MatchKey> = Vec::new();
         let mut filtered = false;
@@ -1136,22 +1371,26 @@ impl<S: MapStore> Writer<S> {
                 claimed: true,
                 slice_owned: true,
                 nat_owned: owned,
+                need: vip.slice_need(),
             },
         );
         Ok(())
     }
 
-    fn update(&mut self, svc: u32, vip: &Vip) -> Result<Upsert, DataplaneError> {
+    /// Write `vip` over the VIP `svc` with a slice of `len`: a rebuilt
+    /// slice when the slots differ (another length, other backends or
+    /// weights, a population of another rule read back from the maps).
+    fn update(&mut self, svc: u32, vip: &Vip, len: u32) -> Result<Upsert, DataplaneError> {
         let key = vip.key();
         let Some(cur) = self.vips.get_mut(&svc) else {
             return Err(DataplaneError::SliceBookkeeping { slice_start: 0 });
         };
         cur.claimed = true;
-        if cur.spec.as_ref() == Some(vip) {
+        if cur.spec.as_ref() == Some(vip) && cur.image.service.slice_len == len {
             return Ok(Upsert::Unchanged);
         }
         let ids = self.acquire_backends(vip)?;
-        let slots = render::maglev_slots(vip, &ids);
+        let slots = render::maglev_slots(vip, &ids, len);
         let (old_slots, old_slice, old_owned) = {
             let cur = &self.vips[&svc];
             (cur.image.slots.clone(), cur.slice(), cur.slice_owned)
@@ -1175,7 +1414,7 @@ impl<S: MapStore> Writer<S> {
             old_slice
         };
         let start = new_slice.map_or(old_slice.start, |s| s.start);
-        let image = render::render_vip(vip, start, &ids);
+        let image = render::vip_image(vip, start, slots);
         let (old_service, old_rl, old_matches) = {
             let cur = &self.vips[&svc];
             (
@@ -1218,6 +1457,7 @@ impl<S: MapStore> Writer<S> {
                 .get_mut(&svc)
                 .ok_or(DataplaneError::SliceBookkeeping { slice_start: start })?;
             cur.spec = Some(vip.clone());
+            cur.need = vip.slice_need();
             cur.image.service = image.service;
             cur.image.slots = image.slots.clone();
             cur.image.rate_limit = image.rate_limit;

@@ -462,7 +462,11 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
     fn close_batch(&mut self) {
         if let Some(g) = &self.grace {
             if !g.failed() {
-                match self.writer.finish_deferred() {
+                let (ticket, failed) = self.writer.finish_deferred();
+                for e in failed {
+                    error!(error = %e, "resizing a Maglev slice to the plan (retried on the next apply)");
+                }
+                match ticket {
                     None => return,
                     Some(t) if g.request(t) => {
                         self.grace_outstanding = Some(t);
@@ -474,7 +478,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             }
         }
         if let Err(e) = self.writer.finish() {
-            error!(error = %e, "reclaiming retired map entries");
+            error!(error = %e, "resizing Maglev slices or reclaiming retired map entries");
         }
         self.grace_outstanding = None;
     }
@@ -640,6 +644,15 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 }
             }
         }
+
+        // Slices are planned for the whole set before anything is
+        // written (sizes follow the set, not the order of the writes).
+        let planned: Vec<Vip> = merged
+            .vips
+            .values()
+            .map(|(_, d)| self.drained(d).unwrap_or_else(|| d.vip.clone()))
+            .collect();
+        self.writer.begin(&planned);
 
         // Removals first: they free ids and slots for what comes next.
         let gone: Vec<VipKey> = self
@@ -1005,6 +1018,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 mode: vip.mode,
                 affinity: vip.affinity,
                 backends,
+                slice_need: Some(info.need),
             });
         }
         self.publisher.publish(DataplaneStatus {
@@ -1058,6 +1072,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             mode: u.mode?,
             affinity: u.affinity,
             backends,
+            slice_need: None,
         })
     }
 }

@@ -14,6 +14,7 @@ use crate::dataplane::render::Health;
 use crate::dataplane::XdpMode;
 use crate::desired::{Conflict, Owner, SourceKind, TrafficPolicy};
 use crate::healthcheck::HealthState;
+use crate::maglev::SliceNeed;
 use crate::model::{Affinity, BackendTarget, Mode, VipKey};
 
 /// A backend's probe, as the API shows it.
@@ -58,9 +59,18 @@ pub struct VipStatus {
     pub mode: Mode,
     pub affinity: Affinity,
     pub backends: Vec<BackendStatus>,
+    /// How big its slice may be, from its weights (README "Maglev");
+    /// None for an unclaimed VIP, whose weights the maps do not keep.
+    pub slice_need: Option<SliceNeed>,
 }
 
 impl VipStatus {
+    /// Its slice is smaller than its weights need: the Maglev table is
+    /// too full to give it the precision its weights ask for.
+    pub fn reduced_precision(&self) -> bool {
+        self.slice_need.is_some_and(|n| self.slice.len < n.need)
+    }
+
     /// Whether a new flow would find a backend: the speakers and BGP
     /// announce only such VIPs.
     pub fn serving(&self) -> bool {

@@ -134,8 +134,15 @@ pub fn restart_only_changes(started: &NodeRuntime, now: &NodeRuntime) -> Vec<Str
     changed
 }
 
+/// What applies a reloaded `bgp` section (the speaker's, once it runs):
+/// returns what only a restart can apply.
+pub type BgpReload =
+    Box<dyn Fn(Option<&crate::config::bgp::BgpSettings>) -> Vec<String> + Send + Sync>;
+
 pub struct FileSource {
     path: PathBuf,
+    /// Set once the BGP speaker runs.
+    bgp: Mutex<Option<BgpReload>>,
     tx: Mutex<Sender>,
     /// What rivorad attached to and listens on: a reload cannot change it.
     started: NodeRuntime,
@@ -193,6 +200,7 @@ impl FileSource {
     pub fn new(path: PathBuf, tx: Sender, started_with: &Config, node_only: bool) -> Self {
         let loaded = Mutex::new(stamp(&path));
         Self {
+            bgp: Mutex::new(None),
             node_only,
             loaded,
             path,
@@ -206,6 +214,13 @@ impl FileSource {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Hand every valid reload's `bgp` section to `f`.
+    pub fn on_bgp_reload(&self, f: BgpReload) {
+        if let Ok(mut b) = self.bgp.lock() {
+            *b = Some(f);
+        }
     }
 
     fn send(&self, cmd: Command) -> Result<(), ReloadError> {
@@ -257,12 +272,24 @@ impl FileSource {
                 return Err(e);
             }
         };
-        let warnings = restart_only_changes(&self.started, &cfg.node_settings());
-        for w in &warnings {
-            warn!(file = %self.path.display(), "{w}");
+        let mut restart = restart_only_changes(&self.started, &cfg.node_settings());
+        if let Ok(b) = self.bgp.lock() {
+            match &*b {
+                Some(apply) => restart.extend(apply(cfg.bgp.as_ref())),
+                None if cfg.bgp.is_some() => restart
+                    .push("bgp was added: the BGP speaker starts at the next restart".to_string()),
+                None => {}
+            }
         }
         if let Ok(mut p) = self.pending_restart.lock() {
-            p.clone_from(&warnings);
+            p.clone_from(&restart);
+        }
+        // The validator's warnings too (VIPs the Maglev table cannot give
+        // the precision their weights need): the reload's answer says so.
+        let mut warnings = restart;
+        warnings.extend(cfg.warnings.iter().cloned());
+        for w in &warnings {
+            warn!(file = %self.path.display(), "{w}");
         }
         let (ack, done) = oneshot::channel();
         for c in commands(&cfg, Some(ack)) {

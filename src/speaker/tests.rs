@@ -42,6 +42,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)], policy: TrafficPolicy)
                 probe: ProbeStatus::Disabled,
             })
             .collect(),
+        slice_need: None,
     }
 }
 

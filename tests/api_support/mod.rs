@@ -10,8 +10,8 @@ use std::sync::Mutex;
 
 use rivora::api::{
     Affinity, ApiRequestError, ApiState, BackendHealth, BackendInfo, DrainOutcome, DrainSpec,
-    Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadResult, SourceInfo, Status, VipBackend,
-    VipInfo, VipMode, VipName, WatchInfo, XdpMode,
+    Drops, InterfaceStatus, Ports, ProbeState, Proto, ReloadResult, SlicePrecision, SourceInfo,
+    Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
 };
 use rivora::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 
@@ -118,6 +118,11 @@ impl Fake {
             rate_limited: 4,
             no_backend: 0,
             source: "service shop/web".into(),
+            slice_precision: SlicePrecision {
+                needed: 12,
+                wanted: 768,
+                reduced: false,
+            },
         };
         let mut v6 = VipInfo {
             vip: VIP6.into(),
@@ -139,6 +144,7 @@ impl Fake {
             no_backend: 2,
             // Adopted from the maps on a restart, not claimed yet.
             source: "unclaimed".into(),
+            slice_precision: SlicePrecision::default(),
         };
         for v in [&mut v4, &mut v6] {
             let name = v.vip.clone();
@@ -379,6 +385,8 @@ impl ApiState for Fake {
                     bytes: v.bytes,
                     rate_limited_syns: v.rate_limited,
                     no_healthy_backend_drops: v.no_backend,
+                    maglev_slots: u64::from(v.slice_len),
+                    maglev_reduced_precision: v.slice_precision.reduced,
                 })
                 .collect(),
             backends: vec![BackendHealthSample {

@@ -251,32 +251,36 @@ impl Fx {
             .unwrap_or_else(|| panic!("no service {svc}"))
     }
 
+    /// One slot of maglev_table.
+    fn slot(&self, i: u32) -> u32 {
+        self.t
+            .maps
+            .maglev_table
+            .get::<u32, rv_maglev_slot>(&i)
+            .expect("maglev_table")
+            .map_or(0, |v| v.backend_id)
+    }
+
     /// The service's Maglev slice as the maps hold it.
     pub fn slice(&self, svc: u32) -> Vec<u32> {
         let s = self.service(svc);
         (s.slice_start..s.slice_start + s.slice_len)
-            .map(|i| {
-                self.t
-                    .maps
-                    .maglev_table
-                    .get::<u32, rv_maglev_slot>(&i)
-                    .expect("maglev_table")
-                    .map_or(0, |v| v.backend_id)
-            })
+            .map(|i| self.slot(i))
             .collect()
     }
 
     /// Which backend id a new flow of `svc` must get: the hashed slot of
     /// the slice read back from the maps, stepping over empty, draining
     /// and down slots for at most RV_MAGLEV_PROBES slots (bpf/lib/lb.h's
-    /// rv_maglev_pick, from its description). None: a counted drop.
+    /// rv_maglev_pick, from its description). None: a counted drop. Reads
+    /// the window's slots only: slices run to thousands of slots.
     pub fn pick(&self, svc: u32, hash: u32) -> Option<u32> {
-        let slice = self.slice(svc);
-        let len = slice.len();
+        let s = self.service(svc);
+        let len = s.slice_len;
         assert!(len > 0, "service {svc} has an empty slice");
-        let start = hash as usize % len;
-        (0..MAGLEV_PROBES as usize)
-            .map(|i| slice[(start + i) % len])
+        let start = hash % len;
+        (0..MAGLEV_PROBES)
+            .map(|i| self.slot(s.slice_start + (start + i) % len))
             .find(|&id| id != 0 && self.health(id) == rv_health::RV_HEALTH_HEALTHY)
     }
 

@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod bgp;
 pub mod controller;
+pub mod ecmp;
 pub mod fixture;
 pub mod k8s;
 pub mod lab;

@@ -33,7 +33,8 @@ pub use server::{
 };
 pub use state::ApiState;
 pub use types::{
-    Affinity, ApiError, BackendHealth, BackendInfo, DrainOutcome, DrainRequest, DrainSpec, Drops,
-    InterfaceStatus, L2Group, L2Info, Ports, ProbeState, Proto, ReloadRequest, ReloadResult,
-    SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
+    Affinity, ApiError, BackendHealth, BackendInfo, BgpPeerInfo, BgpRouteInfo, DrainOutcome,
+    DrainRequest, DrainSpec, Drops, InterfaceStatus, L2Group, L2Info, Ports, ProbeState, Proto,
+    ReloadRequest, ReloadResult, SlicePrecision, SourceInfo, Status, VipBackend, VipInfo, VipMode,
+    VipName, WatchInfo, XdpMode,
 };

@@ -352,13 +352,26 @@ pub fn vip_show(v: &VipInfo) -> String {
     let _ = writeln!(out, "mode          {}", mode(v.mode));
     let _ = writeln!(out, "affinity      {}", affinity(v.affinity));
     let _ = writeln!(out, "service id    {}", v.service_id);
-    let _ = writeln!(
+    let p = &v.slice_precision;
+    let _ = write!(
         out,
-        "maglev slice  {}..{} ({} slots)",
+        "maglev slice  {}..{} ({} slots",
         v.slice_start,
         u64::from(v.slice_start) + u64::from(v.slice_len),
         v.slice_len
     );
+    if p.needed > 0 {
+        let _ = write!(out, "; weights need {}, wants {}", p.needed, p.wanted);
+    }
+    let _ = writeln!(out, ")");
+    if p.reduced {
+        let _ = writeln!(
+            out,
+            "precision     reduced: {} of the {} slots its weights need (the Maglev table is \
+             full); shares may be off their weights by more than 5 %",
+            v.slice_len, p.needed
+        );
+    }
     let _ = writeln!(out, "packets       {}", v.packets);
     let _ = writeln!(out, "bytes         {}", v.bytes);
     let _ = writeln!(out, "rate limited  {}", v.rate_limited);
@@ -457,10 +470,86 @@ pub fn stats(vips: &[VipInfo], drops: &Drops, previous: Option<(&[VipInfo], Dura
     out
 }
 
+/// `rivoractl bgp peers`.
+pub fn bgp_peers(peers: &[crate::types::BgpPeerInfo]) -> String {
+    if peers.is_empty() {
+        return "no BGP peers (no bgp section in the configuration)\n".into();
+    }
+    let mut t = Table::new(&[
+        "PEER",
+        "ASN>",
+        "STATE",
+        "UPTIME>",
+        "FLAPS>",
+        "SENT>",
+        "RECEIVED>",
+        "ROUTES>",
+        "BFD",
+        "LAST ERROR",
+    ]);
+    for p in peers {
+        let bfd = match &p.bfd_state {
+            Some(s) if p.bfd_detect_ms > 0 => format!("{s} ({} ms)", p.bfd_detect_ms),
+            Some(s) => s.clone(),
+            None => "-".into(),
+        };
+        t.row(vec![
+            if p.name == p.address.to_string() {
+                p.name.clone()
+            } else {
+                format!("{} ({})", p.name, p.address)
+            },
+            p.asn.to_string(),
+            p.state.clone(),
+            if p.uptime_seconds > 0 {
+                fmt_age(p.uptime_seconds)
+                    .trim_end_matches(" ago")
+                    .to_string()
+            } else {
+                "-".into()
+            },
+            p.flaps.to_string(),
+            p.updates_sent.to_string(),
+            p.updates_received.to_string(),
+            p.advertised.to_string(),
+            bfd,
+            p.last_error.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t.render()
+}
+
+/// `rivoractl bgp routes`.
+pub fn bgp_routes(routes: &[crate::types::BgpRouteInfo]) -> String {
+    if routes.is_empty() {
+        return "no routes announced\n".into();
+    }
+    let mut t = Table::new(&["PREFIX", "COMMUNITIES", "LOCAL PREF>", "MED>", "PEERS"]);
+    let or_dash = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(",")
+        }
+    };
+    for r in routes {
+        let mut c = r.communities.clone();
+        c.extend(r.large_communities.iter().cloned());
+        t.row(vec![
+            r.prefix.clone(),
+            or_dash(c),
+            r.local_pref.map_or_else(|| "-".into(), |v| v.to_string()),
+            r.med.map_or_else(|| "-".into(), |v| v.to_string()),
+            or_dash(r.peers.clone()),
+        ]);
+    }
+    t.render()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Ports, Proto, VipBackend};
+    use crate::types::{Ports, Proto, SlicePrecision, VipBackend};
 
     #[test]
     fn reload_line_lists_each_warning() {
@@ -526,6 +615,7 @@ mod tests {
             rate_limited: 3,
             no_backend: 0,
             source: "file".into(),
+            slice_precision: SlicePrecision::default(),
         }
     }
 
@@ -573,6 +663,34 @@ mod tests {
         for line in out.lines().skip(1) {
             assert_eq!(line.split_whitespace().nth(7), Some("0"), "{line}");
         }
+    }
+
+    #[test]
+    fn vip_show_says_when_precision_is_reduced() {
+        let mut v = vip("tcp/10.0.0.2:443", 1, 2);
+        v.slice_precision = SlicePrecision {
+            needed: 96,
+            wanted: 768,
+            reduced: false,
+        };
+        let out = vip_show(&v);
+        assert!(
+            out.contains("maglev slice  0..7 (7 slots; weights need 96, wants 768)\npackets"),
+            "{out}"
+        );
+        v.slice_precision.reduced = true;
+        let out = vip_show(&v);
+        assert!(
+            out.contains(
+                "maglev slice  0..7 (7 slots; weights need 96, wants 768)\n\
+                 precision     reduced: 7 of the 96 slots its weights need (the Maglev table is \
+                 full); shares may be off their weights by more than 5 %\npackets"
+            ),
+            "{out}"
+        );
+        // Unknown (an unclaimed VIP, an older rivorad): the slice alone.
+        v.slice_precision = SlicePrecision::default();
+        assert!(vip_show(&v).contains("maglev slice  0..7 (7 slots)\n"));
     }
 
     #[test]

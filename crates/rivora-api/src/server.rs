@@ -614,6 +614,16 @@ pub fn api_routes<S: ApiState>(state: Arc<S>, max_body_bytes: u64) -> BoxedFilte
             respond(result)
         });
 
+    let bgp_peers = warp::path!("v1" / "bgp" / "peers")
+        .and(warp::get())
+        .and(st.clone())
+        .then(|s: Arc<S>| async move { respond(s.bgp_peers().await) });
+
+    let bgp_routes = warp::path!("v1" / "bgp" / "routes")
+        .and(warp::get())
+        .and(st.clone())
+        .then(|s: Arc<S>| async move { respond(s.bgp_routes().await) });
+
     let reload = warp::path!("v1" / "reload")
         .and(warp::post())
         .and(limited_body(max_body_bytes))
@@ -646,6 +656,10 @@ pub fn api_routes<S: ApiState>(state: Arc<S>, max_body_bytes: u64) -> BoxedFilte
         .or(undrain)
         .unify()
         .or(reload)
+        .unify()
+        .or(bgp_peers)
+        .unify()
+        .or(bgp_routes)
         .unify()
         .recover(recover)
         .unify()

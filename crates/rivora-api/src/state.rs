@@ -4,7 +4,8 @@ use std::future::Future;
 
 use crate::error::ApiRequestError;
 use crate::types::{
-    BackendInfo, DrainOutcome, DrainSpec, Drops, ReloadResult, Status, VipInfo, VipName,
+    BackendInfo, BgpPeerInfo, BgpRouteInfo, DrainOutcome, DrainSpec, Drops, ReloadResult, Status,
+    VipInfo, VipName,
 };
 
 /// What rivorad implements for the API server.
@@ -52,4 +53,16 @@ pub trait ApiState: Send + Sync + 'static {
     /// The Prometheus text exposition, usually `metrics::Metrics::encode`
     /// of a fresh `MetricsSnapshot`.
     fn metrics(&self) -> impl Future<Output = Result<String, ApiRequestError>> + Send;
+
+    /// This node's BGP sessions (none without a `bgp` section).
+    fn bgp_peers(&self) -> impl Future<Output = Result<Vec<BgpPeerInfo>, ApiRequestError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// The routes this node announces.
+    fn bgp_routes(
+        &self,
+    ) -> impl Future<Output = Result<Vec<BgpRouteInfo>, ApiRequestError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }

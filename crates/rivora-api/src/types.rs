@@ -284,6 +284,24 @@ pub struct VipInfo {
     /// weights). Empty from an older rivorad.
     #[serde(default)]
     pub source: String,
+    /// How its Maglev slice compares with what its weights need.
+    #[serde(default)]
+    pub slice_precision: SlicePrecision,
+}
+
+/// A VIP's Maglev slice against its weights (README "Maglev").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlicePrecision {
+    /// Slots its weights need for every backend's share of the slice to
+    /// be within 5 % of its weight's share (0.05 points for shares under
+    /// 1 %). 0 when unknown: an unclaimed VIP (the maps keep no weights),
+    /// or an older rivorad.
+    pub needed: u32,
+    /// Slots it gets when the Maglev table has room.
+    pub wanted: u32,
+    /// The slice is smaller than `needed`: the table is too full to give
+    /// this VIP the precision its weights ask for.
+    pub reduced: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -613,4 +631,64 @@ mod tests {
             serde_json::from_str(r#"{"target":"10.0.0.2:80","vips":"tcp/10.0.0.1:80"}"#);
         assert!(r.is_err());
     }
+}
+
+/// `GET /v1/bgp/peers`: one BGP session of this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpPeerInfo {
+    pub name: String,
+    pub address: IpAddr,
+    pub asn: u32,
+    /// `Idle`, `Connect`, `Active`, `OpenSent`, `OpenConfirm`,
+    /// `Established`.
+    pub state: String,
+    #[serde(default)]
+    pub local_address: Option<IpAddr>,
+    /// Seconds Established; 0 when not.
+    pub uptime_seconds: u64,
+    /// Unix seconds it became Established; 0 when not.
+    #[serde(default)]
+    pub established_at: u64,
+    /// Times it left Established.
+    pub flaps: u64,
+    pub updates_sent: u64,
+    pub updates_received: u64,
+    /// Negotiated hold time, seconds.
+    pub hold_time: u32,
+    /// Negotiated families (`ipv4-unicast`, `ipv6-unicast`).
+    #[serde(default)]
+    pub families: Vec<String>,
+    /// The peer speaks graceful restart (RFC 4724).
+    #[serde(default)]
+    pub graceful_restart: bool,
+    /// Routes the peer holds from this node.
+    pub advertised: u64,
+    /// BFD: `Up`, `Down`, `Init`, `AdminDown`; null when not configured.
+    #[serde(default)]
+    pub bfd_state: Option<String>,
+    /// BFD detection time in force, milliseconds.
+    #[serde(default)]
+    pub bfd_detect_ms: u64,
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// `GET /v1/bgp/routes`: one route this node announces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpRouteInfo {
+    /// `10.0.0.1/32`, `fd00::1/128`.
+    pub prefix: String,
+    /// `65000:100`.
+    #[serde(default)]
+    pub communities: Vec<String>,
+    /// `4200000001:1:2`.
+    #[serde(default)]
+    pub large_communities: Vec<String>,
+    #[serde(default)]
+    pub local_pref: Option<u32>,
+    #[serde(default)]
+    pub med: Option<u32>,
+    /// The peers (by address) that hold it now.
+    #[serde(default)]
+    pub peers: Vec<String>,
 }

@@ -6,6 +6,7 @@
 //! VIPs a node should forward ([`translate`]). Pure and libbpf-free: the
 //! watchers that feed it live in rivorad and rivora-controller.
 
+pub mod bgp;
 pub mod gateway;
 pub mod ipam;
 pub mod policy;
@@ -14,6 +15,7 @@ pub mod translate;
 
 use kube::CustomResourceExt;
 
+pub use bgp::{BgpNodeStatus, BgpPeer};
 pub use ipam::{service_claim, Allocator, Claim, ClaimRef, Outcome, PoolSet};
 pub use policy::{ServicePolicy, ServicePolicySpec, ServicePolicyStatus};
 pub use pool::{AddressPool, AddressPoolSpec, AddressPoolStatus};
@@ -24,6 +26,10 @@ pub use translate::{service_vips, TranslateOptions, Translation, Warning};
 pub const CRD_PATH: &str = "helm/crds/servicepolicies.rivora.io.yaml";
 /// Where the AddressPool CRD is checked in.
 pub const ADDRESS_POOL_CRD_PATH: &str = "helm/crds/addresspools.rivora.io.yaml";
+/// Where the BGPPeer CRD is checked in.
+pub const BGP_PEER_CRD_PATH: &str = "helm/crds/bgppeers.rivora.io.yaml";
+/// Where the BGPNodeStatus CRD is checked in.
+pub const BGP_NODE_STATUS_CRD_PATH: &str = "helm/crds/bgpnodestatuses.rivora.io.yaml";
 /// The directory of the checked-in CRDs (one file per CRD, each only ever
 /// written by `cargo run -p rivora-k8s --example crds -- --write`).
 pub const CRD_DIR: &str = "helm/crds";
@@ -55,6 +61,8 @@ pub fn crd_files() -> Vec<CrdFile> {
     vec![
         crd_file::<ServicePolicy>(CRD_PATH),
         crd_file::<AddressPool>(ADDRESS_POOL_CRD_PATH),
+        crd_file::<BgpPeer>(BGP_PEER_CRD_PATH),
+        crd_file::<BgpNodeStatus>(BGP_NODE_STATUS_CRD_PATH),
     ]
 }
 
@@ -62,7 +70,12 @@ pub fn crd_files() -> Vec<CrdFile> {
 pub fn crds(
 ) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![ServicePolicy::crd(), AddressPool::crd()]
+    vec![
+        ServicePolicy::crd(),
+        AddressPool::crd(),
+        BgpPeer::crd(),
+        BgpNodeStatus::crd(),
+    ]
 }
 
 /// Every CRD Rivora defines, as one YAML stream (what `rivorad crds`
@@ -135,7 +148,12 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["servicepolicies.rivora.io", "addresspools.rivora.io"]
+            [
+                "servicepolicies.rivora.io",
+                "addresspools.rivora.io",
+                "bgppeers.rivora.io",
+                "bgpnodestatuses.rivora.io"
+            ]
         );
         assert_eq!(
             y,

@@ -1,69 +1,339 @@
-//! Weighted Maglev table population (Eisenbud et al., "Maglev: A Fast and
-//! Reliable Software Network Load Balancer", NSDI 2016, section 3.4) and
-//! the slice-size rule the writer allocates by.
+//! Weighted Maglev: how big each VIP's slice of the shared table is, and
+//! which backend each slot of it names.
 //!
-//! Every backend walks its own permutation of the slots (an offset and a
-//! skip derived from a fixed hash of its identity); backends take turns
-//! claiming the next free slot of their permutation until the table is
-//! full. Weights give a backend proportionally more turns, and each
-//! backend stops once it holds its share of the table, so shares are exact
-//! to within one slot whatever the turn order did.
+//! The table stays a Maglev lookup table (Eisenbud et al., "Maglev: A Fast
+//! and Reliable Software Network Load Balancer", NSDI 2016): one slice per
+//! VIP, every backend walking its own permutation of the slots (an offset
+//! and a skip from a fixed hash of its identity), the same on every node
+//! and across restarts for the same backends and weights. Two things
+//! differ from the paper, both measured (README "Maglev"):
 //!
-//! Everything here is deterministic: the hash has fixed keys, backends are
-//! ordered by identity, never by the caller's list order, so every node
-//! behind ECMP and every restart computes the same table.
+//! - **Population.** The paper's backends take turns, and on its turn a
+//!   backend searches its permutation for the next free slot. When one
+//!   backend leaves, every later search of every other backend can end
+//!   elsewhere, so the fill cascades: 4.2x the optimal share of slots
+//!   moves when 1 of 100 backends leaves at 25 slots each, still 2x at
+//!   250. Here a turn is a single try: the backend's next permutation
+//!   slot, claimed if free, else the turn is spent ([`populate`]). A slot
+//!   then goes to the backend whose walk reaches it first, which does not
+//!   depend on what other slots hold, so a leaving backend's slots go to
+//!   whoever reaches them next and little else moves. Tries alone leave
+//!   counts uneven (luck), so each backend's count is held in a band of
+//!   ±4 % around its exact share ([`bands`]): it always claims up to the
+//!   band's floor, and past it only up to the ceiling and while a shared
+//!   pool of the slots left over after every floor lasts.
+//! - **Size.** A slice is sized from the backends and their weights
+//!   ([`slice_need`]): the smallest size at which every share is within
+//!   the precision rule ([`PRECISION`]), and a bigger wanted size (192
+//!   slots per unit of the backend-count class) at which the population
+//!   moves about the optimum; the shared table is then arbitrated between
+//!   VIPs ([`plan`]).
+//!
+//! Sizes come from a ladder, 12 times a power of two: 12 divides evenly
+//! among 1, 2, 3 and 4 backends, and a VIP's size changes only when its
+//! backend-count class, its precision or the table's water level crosses a
+//! rung. `hash % len` keeps its meaning between such changes.
+//!
+//! Everything here is deterministic: fixed hash keys, backends ordered by
+//! identity (never by the caller's list order), integer arithmetic for
+//! every bound. Every node behind ECMP and every restart computes the same
+//! slices for the same VIPs.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// The largest slice the writer allocates: half the default table, so a
-/// slice of that size can still be rebuilt into free space next to the
-/// live one.
-pub const MAX_SLICE: u32 = 32_768;
+/// Sizes are `LADDER_MIN << j`: 12, 24, 48, ..., [`MAX_SLICE`].
+pub const LADDER_MIN: u32 = 12;
 
-/// Slots per unit of the size class (`class` = `n` rounded up to a power
-/// of two) for classes of more than four backends. See [`slice_size`].
-pub const SLOTS_PER_BACKEND: u32 = 20;
+/// The largest slice: the top of the ladder under 32,768, half the default
+/// table, so a slice that size can still be rebuilt into free space next
+/// to the live one.
+pub const MAX_SLICE: u32 = 24_576;
 
-/// The slice length for a VIP listing `n` backends (weight-0 ones
-/// included, so a weight change never resizes the slice).
-///
-/// Why this shape:
-/// - It depends on `n` only, so every node and every restart agrees.
-/// - Backend counts fall into size classes (powers of two) and the size is
-///   constant within a class: adding or removing a backend inside a class
-///   keeps the slice length, so `hash % len` keeps its meaning and only
-///   the Maglev permutations decide what moves (about 1/n of the flows).
-///   Crossing a class boundary moves more, but happens only when the
-///   backend count doubles or halves.
-/// - Imbalance: with equal weights a backend holds floor or ceil of
-///   len/n slots, so the worst ratio to the mean is ceil(len/n)/(len/n).
-///   Up to four backends the slice is 12 slots, which 1, 2, 3 and 4
-///   divide exactly (imbalance 1.0) and which keeps the full scale (4,096
-///   VIPs of two backends: 49,152 slots) inside the 65,537-slot table with
-///   16,385 slots free to rebuild into. Above four backends a class of c
-///   gets `SLOTS_PER_BACKEND * c` = 20c slots, so len/n >= 20 and the
-///   imbalance is at most 21/20 = 1.05.
-/// - Not more than 20 per backend: the table is shared by every VIP, and
-///   more slots buy little. Maglev's extra disruption (flows that move
-///   although their backend stayed) comes from the greedy claiming
-///   cascading, and shrinks only slowly with len/n: removing 1 of 100
-///   backends moves about 4x the optimum at len/n = 25, 2x at 256 and
-///   still 1.55x at 655 (the whole 65,537-slot table), so no affordable
-///   slice reaches 1.2x. See `disruption_removing_one_of_100`.
-/// - Capped at [`MAX_SLICE`] (classes above 1,024 backends): a bigger
-///   slice could not be rebuilt atomically next to itself. There len/n
-///   falls from 16 (n = 2,048) to 4 (n = 8,192).
-pub fn slice_size(n: usize) -> u32 {
-    match n {
-        0 => 1,
-        1..=4 => 12,
-        _ => {
-            let class = n.next_power_of_two();
-            let size = (class as u64).saturating_mul(SLOTS_PER_BACKEND as u64);
-            size.min(MAX_SLICE as u64) as u32
+/// Wanted slots per unit of the backend-count class (`class(n)`: `n`
+/// rounded up to a power of two, at least 4). At 100 backends that is
+/// 24,576 slots, where removing one backend moves 1.1x the optimal share
+/// of slots (README "Maglev"); smaller slices are fine but move more.
+pub const SLOTS_PER_BACKEND: u32 = 192;
+
+/// Slots the datapath steps over from the hashed one when a backend is
+/// draining or down (`RV_MAGLEV_PROBES`, checked against the ABI by the
+/// dataplane's tests): the population keeps every run of one backend
+/// shorter than this where it can ([`spread_runs`]).
+pub const PROBE_WINDOW: usize = 8;
+
+/// The precision rule: a backend's share of its slice is within 5 %
+/// (relative) of its weight's share, or within 0.05 percentage points for
+/// shares under 1 %. As a tolerance in slots for a backend of weight `w`
+/// among total `W` in a slice of `L`: `L * max(100 w, W) / (2000 W)`.
+pub const PRECISION: f64 = 0.05;
+
+/// The tolerance formula's denominator for the rule itself.
+const DENOM_RULE: i128 = 2000;
+
+/// The band the population keeps counts in where it holds an integer:
+/// ±4 % of the exact share (relative, whatever the share: 4/5 of the
+/// rule for shares of 1 % and more, so rounding and the pool never push
+/// a share to the rule's edge; and balance within 4 % for many small
+/// equal shares, where the rule alone would allow 0.05 points).
+const BAND_PERCENT: i128 = 4;
+
+/// At this size every weight profile meets the precision rule (the
+/// tolerance is at least one slot for every backend), so the ladder rung
+/// above it is the largest `need` can be.
+const PRECISION_SURE: u32 = 2000;
+
+/// Ladder rungs, ascending.
+pub fn ladder() -> impl DoubleEndedIterator<Item = u32> + Clone {
+    (0..)
+        .map(|j| LADDER_MIN << j)
+        .take_while(|s| *s <= MAX_SLICE)
+        .collect::<Vec<u32>>()
+        .into_iter()
+}
+
+/// The smallest rung holding `x` slots, the top rung for anything bigger.
+pub fn rung_at_least(x: u64) -> u32 {
+    ladder().find(|r| u64::from(*r) >= x).unwrap_or(MAX_SLICE)
+}
+
+/// The backend-count class: `n` rounded up to a power of two, at least 4
+/// (so 1 to 4 backends share one size).
+pub fn class(n: usize) -> u64 {
+    (n.max(4) as u64).next_power_of_two()
+}
+
+/// How big a VIP's slice may be, from its weights (every listed backend,
+/// weight-0 ones included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SliceNeed {
+    /// The smallest slice: a slot per backend of non-zero weight (on the
+    /// ladder). Below it a VIP cannot be written.
+    pub min: u32,
+    /// The smallest slice at which every share meets the precision rule
+    /// (and does at every rung above). Below it the VIP runs with reduced
+    /// precision.
+    pub need: u32,
+    /// The size the VIP gets when the table has room: at least `need`,
+    /// and [`SLOTS_PER_BACKEND`] per unit of its backend-count class.
+    pub want: u32,
+}
+
+impl SliceNeed {
+    /// A slice whose size must not change (an adopted VIP nothing has
+    /// claimed: the maps keep no weights to size it anew).
+    pub fn fixed(len: u32) -> Self {
+        Self {
+            min: len,
+            need: len,
+            want: len,
         }
     }
+}
+
+/// Sizes for a VIP of these weights (in any order).
+pub fn slice_need(weights: &[u32]) -> SliceNeed {
+    let nonzero: Vec<u32> = weights.iter().copied().filter(|w| *w > 0).collect();
+    let min = rung_at_least(nonzero.len().max(1) as u64);
+    if nonzero.is_empty() {
+        return SliceNeed::fixed(min);
+    }
+    let mut need = min;
+    if nonzero.len() > 1 {
+        // The last rung under PRECISION_SURE that fails decides: every
+        // rung above it passes.
+        for r in ladder().filter(|r| *r >= min && *r < PRECISION_SURE) {
+            if !precision_met(&nonzero, r) {
+                need = ladder().find(|x| *x > r).unwrap_or(MAX_SLICE);
+            }
+        }
+    }
+    let class_size = u64::from(SLOTS_PER_BACKEND) * class(weights.len());
+    let want = need.max(rung_at_least(class_size.min(u64::from(MAX_SLICE))));
+    SliceNeed { min, need, want }
+}
+
+/// The counts within the precision rule for a backend of weight `w` among
+/// `total` in a slice of `len`: `(lo, hi)`, empty (`lo > hi`) when no
+/// count is.
+fn rule_bounds(w: u32, total: u64, len: u32) -> (i64, i64) {
+    let (w, total, len) = (i128::from(w), i128::from(total), i128::from(len));
+    let m = (100 * w).max(total);
+    bounds(
+        DENOM_RULE * len * w - len * m,
+        DENOM_RULE * len * w + len * m,
+        DENOM_RULE * total,
+    )
+}
+
+/// The counts within ±[`BAND_PERCENT`] of the exact share.
+fn band_bounds(w: u32, total: u64, len: u32) -> (i64, i64) {
+    let (w, total, len) = (i128::from(w), i128::from(total), i128::from(len));
+    let exact = 100 * len * w;
+    bounds(
+        exact - BAND_PERCENT * len * w,
+        exact + BAND_PERCENT * len * w,
+        100 * total,
+    )
+}
+
+/// `(ceil(lo / d), floor(hi / d))`, lo clamped at 0; `hi` and `d` are
+/// positive.
+fn bounds(lo: i128, hi: i128, d: i128) -> (i64, i64) {
+    let lo = lo.max(0);
+    (((lo + d - 1) / d) as i64, (hi / d) as i64)
+}
+
+/// Each backend's count band at `len` (weights all non-zero), and
+/// whether the bands keep every share within the precision rule.
+///
+/// The band is ±[`BAND_PERCENT`] of the exact share where that holds an
+/// integer (always inside the rule's tolerance), else the rule's whole
+/// tolerance. Bands must sum around `len` (floors at most, ceilings at
+/// least): where the narrow bands do not, every band is the rule's whole
+/// tolerance; where those do not either, or some backend has no count
+/// within its tolerance, floor and ceiling of the exact share, which
+/// always do (precision then not met).
+pub fn bands(weights: &[u32], len: u32) -> (Vec<(u32, u32)>, bool) {
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if total == 0 || len == 0 {
+        return (vec![(0, 0); weights.len()], true);
+    }
+    let rule: Vec<(i64, i64)> = weights
+        .iter()
+        .map(|w| rule_bounds(*w, total, len))
+        .collect();
+    let feasible = |b: &[(i64, i64)]| {
+        let lo: i64 = b.iter().map(|x| x.0).sum();
+        let hi: i64 = b.iter().map(|x| x.1).sum();
+        b.iter().all(|x| x.0 <= x.1) && lo <= i64::from(len) && hi >= i64::from(len)
+    };
+    let narrow: Vec<(i64, i64)> = weights
+        .iter()
+        .zip(&rule)
+        .map(|(w, r)| {
+            let b = band_bounds(*w, total, len);
+            if b.0 <= b.1 {
+                b
+            } else {
+                *r
+            }
+        })
+        .collect();
+    let as_u32 = |b: Vec<(i64, i64)>| b.into_iter().map(|(l, h)| (l as u32, h as u32)).collect();
+    if feasible(&narrow) {
+        return (as_u32(narrow), true);
+    }
+    if feasible(&rule) {
+        return (as_u32(rule), true);
+    }
+    let floor_ceil: Vec<(u32, u32)> = weights
+        .iter()
+        .map(|w| {
+            let exact = u128::from(len) * u128::from(*w);
+            let f = (exact / u128::from(total)) as u32;
+            let c = if exact % u128::from(total) == 0 {
+                f
+            } else {
+                f + 1
+            };
+            (f, c)
+        })
+        .collect();
+    let met = floor_ceil
+        .iter()
+        .zip(&rule)
+        .all(|((f, c), r)| i64::from(*f) >= r.0 && i64::from(*c) <= r.1);
+    (floor_ceil, met)
+}
+
+/// Whether a slice of `len` gives every backend (weights all non-zero) a
+/// share within the precision rule: [`bands`]' verdict, in one pass and
+/// without allocating (sizing every VIP of a full-scale apply asks this
+/// at every rung).
+pub fn precision_met(weights: &[u32], len: u32) -> bool {
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if total == 0 || len == 0 {
+        return true;
+    }
+    let (mut narrow, mut rule) = ((0i64, 0i64, true), (0i64, 0i64, true));
+    let mut floor_ceil_within = true;
+    for w in weights {
+        let r = rule_bounds(*w, total, len);
+        let b = band_bounds(*w, total, len);
+        let n = if b.0 <= b.1 { b } else { r };
+        narrow = (narrow.0 + n.0, narrow.1 + n.1, narrow.2 && n.0 <= n.1);
+        rule = (rule.0 + r.0, rule.1 + r.1, rule.2 && r.0 <= r.1);
+        let exact = u128::from(len) * u128::from(*w);
+        let f = (exact / u128::from(total)) as i64;
+        let c = if exact % u128::from(total) == 0 {
+            f
+        } else {
+            f + 1
+        };
+        floor_ceil_within &= f >= r.0 && c <= r.1;
+    }
+    let feasible = |(lo, hi, nonempty): (i64, i64, bool)| {
+        nonempty && lo <= i64::from(len) && hi >= i64::from(len)
+    };
+    feasible(narrow) || feasible(rule) || floor_ceil_within
+}
+
+/// Why the VIPs cannot all be written: even at their smallest slices
+/// (plus room to rebuild the largest) they need more than the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanShortfall {
+    /// Index of the first VIP past the table.
+    pub index: usize,
+    /// Slots the VIPs up to it need, room to rebuild included.
+    pub needed: u64,
+}
+
+/// Slice sizes for VIPs of these needs sharing a table of `table` slots.
+///
+/// The sizes and the room to rebuild the largest (a rebuild writes the
+/// new slice next to the live one) fit the table. Everyone gets `want`
+/// when that fits; else a water level `C` on the ladder caps the wants,
+/// never going under `need` (the highest `C` that fits); if even every
+/// `need` does not fit, `C` caps the needs instead, never under `min`,
+/// and the VIPs above it run with reduced precision. A pure function of
+/// the needs, in any order: every node holding the same VIPs plans the
+/// same sizes, and the level moves only when the set crosses a rung, so
+/// one VIP more or less resizes only the VIPs at the level.
+pub fn plan(needs: &[SliceNeed], table: u32) -> Result<Vec<u32>, PlanShortfall> {
+    let fits = |sizes: &[u32]| {
+        let sum: u64 = sizes.iter().map(|s| u64::from(*s)).sum();
+        let max = sizes.iter().copied().max().unwrap_or(0);
+        sum + u64::from(max) <= u64::from(table)
+    };
+    let phases: [fn(&SliceNeed, u32) -> u32; 2] = [
+        |n, c| n.need.max(n.want.min(c)),
+        |n, c| n.min.max(n.need.min(c)),
+    ];
+    for phase in phases {
+        for c in ladder().rev() {
+            let sizes: Vec<u32> = needs.iter().map(|n| phase(n, c)).collect();
+            if fits(&sizes) {
+                return Ok(sizes);
+            }
+        }
+    }
+    let (mut sum, mut max) = (0u64, 0u32);
+    for (i, n) in needs.iter().enumerate() {
+        sum += u64::from(n.min);
+        max = max.max(n.min);
+        if sum + u64::from(max) > u64::from(table) {
+            return Err(PlanShortfall {
+                index: i,
+                needed: sum + u64::from(max),
+            });
+        }
+    }
+    // Unreachable: the minimums fit, so the last phase's lowest level did.
+    Err(PlanShortfall {
+        index: needs.len(),
+        needed: sum + u64::from(max),
+    })
 }
 
 /// One backend as Maglev sees it.
@@ -119,56 +389,292 @@ fn permutation(identity: &[u8], size: u32) -> (u32, u32) {
     (offset as u32, skip as u32)
 }
 
-/// Each backend's slot count: its exact share `size * w / W`, rounded by
-/// largest remainder (ties to the earlier backend), so counts sum to the
-/// size and none is off its share by a slot or more.
-fn targets(weights: &[u32], size: u32) -> Vec<u32> {
-    let total: u128 = weights.iter().map(|w| u128::from(*w)).sum();
-    if total == 0 {
-        return vec![0; weights.len()];
-    }
-    let m = u128::from(size);
-    let mut out = Vec::with_capacity(weights.len());
-    let mut rem = Vec::with_capacity(weights.len());
-    let mut given: u128 = 0;
-    for (i, w) in weights.iter().enumerate() {
-        let exact = m * u128::from(*w);
-        let q = exact / total;
-        out.push(q as u32);
-        given += q;
-        if *w > 0 {
-            rem.push((Reverse(exact % total), i));
-        }
-    }
-    rem.sort_unstable();
-    for (_, i) in rem.into_iter().take((m - given) as usize) {
-        out[i] += 1;
-    }
-    out
+/// Backends of non-zero weight in identity order: the caller's list order
+/// never matters.
+fn ordered<'a>(entries: &'a [Entry<'a>]) -> Vec<&'a Entry<'a>> {
+    let mut order: Vec<&Entry<'_>> = entries.iter().filter(|e| e.weight > 0).collect();
+    order.sort_by(|a, b| a.identity.cmp(b.identity).then(a.id.cmp(&b.id)));
+    order
 }
 
-/// Populate a table of `size` slots. Returns slot -> id, 0 for a slot no
+/// One backend's walk while a slice fills.
+#[derive(Debug, Clone, Copy)]
+struct Walker {
+    /// Next slot of its permutation, and the step to the one after.
+    pos: usize,
+    skip: usize,
+    id: u32,
+    count: u32,
+    /// Its band: it always claims below `lo`; up to `hi` while the pool
+    /// lasts.
+    lo: u32,
+    hi: u32,
+}
+
+impl Walker {
+    /// Whether it may still claim. Never true again once false: counts
+    /// only grow and the pool only shrinks.
+    #[inline]
+    fn may_claim(&self, pool: u32) -> bool {
+        self.count < self.lo || (self.count < self.hi && pool > 0)
+    }
+
+    /// One turn: a try at the next slot of its walk, claimed if free and
+    /// the band allows. Whether it claimed.
+    #[inline]
+    fn turn(&mut self, f: &mut Fill) -> bool {
+        let p = self.pos;
+        self.pos += self.skip;
+        if self.pos >= f.len {
+            self.pos -= f.len;
+        }
+        // The bitmap, not the table: most tries late in a fill hit taken
+        // slots, and 8 KB of bits stay in cache where 256 KB of slots do
+        // not (the build's cost is these misses).
+        let (word, bit) = (p >> 6, 1u64 << (p & 63));
+        if f.taken[word] & bit != 0 {
+            return false;
+        }
+        if self.count >= self.lo {
+            if f.pool == 0 || self.count >= self.hi {
+                return false;
+            }
+            f.pool -= 1;
+        }
+        f.taken[word] |= bit;
+        f.table[p] = self.id;
+        f.filled += 1;
+        self.count += 1;
+        true
+    }
+}
+
+/// A slice while it fills.
+struct Fill {
+    table: Vec<u32>,
+    /// One bit per slot: taken.
+    taken: Vec<u64>,
+    len: usize,
+    filled: usize,
+    /// Slots left once every backend has its floor: shared, first come.
+    pool: u32,
+}
+
+impl Fill {
+    /// One turn of each walker of a group, in order; walkers that may not
+    /// claim any more leave it.
+    fn turns(&mut self, group: &mut Vec<Walker>) {
+        let pool_before = self.pool;
+        let mut leaving = false;
+        for w in group.iter_mut() {
+            if w.turn(self) {
+                leaving |= !w.may_claim(self.pool);
+            }
+        }
+        // The pool running out stops every walker at its floor.
+        if leaving || (pool_before > 0 && self.pool == 0) {
+            let pool = self.pool;
+            group.retain(|w| w.may_claim(pool));
+        }
+    }
+}
+
+/// Populate a slice of `size` slots. Returns slot -> id, 0 for a slot no
 /// backend holds (only when every weight is 0 or there is no backend).
 ///
-/// Backends are ordered by identity first, so the caller's order does not
-/// matter; duplicate identities are the caller's bug (the model rejects
-/// them) and simply both take turns.
+/// Backends take turns, and a turn is one try at the backend's next
+/// permutation slot: claimed if free and the backend's band allows
+/// ([`Walker::turn`]), else spent. Backends of one weight take their
+/// turns together, in identity order; weights space the groups' turns
+/// 1/w apart (stride scheduling in fixed point, 2^64 / w, starting half a
+/// stride in; ties to the heavier weight). With equal weights that is a
+/// plain round robin. A backend that may not claim any more leaves the
+/// turns. Every count ends within its band ([`bands`]); runs of one
+/// backend are then broken up where the datapath's probe window needs it
+/// ([`spread_runs`]).
+///
+/// Termination: while a slot is free some backend may claim (the pool is
+/// what the floors leave, and the ceilings sum to at least the size), and
+/// a walk visits every slot in `size` tries.
 pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
-    let mut table = vec![0u32; size as usize];
-    if size == 0 {
-        return table;
-    }
-    let mut order: Vec<&Entry<'_>> = entries.iter().filter(|e| e.weight > 0).collect();
-    if order.is_empty() {
-        return table;
-    }
-    order.sort_by(|a, b| a.identity.cmp(b.identity).then(a.id.cmp(&b.id)));
-    let weights: Vec<u32> = order.iter().map(|e| e.weight).collect();
-    let target = targets(&weights, size);
     let m = size as usize;
-    // Per backend: current permutation position and skip, walked by
-    // addition (no multiply or modulo per probe: this loop is the build
-    // cost).
+    let order = ordered(entries);
+    if m == 0 || order.is_empty() {
+        return vec![0; m];
+    }
+    let weights: Vec<u32> = order.iter().map(|e| e.weight).collect();
+    let (band, _) = bands(&weights, size);
+    let floors: u64 = band.iter().map(|b| u64::from(b.0)).sum();
+    let mut f = Fill {
+        table: vec![0u32; m],
+        taken: vec![0u64; m.div_ceil(64)],
+        len: m,
+        filled: 0,
+        pool: (u64::from(size) - floors) as u32,
+    };
+    let walkers = order.iter().zip(&band).map(|(e, (lo, hi))| {
+        let (pos, skip) = permutation(e.identity, size);
+        Walker {
+            pos: pos as usize,
+            skip: skip as usize,
+            id: e.id,
+            count: 0,
+            lo: *lo,
+            hi: *hi,
+        }
+    });
+    // Groups of one weight, heaviest first, members in identity order.
+    let mut ws: Vec<u32> = weights.clone();
+    ws.sort_unstable_by(|a, b| b.cmp(a));
+    ws.dedup();
+    let mut groups: Vec<Vec<Walker>> = vec![Vec::new(); ws.len()];
+    for (w, walker) in weights.iter().zip(walkers) {
+        if let Ok(g) = ws.binary_search_by(|x| w.cmp(x)) {
+            groups[g].push(walker);
+        }
+    }
+    if groups.len() == 1 {
+        let g = &mut groups[0];
+        while f.filled < m && !g.is_empty() {
+            f.turns(g);
+        }
+    } else {
+        let stride: Vec<u128> = ws.iter().map(|w| (1u128 << 64) / u128::from(*w)).collect();
+        let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..groups.len())
+            .map(|g| Reverse((stride[g] / 2, g)))
+            .collect();
+        // Once the pool has run out (in some group's turn), each group
+        // drops its walkers at their floor before its next turn: left in,
+        // they would take turns for nothing, a heavy one a million between
+        // two turns of a light one that still needs a slot.
+        let mut purged = vec![false; groups.len()];
+        while f.filled < m {
+            let Some(Reverse((pass, g))) = heap.pop() else {
+                break;
+            };
+            if f.pool == 0 && !purged[g] {
+                groups[g].retain(|w| w.may_claim(0));
+                purged[g] = true;
+            }
+            f.turns(&mut groups[g]);
+            if !groups[g].is_empty() {
+                heap.push(Reverse((pass + stride[g], g)));
+            }
+        }
+    }
+    let mut table = f.table;
+    spread_runs(&mut table);
+    table
+}
+
+/// Break up runs of [`PROBE_WINDOW`] or more slots of one backend, so that
+/// a flow hashed into the run still finds another backend within the
+/// window when this one is draining or down. Each fix swaps the run's
+/// last slot with the nearest slot (either side, at most 4 windows away)
+/// of another backend where the swap makes no run that long itself:
+/// counts do not change. A backend whose share leaves too few other slots
+/// around keeps some runs (1:99: the datapath can only find the light
+/// backend within the window of one of its slots).
+pub fn spread_runs(table: &mut [u32]) {
+    let m = table.len();
+    let w = PROBE_WINDOW;
+    if m <= w {
+        return;
+    }
+    // Start after a change of backend, so no run wraps past the start.
+    let Some(start) = (0..m).find(|&s| table[(s + m - 1) % m] != table[s]) else {
+        return;
+    };
+    let at = |s: usize| (start + s) % m;
+    // Length of the run of `id` through slot `s` (cyclic), capped at m.
+    let run_through = |t: &[u32], s: usize, id: u32| -> usize {
+        let mut n = 1;
+        let mut k = (s + m - 1) % m;
+        while t[k] == id && n < m {
+            n += 1;
+            k = (k + m - 1) % m;
+        }
+        let mut k = (s + 1) % m;
+        while t[k] == id && n < m {
+            n += 1;
+            k = (k + 1) % m;
+        }
+        n
+    };
+    let radius = 4 * w;
+    let mut run = 0usize;
+    let mut prev = 0u32;
+    for step in 0..m {
+        let j = at(step);
+        let id = table[j];
+        run = if step > 0 && id == prev { run + 1 } else { 1 };
+        prev = id;
+        if run < w || id == 0 {
+            continue;
+        }
+        let mut fixed = false;
+        'search: for d in 1..=radius.min(m / 2) {
+            for k in [(j + d) % m, (j + m - d) % m] {
+                let other = table[k];
+                if other == id || other == 0 {
+                    continue;
+                }
+                table[j] = other;
+                table[k] = id;
+                if run_through(table, j, other) < w && run_through(table, k, id) < w {
+                    fixed = true;
+                    break 'search;
+                }
+                table[j] = id;
+                table[k] = other;
+            }
+        }
+        if fixed {
+            prev = table[j];
+            run = run_through_left(table, j, prev);
+        }
+    }
+}
+
+/// Length of the run of `id` ending at slot `s` (cyclic, leftwards).
+fn run_through_left(t: &[u32], s: usize, id: u32) -> usize {
+    let m = t.len();
+    let mut n = 1;
+    let mut k = (s + m - 1) % m;
+    while t[k] == id && n < m {
+        n += 1;
+        k = (k + m - 1) % m;
+    }
+    n
+}
+
+/// The paper's population (round-robin turns, each searching for the next
+/// free slot of the backend's permutation; weights as more turns), kept
+/// as the reference the chosen population is measured against (tests and
+/// `rivora-bench`). Counts are exact to within one slot.
+pub fn populate_paper(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
+    let m = size as usize;
+    let order = ordered(entries);
+    if m == 0 || order.is_empty() {
+        return vec![0; m];
+    }
+    let weights: Vec<u32> = order.iter().map(|e| e.weight).collect();
+    // Exact counts: floors, then one more for the largest remainders.
+    let total: u128 = weights.iter().map(|w| u128::from(*w)).sum();
+    let mut target = Vec::with_capacity(weights.len());
+    let mut rem: Vec<(Reverse<u128>, usize)> = Vec::new();
+    let mut given = 0u64;
+    for (i, w) in weights.iter().enumerate() {
+        let exact = u128::from(size) * u128::from(*w);
+        target.push((exact / total) as u32);
+        given += u64::from(target[i]);
+        rem.push((Reverse(exact % total), i));
+    }
+    rem.sort_unstable();
+    for (_, i) in rem.into_iter().take((u64::from(size) - given) as usize) {
+        target[i] += 1;
+    }
+    let mut table = vec![0u32; m];
     let mut pos: Vec<usize> = Vec::with_capacity(order.len());
     let mut skip: Vec<usize> = Vec::with_capacity(order.len());
     for e in &order {
@@ -178,8 +684,7 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
     }
     let mut taken = vec![0u32; order.len()];
     let mut filled = 0usize;
-
-    let mut claim = |i: usize, table: &mut [u32], taken: &mut [u32]| {
+    let claim = |i: usize, table: &mut [u32], pos: &mut [usize], taken: &mut [u32]| {
         let mut p = pos[i];
         while table[p] != 0 {
             p += skip[i];
@@ -195,28 +700,18 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
         pos[i] = p;
         taken[i] += 1;
     };
-
-    let equal = weights.iter().all(|w| *w == weights[0]);
-    if equal {
+    if weights.iter().all(|w| *w == weights[0]) {
         // The paper's loop: plain round robin in identity order.
         while filled < m {
             for i in 0..order.len() {
-                if taken[i] < target[i] {
-                    claim(i, &mut table, &mut taken);
+                if taken[i] < target[i] && filled < m {
+                    claim(i, &mut table, &mut pos, &mut taken);
                     filled += 1;
-                    if filled == m {
-                        break;
-                    }
                 }
             }
         }
         return table;
     }
-
-    // Weighted turns by stride scheduling: each backend's next turn comes
-    // 1/w after its last, so a backend of weight 2 claims twice as often
-    // as one of weight 1 and turns interleave evenly. Passes are fixed
-    // point (2^64 / w), ties go to the earlier backend.
     let stride: Vec<u128> = weights
         .iter()
         .map(|w| (1u128 << 64) / u128::from(*w))
@@ -229,7 +724,7 @@ pub fn populate(entries: &[Entry<'_>], size: u32) -> Vec<u32> {
         let Some(Reverse((pass, i))) = heap.pop() else {
             break;
         };
-        claim(i, &mut table, &mut taken);
+        claim(i, &mut table, &mut pos, &mut taken);
         filled += 1;
         if taken[i] < target[i] {
             heap.push(Reverse((pass + stride[i], i)));
@@ -246,14 +741,40 @@ pub fn imbalance(entries: &[Entry<'_>], table: &[u32]) -> f64 {
         return 1.0;
     }
     let mean = table.len() as f64 / total_w;
-    let mut counts = std::collections::HashMap::new();
-    for id in table {
-        *counts.entry(*id).or_insert(0u64) += 1;
-    }
+    let counts = counts(table);
     entries
         .iter()
         .filter(|e| e.weight > 0)
         .map(|e| *counts.get(&e.id).unwrap_or(&0) as f64 / f64::from(e.weight) / mean)
+        .fold(0.0, f64::max)
+}
+
+fn counts(table: &[u32]) -> std::collections::HashMap<u32, u64> {
+    let mut counts = std::collections::HashMap::new();
+    for id in table {
+        *counts.entry(*id).or_insert(0u64) += 1;
+    }
+    counts
+}
+
+/// The worst share error of a slice, in the precision rule's terms: over
+/// backends of non-zero weight, `|slot share - weight share|` divided by
+/// the weight share, or by 1 % for shares under 1 %. At most
+/// [`PRECISION`] (0.05) when the rule holds.
+pub fn share_error(entries: &[Entry<'_>], table: &[u32]) -> f64 {
+    let total_w: f64 = entries.iter().map(|e| f64::from(e.weight)).sum();
+    if total_w == 0.0 || table.is_empty() {
+        return 0.0;
+    }
+    let counts = counts(table);
+    entries
+        .iter()
+        .filter(|e| e.weight > 0)
+        .map(|e| {
+            let want = f64::from(e.weight) / total_w;
+            let got = *counts.get(&e.id).unwrap_or(&0) as f64 / table.len() as f64;
+            (got - want).abs() / want.max(0.01)
+        })
         .fold(0.0, f64::max)
 }
 
@@ -266,165 +787,28 @@ pub fn moved_share(before: &[u32], after: &[u32]) -> f64 {
     moved as f64 / before.len() as f64
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn idents(n: usize) -> Vec<Vec<u8>> {
-        (0..n)
-            .map(|i| {
-                let mut v = vec![4u8, 10, 1, (i >> 8) as u8, i as u8];
-                v.extend_from_slice(&8080u16.to_be_bytes());
-                v
-            })
-            .collect()
+/// The longest run of one backend in a slice, cyclically (the datapath's
+/// probe window wraps around the slice).
+pub fn longest_run(table: &[u32]) -> usize {
+    let m = table.len();
+    if m == 0 {
+        return 0;
     }
-
-    fn entries(ids: &[Vec<u8>], weight: impl Fn(usize) -> u32) -> Vec<Entry<'_>> {
-        ids.iter()
-            .enumerate()
-            .map(|(i, id)| Entry {
-                identity: id,
-                weight: weight(i),
-                id: i as u32 + 1,
-            })
-            .collect()
+    let Some(start) = (0..m).find(|&s| table[(s + m - 1) % m] != table[s]) else {
+        return m;
+    };
+    let (mut best, mut run) = (0usize, 0usize);
+    for step in 0..m {
+        let j = (start + step) % m;
+        run = if step > 0 && table[j] == table[(j + m - 1) % m] {
+            run + 1
+        } else {
+            1
+        };
+        best = best.max(run);
     }
-
-    #[test]
-    fn every_slot_filled_and_counts_exact() {
-        for n in [1usize, 2, 3, 5, 10, 100, 1000] {
-            let ids = idents(n);
-            let e = entries(&ids, |_| 1);
-            let size = slice_size(n);
-            let t = populate(&e, size);
-            assert!(t.iter().all(|id| *id != 0), "n={n}: every slot held");
-            let imb = imbalance(&e, &t);
-            let bound = (size as f64 / n as f64).ceil() / (size as f64 / n as f64);
-            assert!(imb <= bound + 1e-9, "n={n}: {imb} > {bound}");
-        }
-    }
-
-    #[test]
-    fn imbalance_at_most_1_05_up_to_100_backends() {
-        for n in 1..=100usize {
-            let ids = idents(n);
-            let e = entries(&ids, |_| 1);
-            let t = populate(&e, slice_size(n));
-            let imb = imbalance(&e, &t);
-            assert!(imb <= 1.05, "n={n}: imbalance {imb}");
-        }
-    }
-
-    #[test]
-    fn weights_give_proportional_shares() {
-        let ids = idents(10);
-        let e = entries(&ids, |i| i as u32 + 1);
-        let size = slice_size(10);
-        let t = populate(&e, size);
-        let total: u32 = (1..=10).sum();
-        for en in &e {
-            let got = t.iter().filter(|id| **id == en.id).count() as f64;
-            let want = size as f64 * en.weight as f64 / total as f64;
-            assert!(
-                (got - want).abs() < 1.0,
-                "id {} got {got} want {want}",
-                en.id
-            );
-        }
-    }
-
-    #[test]
-    fn weight_zero_takes_no_slots() {
-        let ids = idents(5);
-        let e = entries(&ids, |i| if i == 2 { 0 } else { 1 });
-        let t = populate(&e, slice_size(5));
-        assert!(!t.contains(&3));
-        assert!(t.iter().all(|id| *id != 0));
-        let none = entries(&ids, |_| 0);
-        assert!(populate(&none, 12).iter().all(|id| *id == 0));
-    }
-
-    #[test]
-    fn order_of_input_does_not_matter() {
-        let ids = idents(50);
-        let e = entries(&ids, |i| (i % 3) as u32 + 1);
-        let mut rev = e.clone();
-        rev.reverse();
-        assert_eq!(populate(&e, 4096), populate(&rev, 4096));
-    }
-
-    const PINNED_HASH: u64 = 0x5ed8_f827_5e47_a14a;
-
-    /// Pinned output: the hash and the population must not change between
-    /// builds, or nodes running different versions would disagree.
-    #[test]
-    fn deterministic_across_processes() {
-        assert_eq!(hash64(0, b"10.0.0.1:80"), PINNED_HASH);
-        let ids = idents(3);
-        let e = entries(&ids, |_| 1);
-        assert_eq!(populate(&e, 12), vec![2, 3, 2, 1, 3, 2, 1, 3, 3, 1, 1, 2]);
-    }
-
-    /// Regression guard at the level this algorithm reaches (about 4x the
-    /// optimum for 100 backends in a 2,560-slot slice). The issue's target
-    /// of 1.2x is `disruption_target_1_2x`, ignored because stock Maglev
-    /// does not meet it at any slice size the shared table can hold.
-    #[test]
-    fn disruption_removing_one_of_100() {
-        assert!(disruption_100() <= 5.0);
-    }
-
-    #[test]
-    #[ignore = "target not met by Maglev at affordable slice sizes; see slice_size"]
-    fn disruption_target_1_2x() {
-        assert!(disruption_100() <= 1.2);
-    }
-
-    fn disruption_100() -> f64 {
-        let ids = idents(100);
-        let e = entries(&ids, |_| 1);
-        let size = slice_size(100);
-        let before = populate(&e, size);
-        let mut worst: f64 = 0.0;
-        for gone in [0usize, 17, 50, 99] {
-            let rest: Vec<Entry<'_>> = e
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != gone)
-                .map(|(_, e)| *e)
-                .collect();
-            assert_eq!(slice_size(99), size, "same size class");
-            let after = populate(&rest, size);
-            worst = worst.max(moved_share(&before, &after) / 0.01);
-        }
-        worst
-    }
-
-    #[test]
-    fn skips_generate_full_permutations_for_composite_sizes() {
-        for size in [12u32, 160, 320, 2560, 4096] {
-            for i in 0..20u8 {
-                let (o, s) = permutation(&[i], size);
-                let mut seen = vec![false; size as usize];
-                let mut p = o;
-                for _ in 0..size {
-                    assert!(!seen[p as usize]);
-                    seen[p as usize] = true;
-                    p = (p + s) % size;
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn slice_size_classes() {
-        assert_eq!(slice_size(0), 1);
-        assert_eq!(slice_size(2), 12);
-        assert_eq!(slice_size(5), 160);
-        assert_eq!(slice_size(100), 2560);
-        assert_eq!(slice_size(99), slice_size(100));
-        assert_eq!(slice_size(8192), MAX_SLICE);
-        assert!(4096 * slice_size(2) < 65_537 - slice_size(2));
-    }
+    best
 }
+
+#[cfg(test)]
+mod tests;

@@ -399,6 +399,12 @@ pub struct Vip {
 }
 
 impl Vip {
+    /// How big its Maglev slice may be, from its backends' weights.
+    pub fn slice_need(&self) -> maglev::SliceNeed {
+        let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
+        maglev::slice_need(&weights)
+    }
+
     pub fn key(&self) -> VipKey {
         VipKey {
             addr: self.addr,
@@ -736,27 +742,49 @@ impl DesiredState {
                 backend: self.vips[i].backends[j].target(),
             });
         }
-        let size = u64::from(cap.maglev_size);
-        let mut needed = 0u64;
-        let mut first_past = None;
-        for (i, v) in self.vips.iter().enumerate() {
-            needed += u64::from(maglev::slice_size(v.backends.len()));
-            if needed > size && first_past.is_none() {
-                first_past = Some(i);
-            }
-        }
-        if let Some(i) = first_past {
-            let v = &self.vips[i];
+        let needs: Vec<maglev::SliceNeed> = self.vips.iter().map(Vip::slice_need).collect();
+        if let Err(s) = maglev::plan(&needs, cap.maglev_size) {
+            let v = &self.vips[s.index];
             return Err(CapacityError::MaglevSlots {
-                needed,
+                needed: s.needed,
                 size: cap.maglev_size,
                 vip: v.key(),
-                index: i,
-                backends: v.backends.len(),
-                slice: maglev::slice_size(v.backends.len()),
+                index: s.index,
+                backends: v.backends.iter().filter(|b| b.weight > 0).count(),
+                slice: needs[s.index].min,
             });
         }
         Ok(())
+    }
+
+    /// The Maglev slice each VIP gets in a table of `cap` (the writer
+    /// plans the same for the same VIPs), or None when they do not fit
+    /// (`check_capacity` says why).
+    pub fn maglev_sizes(&self, cap: &Capacity) -> Option<Vec<PlannedSlice>> {
+        let needs: Vec<maglev::SliceNeed> = self.vips.iter().map(Vip::slice_need).collect();
+        let sizes = maglev::plan(&needs, cap.maglev_size).ok()?;
+        Some(
+            needs
+                .into_iter()
+                .zip(sizes)
+                .map(|(need, len)| PlannedSlice { need, len })
+                .collect(),
+        )
+    }
+}
+
+/// A VIP's planned Maglev slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedSlice {
+    pub need: maglev::SliceNeed,
+    pub len: u32,
+}
+
+impl PlannedSlice {
+    /// Below the size its weights need: some share is off its weight's
+    /// share by more than the precision rule allows.
+    pub fn reduced_precision(&self) -> bool {
+        self.len < self.need.need
     }
 }
 
@@ -785,9 +813,10 @@ pub enum CapacityError {
         backend: BackendTarget,
     },
     #[error(
-        "the VIPs need {needed} Maglev slots, over the table's {size} (rivorad -maglev-size); \
-         the first that does not fit is VIP {vip}, whose {backends} backend(s) take a \
-         {slice}-slot slice"
+        "the VIPs need at least {needed} Maglev slots (their smallest slices and room to \
+         rebuild the largest), over the table's {size} (rivorad -maglev-size); the first that \
+         does not fit is VIP {vip}, whose {backends} weighted backend(s) take at least {slice} \
+         slots"
     )]
     MaglevSlots {
         needed: u64,

@@ -76,6 +76,9 @@ enum Command {
     Config(ConfigCommand),
     /// Make rivorad re-read its configuration file.
     Reload,
+    /// The BGP speaker: sessions and announced routes.
+    #[command(subcommand)]
+    Bgp(BgpCommand),
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
 }
@@ -86,6 +89,14 @@ enum VipCommand {
     List,
     /// One VIP and its backends, e.g. `tcp/10.0.0.1:80`.
     Show { vip: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum BgpCommand {
+    /// Each peer's session: state, uptime, flaps, updates, BFD.
+    Peers,
+    /// The routes this node announces, and to which peers.
+    Routes,
 }
 
 #[derive(Debug, Subcommand)]
@@ -198,6 +209,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 render::backend_list(b)
             })
         }
+        Command::Bgp(BgpCommand::Peers) => {
+            show(&cli, "GET", "/v1/bgp/peers", None, |p: &Vec<_>| {
+                render::bgp_peers(p)
+            })
+        }
+        Command::Bgp(BgpCommand::Routes) => {
+            show(&cli, "GET", "/v1/bgp/routes", None, |r: &Vec<_>| {
+                render::bgp_routes(r)
+            })
+        }
         Command::Drain(args) | Command::Undrain(args) => {
             let (path, verb) = match &cli.command {
                 Command::Drain(_) => ("/v1/drain", "drained"),
@@ -225,9 +246,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             match cli.output {
                 Output::Json => println!(
                     "{}",
-                    serde_json::json!({ "file": file, "valid": true, "summary": summary })
+                    serde_json::json!({
+                        "file": file, "valid": true, "summary": summary, "warnings": cfg.warnings,
+                    })
                 ),
-                Output::Table => println!("{}: valid: {summary}", file.display()),
+                Output::Table => {
+                    println!("{}: valid: {summary}", file.display());
+                    for w in &cfg.warnings {
+                        println!("  warning: {w}");
+                    }
+                }
             }
             Ok(())
         }

@@ -22,8 +22,9 @@
 //! distinct endpoints would be 10,000 backends, over `RV_MAX_BACKENDS`
 //! (8,192), so each of 5,000 pod addresses backs two Services (a pod
 //! behind two Services is common enough); and 1,000 VIPs of 10 backends
-//! take 320 Maglev slots each, 320,000 in all, over the default table of
-//! 65,537, so rivorad runs with `-maglev-size` [`MAGLEV_SIZE`].
+//! need 192 Maglev slots each for their weights' precision, 192,000 in
+//! all, over the default table of 65,537, so rivorad runs with
+//! `-maglev-size` [`MAGLEV_SIZE`] (where each gets 384).
 //!
 //! rivorad runs in a network namespace, attached to one end of a veth
 //! pair, and reaches the API server (on the host's loopback) through a TCP
@@ -924,8 +925,12 @@ mod tests {
         }
         assert_eq!(pods.len(), PODS);
         assert!(pods.len() <= abi::MAX_BACKENDS as usize);
-        let slots = SERVICES as u32 * rivora_model::maglev::slice_size(ENDPOINTS);
-        assert!(slots < MAGLEV_SIZE, "{slots} slots");
+        let need = rivora_model::maglev::slice_need(&[1; ENDPOINTS]);
+        let sizes = rivora_model::maglev::plan(&vec![need; SERVICES], MAGLEV_SIZE).expect("fits");
+        assert!(
+            sizes.iter().all(|s| *s >= need.need),
+            "{sizes:?}: precision kept"
+        );
         let vips: BTreeSet<_> = (0..SERVICES).map(vip_of).collect();
         assert_eq!(vips.len(), SERVICES);
         assert!(!vips.iter().any(|v| pods.contains(v)));

@@ -2,12 +2,14 @@
 //! (one flat object of "metric_key": number). Each area adds its keys in its
 //! own module.
 
+mod bgp;
 mod controller;
 mod daemon;
 mod health;
 mod k8s;
 mod l2;
 mod labxdp;
+mod maglev;
 mod restart;
 mod synflood;
 mod writer;
@@ -93,6 +95,10 @@ fn main() -> Result<()> {
         println!("xdp_ingress / tc_nat per-packet cost (BPF_PROG_TEST_RUN)");
         xdp::run(&mut results).context("xdp bench")?;
     }
+    if want("maglev") {
+        println!("Maglev population and slice sizes");
+        maglev::run(&mut results).context("maglev bench")?;
+    }
     if want("writer") {
         println!("map writer and Maglev");
         writer::run(&mut results).context("writer bench")?;
@@ -129,6 +135,13 @@ fn main() -> Result<()> {
     if want("controller") {
         println!("rivora-controller: 1,000 Services and leader failover against a real API server");
         controller::run(&mut results).context("controller bench")?;
+    }
+
+    if want("bgp") {
+        println!(
+            "BGP: withdraw, graceful restart and BFD against FRR (real rivorad in namespaces)"
+        );
+        bgp::run(&mut results).context("bgp bench")?;
     }
 
     for n in &results.notes {

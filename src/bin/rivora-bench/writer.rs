@@ -1,4 +1,5 @@
-//! Map writer and Maglev figures (issue: the map writer).
+//! Map writer figures (issue: the map writer). Maglev's own are in
+//! `maglev.rs`.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
@@ -8,7 +9,6 @@ use anyhow::{Context, Result};
 
 use rivora::abi;
 use rivora::dataplane::{Datapath, LoadOptions, Writer};
-use rivora::maglev::{self, Entry};
 use rivora::model::{Affinity, Backend, DesiredState, Mode, Ports, Protocol, Vip};
 
 use crate::{median, Results};
@@ -20,29 +20,6 @@ impl Drop for PinDir {
     fn drop(&mut self) {
         let _ = Datapath::unpin_all(&self.0);
     }
-}
-
-fn identities(n: usize) -> Vec<Vec<u8>> {
-    (0..n)
-        .map(|i| {
-            let a = Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8);
-            let mut v = vec![4u8];
-            v.extend_from_slice(&a.octets());
-            v.extend_from_slice(&8080u16.to_be_bytes());
-            v
-        })
-        .collect()
-}
-
-fn entries(ids: &[Vec<u8>]) -> Vec<Entry<'_>> {
-    ids.iter()
-        .enumerate()
-        .map(|(i, id)| Entry {
-            identity: id,
-            weight: 1,
-            id: i as u32 + 1,
-        })
-        .collect()
 }
 
 fn vip(addr: Ipv4Addr, backends: Vec<Backend>) -> Vip {
@@ -66,52 +43,6 @@ fn ms(t: Instant) -> f64 {
 }
 
 pub fn run(results: &mut Results) -> Result<()> {
-    // Maglev build: 65,537 slots, 1,000 backends (the paper's figure).
-    let ids = identities(1000);
-    let e = entries(&ids);
-    let mut samples = Vec::new();
-    for _ in 0..15 {
-        let t = Instant::now();
-        let table = maglev::populate(&e, abi::MAGLEV_DEFAULT_SIZE);
-        samples.push(ms(t));
-        std::hint::black_box(table);
-    }
-    results.set("maglev_build_ms_n1000", median(samples));
-
-    for n in [10usize, 100, 1000] {
-        let ids = identities(n);
-        let e = entries(&ids);
-        let table = maglev::populate(&e, maglev::slice_size(n));
-        results.set(
-            &format!("maglev_imbalance_n{n}"),
-            maglev::imbalance(&e, &table),
-        );
-    }
-
-    // Disruption: remove each of 100 backends in turn; the mean share of
-    // slots that change, over the optimum 1/100.
-    let ids = identities(100);
-    let e = entries(&ids);
-    let size = maglev::slice_size(100);
-    let before = maglev::populate(&e, size);
-    let mut ratios = Vec::new();
-    for gone in 0..100 {
-        let rest: Vec<Entry<'_>> = e
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != gone)
-            .map(|(_, x)| *x)
-            .collect();
-        let after = maglev::populate(&rest, maglev::slice_size(99));
-        ratios.push(maglev::moved_share(&before, &after) * 100.0);
-    }
-    let worst = ratios.iter().copied().fold(0.0, f64::max);
-    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-    results.set("maglev_disruption_n100", mean);
-    results.note(format!(
-        "maglev_disruption_n100: mean over removing each of 100 backends (worst {worst:.2}x); slice {size} slots"
-    ));
-
     // Full scale in real maps: 4,096 VIPs of 2 backends (8,192).
     let pins = PinDir(PathBuf::from(format!(
         "/sys/fs/bpf/rivora-bench-writer-{}",

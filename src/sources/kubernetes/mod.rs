@@ -660,7 +660,15 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
             Some(true) => write_policy_status(&client, &state),
             Some(false) => {}
         }
-        out.watches.send_replace(state.watches.clone());
+        // Only this source's own entries: the BGP watches follow them.
+        out.watches.send_modify(|w| {
+            let n = state.watches.len();
+            if w.len() < n {
+                w.clone_from(&state.watches);
+            } else {
+                w[..n].clone_from_slice(&state.watches);
+            }
+        });
     }
 }
 

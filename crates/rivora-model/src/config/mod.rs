@@ -30,6 +30,7 @@ use crate::model::{
     Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
 
+pub mod bgp;
 mod fields;
 mod yaml;
 
@@ -57,6 +58,9 @@ pub struct File {
     pub metrics: MetricsConf,
     #[serde(default)]
     pub vips: Vec<VipConf>,
+    /// The BGP speaker: this node's AS, its peers, what routes carry.
+    #[serde(default)]
+    pub bgp: Option<bgp::BgpConf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -423,6 +427,11 @@ pub struct Config {
     /// What the file was checked to fit: a reload is checked against
     /// the same.
     pub capacity: Capacity,
+    /// The `bgp` section, validated (password files read).
+    pub bgp: Option<bgp::BgpSettings>,
+    /// What is accepted but worth saying: VIPs the Maglev table cannot
+    /// give the slots their weights need.
+    pub warnings: Vec<String>,
 }
 
 /// The node's runtime settings, apart from the VIPs: what the daemon
@@ -737,6 +746,11 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
     // neighbour table): check everything else.
     validate_shapes(&desired).map_err(|e| model_error(&e, &file, &fail))?;
     no_loopback_backends(&file, &fail)?;
+    let bgp = match &file.bgp {
+        None => None,
+        Some(b) => Some(bgp::validate(b).map_err(|(field, msg)| fail(&field, msg))?),
+    };
+    let warnings = precision_warnings(&desired, capacity);
     Ok(Config {
         path: path.to_path_buf(),
         file,
@@ -744,7 +758,49 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         health,
         names,
         capacity: *capacity,
+        bgp,
+        warnings,
     })
+}
+
+/// VIPs listed past this many are counted, not named.
+const NAMED_REDUCED: usize = 3;
+
+/// A warning when the table cannot give every VIP the slots its weights
+/// need: those VIPs run with reduced precision (the slices the writer
+/// plans for the same VIPs; README "Maglev").
+fn precision_warnings(desired: &DesiredState, capacity: &Capacity) -> Vec<String> {
+    let Some(plan) = desired.maglev_sizes(capacity) else {
+        return Vec::new();
+    };
+    let reduced: Vec<String> = plan
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.reduced_precision())
+        .map(|(i, p)| {
+            format!(
+                "vips[{i}] ({}) gets {} of the {} slots its weights need",
+                desired.vips[i].key(),
+                p.len,
+                p.need.need
+            )
+        })
+        .collect();
+    if reduced.is_empty() {
+        return Vec::new();
+    }
+    let more = reduced.len().saturating_sub(NAMED_REDUCED);
+    let mut named = reduced[..reduced.len().min(NAMED_REDUCED)].join("; ");
+    if more > 0 {
+        named.push_str(&format!("; and {more} more"));
+    }
+    vec![format!(
+        "the Maglev table ({} slots, rivorad -maglev-size) is too small for every VIP's \
+         weights: {} VIP(s) will run with reduced precision (a share off its weight's by more \
+         than 5 %): {named}",
+        capacity.maglev_size,
+        reduced.len()
+    )]
 }
 
 /// `node.l2`: what serde could not check field by field.

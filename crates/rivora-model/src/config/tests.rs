@@ -1022,12 +1022,10 @@ type CapacityCase<'a> = (&'a str, String, Capacity, usize, &'a str, &'a [&'a str
 #[test]
 fn capacities_are_checked_with_short_messages() {
     let two = backend_list(0, 2);
-    // Two VIPs of 1,025 backends (shared) take 2 x 32,768 slots.
-    let big = backend_list(0, 1025);
-    let mut two_big = many_vips(2, &big);
-    two_big.push_str("  - {address: 10.0.9.1, port: 80, protocol: tcp, mode: nat, backends: [{address: 10.1.0.1}]}\n");
-    // 8,193 distinct backends: 5,000 on the first VIP, then 100 of those
-    // again (shared, not counted twice) and 3,193 new ones on the second.
+    // VIPs of two backends take at least 12 slots each, and the table
+    // keeps room to rebuild the largest: 84 fit in 1,021 slots, the 85th
+    // does not.
+    let two_small = many_vips(85, &two);
     let ids = |extra: usize| {
         format!(
             "interfaces: [{{name: eth0}}]\nvips:\n  - address: 10.0.0.1\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends: {}\n  - address: 10.0.0.2\n    port: 80\n    protocol: tcp\n    mode: nat\n    backends: {}\n",
@@ -1073,15 +1071,15 @@ fn capacities_are_checked_with_short_messages() {
         ),
         (
             "more Maglev slots than the table has",
-            two_big.clone(),
-            default,
-            5,
-            "vips[2]",
+            two_small.clone(),
+            small,
+            87,
+            "vips[84]",
             &[
-                "need 65548 Maglev slots",
-                "the table's 65537",
-                "VIP tcp/10.0.9.1:80",
-                "1 backend(s) take a 12-slot slice",
+                "need at least 1032 Maglev slots",
+                "the table's 1021",
+                "VIP tcp/10.0.0.84:80",
+                "2 weighted backend(s) take at least 12 slots",
             ],
         ),
         (
@@ -1090,8 +1088,8 @@ fn capacities_are_checked_with_short_messages() {
                 "      - address: 10.1.0.2\n",
                 &format!(
                     "      - address: 10.1.0.2\n{}",
-                    (3..=100)
-                        .map(|k| format!("      - address: 10.1.1.{k}\n"))
+                    (3..=400)
+                        .map(|k| format!("      - address: 10.1.{}.{}\n", 1 + k / 256, k % 256))
                         .collect::<String>()
                 ),
             ),
@@ -1099,9 +1097,9 @@ fn capacities_are_checked_with_short_messages() {
             4,
             "vips[0]",
             &[
-                "need 2560 Maglev slots",
+                "need at least 1536 Maglev slots",
                 "the table's 1021",
-                "100 backend(s) take a 2560-slot slice",
+                "400 weighted backend(s) take at least 768 slots",
             ],
         ),
         (
@@ -1135,12 +1133,17 @@ fn capacities_are_checked_with_short_messages() {
     let full = parse_str(&many_vips(4096, &two)).expect("4,096 VIPs of two backends");
     assert_eq!(full.desired.vips.len(), 4096);
     parse_str(&ids(0)).expect("8,192 distinct backends");
-    parse_with(
+    let just = parse_with(
         Path::new("rivora.yaml"),
-        &two_big,
-        &Capacity { maglev_size: 65548 },
+        &two_small,
+        &Capacity { maglev_size: 1032 },
     )
     .expect("a table just big enough");
+    assert!(
+        just.warnings.is_empty(),
+        "two backends of weight 1 need no more than 12 slots: {:?}",
+        just.warnings
+    );
     parse_str(&format!(
         "{}{}",
         interfaces(256),
@@ -1152,6 +1155,40 @@ fn capacities_are_checked_with_short_messages() {
         Capacity::default(),
         "what it was checked against"
     );
+}
+
+/// A table too small for every VIP's weights but big enough for their
+/// smallest slices: accepted, with a warning that names the VIPs that
+/// will run below their precision (`rivorad -check`, `rivoractl config
+/// validate` and a reload say the same).
+#[test]
+fn precision_warnings_when_the_table_is_short() {
+    let canary = "[{address: 10.1.0.1, weight: 1}, {address: 10.1.0.2, weight: 999}]";
+    // 1:999 needs 768 slots: 84 such VIPs and room to rebuild one fit the
+    // default table, not 85.
+    let fits = parse_str(&many_vips(84, canary)).expect("fits");
+    assert!(fits.warnings.is_empty(), "{:?}", fits.warnings);
+    let short = parse_str(&many_vips(85, canary)).expect("fits at the minimum");
+    assert_eq!(short.warnings.len(), 1, "{:?}", short.warnings);
+    let w = &short.warnings[0];
+    for s in [
+        "the Maglev table (65537 slots, rivorad -maglev-size)",
+        "85 VIP(s) will run with reduced precision",
+        "vips[0] (tcp/10.0.0.0:80) gets 384 of the 768 slots its weights need",
+        "and 82 more",
+    ] {
+        assert!(w.contains(s), "{w:?} lacks {s:?}");
+    }
+    // A bigger table takes them all.
+    let big = parse_with(
+        Path::new("rivora.yaml"),
+        &many_vips(85, canary),
+        &Capacity {
+            maglev_size: 131_071,
+        },
+    )
+    .expect("fits");
+    assert!(big.warnings.is_empty());
 }
 
 /// A value or key of any length gives a message of bounded length that
