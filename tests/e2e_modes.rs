@@ -120,6 +120,80 @@ fn check_flows(lab: &Lab, v6: bool, proto: Proto) -> BTreeMap<String, usize> {
     counts
 }
 
+/// The next hops rivorad's watcher resolves in the node's namespace for
+/// the family's backends, checked against the lab (out of n0, to each
+/// backend's own MAC, from n0's) and written into their backend entries
+/// as the writer writes them. Returns the backend ids and their miss
+/// count so far.
+fn cache_next_hops(lab: &Lab, v6: bool) -> (Vec<u32>, u64) {
+    use rivora::dataplane::render::NextHop;
+    use std::collections::BTreeSet;
+    // `ip -o link show n0`: "7: n0@if6: <...": sysfs is the test's own
+    // namespace's.
+    let n0: u32 = lab
+        .node
+        .exec("ip -o link show n0")
+        .split(':')
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("n0's ifindex");
+    let addr = |b: &common::topology::Backend| -> IpAddr {
+        if v6 {
+            IpAddr::V6(b.v6)
+        } else {
+            IpAddr::V4(b.v4)
+        }
+    };
+    let addrs: BTreeSet<IpAddr> = lab.backends.iter().map(addr).collect();
+    let table = lab
+        .node
+        .run(move || rivora::nexthop::resolve_now(&BTreeSet::from([n0]), &addrs))
+        .expect("resolving next hops");
+    let n0_mac = lab.node.mac_of("n0");
+    let mut ids = Vec::new();
+    for b in &lab.backends {
+        let nh = table
+            .get(&addr(b))
+            .unwrap_or_else(|| panic!("no next hop for {}", addr(b)));
+        assert_eq!(
+            (nh.flags, nh.ifindex, nh.dmac, nh.smac),
+            (NextHop::VALID, n0, b.mac, n0_mac),
+            "next hop of {}",
+            addr(b)
+        );
+        let maps = &lab.dp.maps;
+        if v6 {
+            let mut e: rivora::abi::rv_backend6 =
+                maps.backend_map6.get(&b.id6).unwrap().expect("entry");
+            e.nh = nh.to_abi();
+            maps.backend_map6.put(&b.id6, &e).unwrap();
+            ids.push(b.id6);
+        } else {
+            let mut e: rivora::abi::rv_backend =
+                maps.backend_map.get(&b.id4).unwrap().expect("entry");
+            e.nh = nh.to_abi();
+            maps.backend_map.put(&b.id4, &e).unwrap();
+            ids.push(b.id4);
+        }
+    }
+    let misses = nh_misses(lab, &ids);
+    (ids, misses)
+}
+
+/// Packets that found no cached next hop, for backends `ids`.
+fn nh_misses(lab: &Lab, ids: &[u32]) -> u64 {
+    ids.iter()
+        .flat_map(|id| {
+            lab.dp
+                .maps
+                .nh_miss_map
+                .get_percpu::<u32, rivora::abi::rv_nh_miss>(id)
+                .expect("nh_miss_map")
+        })
+        .map(|m| m.packets)
+        .sum()
+}
+
 fn run_mode(mode: Mode) {
     common::require::root_and_tools("e2e_modes");
     let t0 = Instant::now();
@@ -133,8 +207,20 @@ fn run_mode(mode: Mode) {
     let mut udp_forwarded = (0, 0);
     for v6 in [false, true] {
         for proto in [Proto::Tcp, Proto::Udp] {
+            // NAT and L3 DSR: the UDP flows go by the next hops rivorad's
+            // watcher resolves, once the TCP flows have made the kernel
+            // resolve the backends' neighbours.
+            let cached = (proto == Proto::Udp && mode != Mode::Dsr)
+                .then(|| cache_next_hops(&lab, v6));
             let before = lab.node_forwarded();
             spread.push((v6, proto, check_flows(&lab, v6, proto)));
+            if let Some((ids, misses)) = cached {
+                assert_eq!(
+                    nh_misses(&lab, &ids),
+                    misses,
+                    "{mode:?} v6 {v6}: every UDP request went by the cached next hop"
+                );
+            }
             let after = lab.node_forwarded();
             if proto == Proto::Udp {
                 if v6 {

@@ -603,7 +603,7 @@ fn slices_shrink_as_the_table_fills_and_grow_back() {
     assert_eq!(w.vips()[0].slice.len, 3072, "alone again: its wanted size");
     check(&mut w);
     w.remove_vip(&v(1).key()).unwrap();
-    assert_eq!(check(&mut w), MapImage::default());
+    assert_eq!(check(&mut w), empty_image());
     assert_eq!(w.free_slots(), table);
 }
 
