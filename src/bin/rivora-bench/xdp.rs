@@ -538,7 +538,9 @@ fn load_baseline<'a>(
         .context("opening the baseline xdp_ingress")?;
     for mut m in open.open_object_mut().maps_mut() {
         let name = m.name().to_string_lossy().to_string();
-        if name.starts_with('.') {
+        // .rodata and friends (named "xdp_ingr.rodata") belong to the
+        // object: pinning them fails with EPERM.
+        if name.contains('.') {
             continue;
         }
         m.set_pin_path(dir.join(&name))
