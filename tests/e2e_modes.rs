@@ -210,8 +210,8 @@ fn run_mode(mode: Mode) {
             // NAT and L3 DSR: the UDP flows go by the next hops rivorad's
             // watcher resolves, once the TCP flows have made the kernel
             // resolve the backends' neighbours.
-            let cached = (proto == Proto::Udp && mode != Mode::Dsr)
-                .then(|| cache_next_hops(&lab, v6));
+            let cached =
+                (proto == Proto::Udp && mode != Mode::Dsr).then(|| cache_next_hops(&lab, v6));
             let before = lab.node_forwarded();
             spread.push((v6, proto, check_flows(&lab, v6, proto)));
             if let Some((ids, misses)) = cached {

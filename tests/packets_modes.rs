@@ -1506,7 +1506,7 @@ fn next_hop_watcher_follows_neighbour_changes() {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(Command::NextHops(table)) => {
-                    let fits = addrs.iter().all(|a| table.get(a).is_some_and(|nh| ok(nh)));
+                    let fits = addrs.iter().all(|a| table.get(a).is_some_and(ok));
                     if fits {
                         fx.w.borrow_mut()
                             .set_next_hops(table)
