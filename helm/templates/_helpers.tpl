@@ -52,17 +52,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/*
-The capabilities rivorad needs, as measured (tests/e2e_capabilities.rs:
-rivorad loads, attaches and forwards with exactly these, and fails without
-each): BPF (bpf(2) object and map operations), PERFMON (the programs' packet
-and map pointer arithmetic the verifier allows only with it), NET_ADMIN
-(XDP and TCX attachment, netlink), SYS_RESOURCE (RLIMIT_MEMLOCK for the
-maps on kernels that charge it), plus what the announcement mode needs.
+The capabilities rivorad needs, as measured (tests/e2e_capabilities.rs runs
+rivorad with exactly this list, rendered from the chart, and it loads,
+attaches and forwards; without any one of them it fails to start): BPF
+(bpf(2): programs, maps, pins), PERFMON (the verifier allows the programs'
+pointer arithmetic only with it), NET_ADMIN (XDP and TCX attachment,
+netlink). Not SYS_RESOURCE: since Linux 5.11 maps are charged to the memory
+cgroup, not RLIMIT_MEMLOCK, and Rivora needs 6.6. Plus what the
+announcement mode needs (_announce.tpl).
 */}}
 {{- define "rivora.rivoradCapabilities" -}}
 - BPF
 - NET_ADMIN
 - PERFMON
-- SYS_RESOURCE
 {{- include "rivora.announce.capabilities" . }}
 {{- end -}}
