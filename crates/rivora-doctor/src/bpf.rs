@@ -156,10 +156,10 @@ mod tests {
     use super::*;
 
     /// The sizes and offsets of linux/bpf.h (6.6+): the query command's
-    /// fields end with `revision`, 56 bytes in.
+    /// fields end with `revision`, at 56.
     #[test]
     fn uapi_layouts() {
-        assert_eq!(std::mem::size_of::<QueryAttr>(), 56);
+        assert_eq!(std::mem::size_of::<QueryAttr>(), 64);
         assert_eq!(std::mem::offset_of!(QueryAttr, prog_ids), 16);
         assert_eq!(std::mem::offset_of!(QueryAttr, count), 24);
         assert_eq!(std::mem::offset_of!(QueryAttr, link_ids), 40);

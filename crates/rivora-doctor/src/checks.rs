@@ -315,7 +315,7 @@ fn xdp_programs(i: &Iface) -> Check {
         (
             format!("another XDP program: {}", list.join(", ")),
             format!(
-                "detach it (`ip link set dev {0} xdp off`, or `xdpgeneric off`); if it is Cilium's (cil_xdp_entry), turn its XDP acceleration off (loadBalancer.acceleration=disabled)",
+                "detach it: `ip link set dev {0} xdp off` (or `xdpgeneric off`); a program a BPF link holds (`bpftool link show`) goes when its owner stops, or with `bpftool link detach id ID`; if it is Cilium's (cil_xdp_entry), turn its XDP acceleration off (loadBalancer.acceleration=disabled)",
                 i.name
             ),
         )
@@ -379,22 +379,48 @@ fn rp_filter(f: &Facts, i: &Iface) -> Check {
             ))
             .blocking(&[Mode::Dsr, Mode::L3dsr])
     } else {
-        check("rp-filter", s, Verdict::Pass, format!("{found}: not strict"), WHY)
+        check(
+            "rp-filter",
+            s,
+            Verdict::Pass,
+            format!("{found}: not strict"),
+            WHY,
+        )
     }
 }
 
+/// The largest MTU for which drivers accept a single-buffer XDP program
+/// natively: veth's with 4 KiB pages (4096 - 256 bytes of XDP headroom -
+/// 320 of skb_shared_info - 14 of Ethernet header), about what most NIC
+/// drivers allow. Rivora's programs are single-buffer; above it the
+/// attach is refused (ERANGE on veth, seen here).
+pub const XDP_SINGLE_BUFFER_MTU: u32 = 3506;
+
 fn mtu(i: &Iface) -> Check {
-    const WHY: &str = "L3 DSR adds an outer header (20 bytes IPv4, 40 IPv6): a full-size client packet no longer fits a 1500-byte path, the kernel refuses it (DF), and its 'fragmentation needed' goes to this node, the outer source, not to the client";
+    const WHY: &str = "L3 DSR adds an outer header (20 bytes IPv4, 40 IPv6): a full-size client packet no longer fits a 1500-byte path, the kernel refuses it (DF), and its 'fragmentation needed' goes to this node, the outer source, not to the client. And drivers take a single-buffer XDP program, which Rivora's are, only up to an MTU of about 3,500 bytes";
     let s = Some(i.name.as_str());
     let Some(m) = i.mtu else {
         return check("mtu", s, Verdict::Warn, "MTU unknown".into(), WHY);
     };
-    if m >= 1540 {
+    if m > XDP_SINGLE_BUFFER_MTU {
+        check(
+            "mtu",
+            s,
+            Verdict::Warn,
+            format!(
+                "MTU {m}: above {XDP_SINGLE_BUFFER_MTU}, drivers refuse a single-buffer XDP program natively (xdpMode native fails, auto falls back to generic)"
+            ),
+            WHY,
+        )
+        .fix(format!(
+            "an MTU of at most {XDP_SINGLE_BUFFER_MTU} on the interfaces rivorad attaches to (1540 or more leaves room for L3 DSR)"
+        ))
+    } else if m >= 1540 {
         check(
             "mtu",
             s,
             Verdict::Pass,
-            format!("MTU {m}: room for a 1500-byte packet and L3 DSR's 40"),
+            format!("MTU {m}: room for a 1500-byte packet and L3 DSR's 40, and native XDP"),
             WHY,
         )
     } else {
@@ -490,10 +516,10 @@ pub fn memory(f: &Facts, flow_table_size: u64) -> Check {
     const WHY: &str = "BPF maps are preallocated kernel memory: charged to the memory cgroup of the process that creates them (5.11+), or to RLIMIT_MEMLOCK before";
     let need = flow_table_size * FLOW_BYTES_PER_ENTRY + MEMORY_BESIDE_FLOWS;
     let mib = |b: u64| b >> 20;
-    let memcg = kernel_version(&f.kernel_release).is_some_and(|v| v >= MEMCG_ACCOUNTING);
+    let memcg = !kernel_version(&f.kernel_release).is_some_and(|v| v < MEMCG_ACCOUNTING);
     let limit = if memcg { f.memory_max } else { f.memlock };
     let what = if memcg {
-        "the memory cgroup's memory.max"
+        "the memory cgroup's limit"
     } else {
         "RLIMIT_MEMLOCK"
     };
@@ -637,4 +663,399 @@ pub fn evaluate(f: &Facts, opts: &Options) -> Report {
     checks.push(kube_proxy(f));
     checks.push(clocksource(f));
     Report::new(opts.modes.clone(), checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::genl::{XDP_ACT_BASIC, XDP_ACT_REDIRECT};
+    use crate::probe::BPF_FS_MAGIC;
+
+    const ALL_CAPS: u64 = (1 << 12) | (1 << 38) | (1 << 39) | (1 << 13) | (1 << 10);
+
+    fn iface() -> Iface {
+        Iface {
+            name: "eth0".into(),
+            ifindex: Some(2),
+            mtu: Some(3000),
+            xdp_features: Some(XDP_ACT_BASIC | XDP_ACT_REDIRECT),
+            xdp: Vec::new(),
+            tcx: Vec::new(),
+            tcx_error: None,
+            rp_filter: Some(0),
+        }
+    }
+
+    /// A node where everything passes.
+    fn good() -> Facts {
+        Facts {
+            kernel_release: "6.18.0-1-amd64".into(),
+            btf: Ok(5 << 20),
+            bpffs_path: "/sys/fs/bpf".into(),
+            bpffs_type: Ok(BPF_FS_MAGIC),
+            capabilities: Ok(ALL_CAPS),
+            interfaces: vec![iface()],
+            interfaces_error: None,
+            ip_forward: Some(true),
+            ipv6_forwarding: Some(true),
+            rp_filter_all: Some(0),
+            kube_proxy: KubeProxy::NotFound,
+            memlock: Some(8 << 20),
+            memory_max: None,
+            clocksource: Some("tsc".into()),
+            bpf_jit: Some(1),
+        }
+    }
+
+    fn all_modes() -> Options {
+        Options {
+            modes: vec![Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::L2, Mode::Bgp],
+            flow_table_size: 131_072,
+        }
+    }
+
+    fn find<'a>(r: &'a Report, id: &str) -> &'a Check {
+        r.checks
+            .iter()
+            .find(|c| c.id == id)
+            .unwrap_or_else(|| panic!("no check {id} in {r:#?}"))
+    }
+
+    #[test]
+    fn a_good_node_passes_everything() {
+        let r = evaluate(&good(), &all_modes());
+        for c in &r.checks {
+            assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+            assert!(c.fix.is_none() && c.blocks.is_empty(), "{c:#?}");
+        }
+        assert!(!r.blocking);
+        let ids: Vec<&str> = r.checks.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "kernel",
+                "btf",
+                "bpffs",
+                "capabilities",
+                "memory",
+                "bpf-jit",
+                "xdp-driver",
+                "xdp-programs",
+                "tcx-programs",
+                "rp-filter",
+                "mtu",
+                "ip-forward",
+                "kube-proxy",
+                "clocksource"
+            ]
+        );
+    }
+
+    /// Each fault: its verdict, what blocks, and a fix that names the remedy.
+    #[test]
+    fn each_fault_says_what_and_how() {
+        type Case = (
+            &'static str,
+            fn(&mut Facts),
+            Verdict,
+            &'static [Mode],
+            &'static str,
+        );
+        let cases: &[Case] = &[
+            (
+                "kernel",
+                |f| f.kernel_release = "6.1.0-13-amd64".into(),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "6.6 or newer",
+            ),
+            (
+                "kernel",
+                |f| f.kernel_release = "weird".into(),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "6.6 or newer",
+            ),
+            (
+                "btf",
+                |f| f.btf = Err("No such file".into()),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "CONFIG_DEBUG_INFO_BTF",
+            ),
+            (
+                "bpffs",
+                |f| f.bpffs_type = Ok(0x0102_1994),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "mount -t bpf bpf /sys/fs/bpf",
+            ),
+            (
+                "capabilities",
+                |f| f.capabilities = Ok(ALL_CAPS & !(1 << 38)),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "CAP_PERFMON",
+            ),
+            (
+                "capabilities",
+                |f| f.capabilities = Ok(ALL_CAPS & !(1 << 13)),
+                Verdict::Fail,
+                &[Mode::L2],
+                "CAP_NET_RAW",
+            ),
+            (
+                "memory",
+                |f| f.memory_max = Some(64 << 20),
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "rivorad.resources.limits.memory",
+            ),
+            (
+                "bpf-jit",
+                |f| f.bpf_jit = Some(0),
+                Verdict::Warn,
+                &[],
+                "bpf_jit_enable=1",
+            ),
+            (
+                "xdp-driver",
+                |f| f.interfaces[0].xdp_features = Some(0),
+                Verdict::Warn,
+                &[],
+                "native XDP",
+            ),
+            (
+                "xdp-programs",
+                |f| {
+                    f.interfaces[0].xdp = vec![Prog {
+                        id: 7,
+                        name: Some("cil_xdp_entry".into()),
+                        hook: "xdp native".into(),
+                        pinned_by_rivora: false,
+                    }]
+                },
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "xdp off",
+            ),
+            (
+                "xdp-programs",
+                |f| {
+                    f.interfaces[0].xdp = vec![Prog {
+                        id: 7,
+                        name: Some("xdp_ingress".into()),
+                        hook: "xdp native".into(),
+                        pinned_by_rivora: false,
+                    }]
+                },
+                Verdict::Fail,
+                &Mode::FORWARDING,
+                "stop the other rivorad",
+            ),
+            (
+                "tcx-programs",
+                |f| {
+                    f.interfaces[0].tcx = vec![Prog {
+                        id: 9,
+                        name: Some("cil_to_netdev".into()),
+                        hook: "tcx egress".into(),
+                        pinned_by_rivora: false,
+                    }]
+                },
+                Verdict::Warn,
+                &[],
+                "TC_NEXT",
+            ),
+            (
+                "rp-filter",
+                |f| f.interfaces[0].rp_filter = Some(1),
+                Verdict::Fail,
+                &[Mode::Dsr, Mode::L3dsr],
+                "rp_filter=2",
+            ),
+            (
+                "rp-filter",
+                |f| f.rp_filter_all = Some(1),
+                Verdict::Fail,
+                &[Mode::Dsr, Mode::L3dsr],
+                "rp_filter=2",
+            ),
+            (
+                "mtu",
+                |f| f.interfaces[0].mtu = Some(1500),
+                Verdict::Warn,
+                &[],
+                "advmss 1420",
+            ),
+            (
+                "mtu",
+                |f| f.interfaces[0].mtu = Some(9000),
+                Verdict::Warn,
+                &[],
+                "at most 3506",
+            ),
+            (
+                "ip-forward",
+                |f| f.ip_forward = Some(false),
+                Verdict::Fail,
+                &[Mode::Nat, Mode::L3dsr],
+                "ip_forward=1",
+            ),
+            (
+                "ip-forward",
+                |f| f.ipv6_forwarding = Some(false),
+                Verdict::Warn,
+                &[],
+                "forwarding=1",
+            ),
+            (
+                "kube-proxy",
+                |f| {
+                    f.kube_proxy = KubeProxy::Running {
+                        mode: "ipvs".into(),
+                        seen: "x".into(),
+                    }
+                },
+                Verdict::Fail,
+                &[Mode::L2],
+                "strictARP",
+            ),
+            (
+                "kube-proxy",
+                |f| {
+                    f.kube_proxy = KubeProxy::Running {
+                        mode: "iptables".into(),
+                        seen: "x".into(),
+                    }
+                },
+                Verdict::Warn,
+                &[],
+                "without kube-proxy",
+            ),
+            (
+                "clocksource",
+                |f| f.clocksource = Some("hpet".into()),
+                Verdict::Warn,
+                &[],
+                "tsc",
+            ),
+        ];
+        for (id, fault, verdict, blocks, fix) in cases {
+            let mut f = good();
+            fault(&mut f);
+            let r = evaluate(&f, &all_modes());
+            let c = find(&r, id);
+            assert_eq!(c.verdict, *verdict, "{c:#?}");
+            assert_eq!(c.blocks, *blocks, "{c:#?}");
+            assert!(
+                c.fix.as_deref().unwrap_or("").contains(fix),
+                "{id}: fix {:?} lacks {fix:?}",
+                c.fix
+            );
+            assert_eq!(r.blocking, !blocks.is_empty(), "{id}: blocking");
+            // Every other check still passes: one fault, one verdict.
+            for other in r.checks.iter().filter(|o| !std::ptr::eq(*o, c)) {
+                assert_eq!(other.verdict, Verdict::Pass, "{id} changed {other:#?}");
+            }
+        }
+    }
+
+    /// A failure blocks only the modes it names: asked for NAT alone,
+    /// strict rp_filter is reported but the node is ready.
+    #[test]
+    fn blocking_follows_the_chosen_modes() {
+        let mut f = good();
+        f.interfaces[0].rp_filter = Some(1);
+        let nat = Options {
+            modes: vec![Mode::Nat],
+            flow_table_size: 131_072,
+        };
+        assert!(!evaluate(&f, &nat).blocking);
+        let dsr = Options {
+            modes: vec![Mode::Dsr],
+            flow_table_size: 131_072,
+        };
+        assert!(evaluate(&f, &dsr).blocking);
+        // Missing NET_RAW matters only to l2.
+        let mut f = good();
+        f.capabilities = Ok(ALL_CAPS & !(1 << 13));
+        assert!(!evaluate(&f, &nat).blocking);
+        let c = find(&evaluate(&f, &nat), "capabilities").clone();
+        assert_eq!(
+            c.verdict,
+            Verdict::Pass,
+            "NET_RAW is not asked of a NAT-only node: {c:#?}"
+        );
+    }
+
+    #[test]
+    fn rivoras_own_programs_pass() {
+        let mut f = good();
+        f.interfaces[0].xdp = vec![Prog {
+            id: 3,
+            name: Some("xdp_ingress".into()),
+            hook: "xdp native".into(),
+            pinned_by_rivora: true,
+        }];
+        f.interfaces[0].tcx = vec![Prog {
+            id: 4,
+            name: None,
+            hook: "tcx egress".into(),
+            pinned_by_rivora: true,
+        }];
+        let r = evaluate(&f, &all_modes());
+        assert_eq!(find(&r, "xdp-programs").verdict, Verdict::Pass);
+        assert!(find(&r, "xdp-programs").found.contains("takes it over"));
+        assert_eq!(find(&r, "tcx-programs").verdict, Verdict::Pass);
+    }
+
+    #[test]
+    fn a_missing_interface_fails() {
+        let mut f = good();
+        f.interfaces[0].ifindex = None;
+        let r = evaluate(&f, &all_modes());
+        let c = find(&r, "interface");
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(r.blocking);
+        assert!(
+            !r.checks.iter().any(|c| c.id == "xdp-driver"),
+            "no per-interface checks for a missing one"
+        );
+    }
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.18.44-fc-v1098"), Some((6, 18)));
+        assert_eq!(kernel_version("6.6.0"), Some((6, 6)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("x"), None);
+    }
+
+    #[test]
+    fn memory_limits_v1_and_v2() {
+        let dir = std::env::temp_dir().join(format!("rivora-doctor-cg-{}", std::process::id()));
+        let v1 = dir.join("memory/a/b");
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::write(v1.join("memory.limit_in_bytes"), "67108864\n").unwrap();
+        assert_eq!(
+            crate::probe::memory_limit_from("4:memory:/a/b\n0::/\n", &dir),
+            Some(64 << 20)
+        );
+        std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(
+            crate::probe::memory_limit_from("4:memory:/a/b\n", &dir),
+            None
+        );
+        let v2 = dir.join("c");
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(v2.join("memory.max"), "max\n").unwrap();
+        assert_eq!(crate::probe::memory_limit_from("0::/c\n", &dir), None);
+        std::fs::write(v2.join("memory.max"), "1048576\n").unwrap();
+        assert_eq!(
+            crate::probe::memory_limit_from("0::/c\n", &dir),
+            Some(1 << 20)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -11,7 +11,7 @@ use std::io;
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
-    Nla, NetlinkPayload, NetlinkSerializable, NlaBuffer, NlasIterator, Parseable, NLA_F_NESTED,
+    NetlinkPayload, NetlinkSerializable, Nla, NlaBuffer, NlasIterator, Parseable, NLA_F_NESTED,
     NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_sys::protocols::NETLINK_GENERIC;

@@ -17,7 +17,12 @@ use rivora_doctor::{checks, render, Mode};
 )]
 struct Args {
     /// Forwarding modes the node must serve (nat, dsr, l3dsr), comma-separated.
-    #[arg(long, value_name = "MODES", value_delimiter = ',', default_value = "nat,dsr,l3dsr")]
+    #[arg(
+        long,
+        value_name = "MODES",
+        value_delimiter = ',',
+        default_value = "nat,dsr,l3dsr"
+    )]
     mode: Vec<Mode>,
     /// How VIPs are announced: l2, bgp or none.
     #[arg(long, value_name = "MODE", default_value = "none", value_parser = ["l2", "bgp", "none"])]

@@ -62,7 +62,10 @@ impl Prog {
     pub fn describe(&self) -> String {
         match &self.name {
             Some(n) => format!("{n} (id {}, {})", self.id, self.hook),
-            None => format!("id {} ({}; name unreadable without CAP_SYS_ADMIN)", self.id, self.hook),
+            None => format!(
+                "id {} ({}; name unreadable without CAP_SYS_ADMIN)",
+                self.id, self.hook
+            ),
         }
     }
 }
@@ -90,7 +93,10 @@ pub struct Iface {
 pub enum KubeProxy {
     NotFound,
     /// Its mode (`iptables`, `ipvs`, `nftables`) and how it was learned.
-    Running { mode: String, seen: String },
+    Running {
+        mode: String,
+        seen: String,
+    },
 }
 
 /// Everything the checks judge.
@@ -125,7 +131,9 @@ pub struct Facts {
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn sysctl(src: &Sources, key: &str) -> Option<String> {
@@ -153,14 +161,35 @@ fn statfs_type(p: &Path) -> Result<i64, String> {
         .map_err(|e| format!("statfs {}: {e}", p.display()))
 }
 
-/// memory.max of this process's cgroup v2, if any and limited.
+/// The memory limit of this process's cgroup: cgroup v1's memory
+/// controller (`memory.limit_in_bytes`) when it is mounted, else cgroup
+/// v2's `memory.max`. None: unlimited, or no memory cgroup.
 fn memory_max() -> Option<u64> {
     let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = cg.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let file = Path::new("/sys/fs/cgroup")
-        .join(path.trim_start_matches('/'))
-        .join("memory.max");
-    read_trim(&file)?.parse().ok()
+    memory_limit_from(&cg, Path::new("/sys/fs/cgroup"))
+}
+
+/// [`memory_max`] over a /proc/self/cgroup text and a cgroup root.
+pub fn memory_limit_from(proc_cgroup: &str, root: &Path) -> Option<u64> {
+    // v1 (or hybrid): "4:memory:/path".
+    let v1 = proc_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        ctrls.split(',').any(|c| c == "memory").then_some(path)
+    });
+    let file = match v1 {
+        Some(path) => root
+            .join("memory")
+            .join(path.trim_start_matches('/'))
+            .join("memory.limit_in_bytes"),
+        None => {
+            let path = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+            root.join(path.trim_start_matches('/')).join("memory.max")
+        }
+    };
+    let v: u64 = read_trim(&file)?.parse().ok()?;
+    // v1 says "unlimited" as the largest page-aligned value.
+    (v < (1u64 << 62)).then_some(v)
 }
 
 /// kube-proxy's mode: its metrics endpoint's `/proxyMode`, else a
@@ -239,7 +268,11 @@ pub fn default_interfaces(config: Option<&Path>) -> Result<Vec<String>, String> 
     Ok(links
         .into_iter()
         .filter(|l| {
-            l.up && !l.loopback && Path::new("/sys/class/net").join(&l.name).join("device").exists()
+            l.up && !l.loopback
+                && Path::new("/sys/class/net")
+                    .join(&l.name)
+                    .join("device")
+                    .exists()
         })
         .map(|l| l.name)
         .collect())
@@ -260,7 +293,10 @@ pub fn gather(src: &Sources, interfaces: &[String]) -> Facts {
         .map_err(|e| format!("{}: {e}", src.btf.display()));
     let (all_links, interfaces_error) = match links::dump() {
         Ok(l) => (l, None),
-        Err(e) => (Vec::new(), Some(format!("listing interfaces over rtnetlink: {e}"))),
+        Err(e) => (
+            Vec::new(),
+            Some(format!("listing interfaces over rtnetlink: {e}")),
+        ),
     };
     let features: Option<BTreeMap<u32, u64>> = genl::xdp_features().ok().flatten();
     let pinned = |hook: &str, ifname: &str| -> Option<u32> {

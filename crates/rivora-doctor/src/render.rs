@@ -51,8 +51,19 @@ pub fn table(r: &Report) -> String {
     }
     let modes: Vec<&str> = r.modes.iter().map(|m| m.as_str()).collect();
     for c in r.checks.iter().filter(|c| c.verdict != Verdict::Pass) {
-        let subject = c.subject.as_deref().map(|s| format!(" {s}")).unwrap_or_default();
-        let _ = writeln!(out, "\n{} {}{}: {}", c.verdict.as_str(), c.id, subject, c.found);
+        let subject = c
+            .subject
+            .as_deref()
+            .map(|s| format!(" {s}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\n{} {}{}: {}",
+            c.verdict.as_str(),
+            c.id,
+            subject,
+            c.found
+        );
         let _ = writeln!(out, "  why: {}", c.why);
         if let Some(f) = &c.fix {
             let _ = writeln!(out, "  fix: {f}");
@@ -72,7 +83,10 @@ pub fn table(r: &Report) -> String {
             "ready"
         }
     );
-    if r.checks.iter().any(|c| c.verdict == Verdict::Fail && !c.blocks_any(&r.modes)) {
+    if r.checks
+        .iter()
+        .any(|c| c.verdict == Verdict::Fail && !c.blocks_any(&r.modes))
+    {
         let _ = writeln!(out, "fail*: blocks only modes not asked for (--mode)");
     }
     out
