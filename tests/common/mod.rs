@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod chart;
 pub mod controller;
 pub mod fixture;
 pub mod k8s;

@@ -232,6 +232,7 @@ pub struct InstallOptions {
 /// release, then the CRDs Helm created marked as this release's.
 pub async fn install(c: &Cluster, helm: &Helm, o: &InstallOptions) -> Result<String> {
     let dir = chart_dir()?;
+    check_values(c, helm, dir.path(), &o.values)?;
     let namespaces: Api<Namespace> = Api::all(c.client.clone());
     let created_ns = if namespaces.get_opt(&c.namespace).await?.is_none() {
         let ns: Namespace = serde_json::from_value(json!({
@@ -264,6 +265,14 @@ pub async fn install(c: &Cluster, helm: &Helm, o: &InstallOptions) -> Result<Str
     let out = match helm.run(&args) {
         Ok(out) => out,
         Err(e) => {
+            // Leave nothing of a failed install: Helm may have created
+            // CRDs before it failed, and does not take them back.
+            let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+            for n in existing_crds(&c.client, &names).await.unwrap_or_default() {
+                if !before.contains(&n) {
+                    let _ = api.delete(&n, &DeleteParams::default()).await;
+                }
+            }
             if created_ns {
                 let _ = namespaces
                     .delete(&c.namespace, &DeleteParams::default())
@@ -297,6 +306,19 @@ pub async fn install(c: &Cluster, helm: &Helm, o: &InstallOptions) -> Result<Str
     Ok(report)
 }
 
+/// Render the chart with `values` locally (`helm template`): a value the
+/// schema refuses, or a template that fails, stops here, before anything
+/// in the cluster is touched (`helm install` creates the CRDs first).
+fn check_values(c: &Cluster, helm: &Helm, dir: &Path, values: &Values) -> Result<()> {
+    let mut args: Vec<OsString> = vec!["template".into(), c.release.clone().into(), dir.into()];
+    args.extend(values.args());
+    match helm.run(&args) {
+        Ok(_) => Ok(()),
+        Err(HelmError::Failed { stderr, .. }) => bail!("the chart refuses these values: {stderr}"),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub struct UpgradeOptions {
     pub values: Values,
     /// Start from the chart's defaults instead of the values given before.
@@ -318,6 +340,8 @@ pub async fn upgrade(c: &Cluster, helm: &Helm, o: &UpgradeOptions) -> Result<Str
                 c.namespace
             )
         })?;
+    // The new values alone (those kept from before were checked then).
+    check_values(c, helm, dir.path(), &o.values)?;
     let mut crds = chart_crds(o.values.gateway_api);
     // Gateway API CRDs an earlier install created, at their channel.
     let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
