@@ -105,7 +105,7 @@ pub fn crds_stream(gateway_api: Option<Channel>) -> String {
     }
     let mut out = String::new();
     for (_, text) in files {
-        let body = text.trim_start_matches(|c| c == '\n');
+        let body = text.trim_start_matches('\n');
         // Each file is one document; a separator before each keeps the
         // stream valid whatever the file starts with.
         if !body.lines().any(|l| l == "---") {

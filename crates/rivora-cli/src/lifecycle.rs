@@ -232,7 +232,7 @@ pub struct InstallOptions {
 /// release, then the CRDs Helm created marked as this release's.
 pub async fn install(c: &Cluster, helm: &Helm, o: &InstallOptions) -> Result<String> {
     let dir = chart_dir()?;
-    check_values(c, helm, dir.path(), &o.values)?;
+    check_values(c, helm, dir.path(), &o.values).await?;
     let namespaces: Api<Namespace> = Api::all(c.client.clone());
     let created_ns = if namespaces.get_opt(&c.namespace).await?.is_none() {
         let ns: Namespace = serde_json::from_value(json!({
@@ -309,8 +309,18 @@ pub async fn install(c: &Cluster, helm: &Helm, o: &InstallOptions) -> Result<Str
 /// Render the chart with `values` locally (`helm template`): a value the
 /// schema refuses, or a template that fails, stops here, before anything
 /// in the cluster is touched (`helm install` creates the CRDs first).
-fn check_values(c: &Cluster, helm: &Helm, dir: &Path, values: &Values) -> Result<()> {
+/// The cluster's Kubernetes version is given to helm: its own default
+/// is the version it was built against, which the chart's `kubeVersion`
+/// may refuse when the cluster would not.
+async fn check_values(c: &Cluster, helm: &Helm, dir: &Path, values: &Values) -> Result<()> {
     let mut args: Vec<OsString> = vec!["template".into(), c.release.clone().into(), dir.into()];
+    let version = c
+        .client
+        .apiserver_version()
+        .await
+        .context("asking the API server its version")?;
+    args.push("--kube-version".into());
+    args.push(version.git_version.into());
     args.extend(values.args());
     match helm.run(&args) {
         Ok(_) => Ok(()),
@@ -341,7 +351,7 @@ pub async fn upgrade(c: &Cluster, helm: &Helm, o: &UpgradeOptions) -> Result<Str
             )
         })?;
     // The new values alone (those kept from before were checked then).
-    check_values(c, helm, dir.path(), &o.values)?;
+    check_values(c, helm, dir.path(), &o.values).await?;
     let mut crds = chart_crds(o.values.gateway_api);
     // Gateway API CRDs an earlier install created, at their channel.
     let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());

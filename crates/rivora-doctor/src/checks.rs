@@ -335,7 +335,7 @@ fn tcx_programs(i: &Iface) -> Check {
     let other: Vec<&Prog> = i
         .tcx
         .iter()
-        .filter(|p| !p.pinned_by_rivora && !(p.hook == "tcx egress" && rivora_prog(p)))
+        .filter(|p| !(p.pinned_by_rivora || p.hook == "tcx egress" && rivora_prog(p)))
         .collect();
     if other.is_empty() {
         let ours = i.tcx.iter().find(|p| p.pinned_by_rivora || rivora_prog(p));
@@ -516,7 +516,7 @@ pub fn memory(f: &Facts, flow_table_size: u64) -> Check {
     const WHY: &str = "BPF maps are preallocated kernel memory: charged to the memory cgroup of the process that creates them (5.11+), or to RLIMIT_MEMLOCK before";
     let need = flow_table_size * FLOW_BYTES_PER_ENTRY + MEMORY_BESIDE_FLOWS;
     let mib = |b: u64| b >> 20;
-    let memcg = !kernel_version(&f.kernel_release).is_some_and(|v| v < MEMCG_ACCOUNTING);
+    let memcg = kernel_version(&f.kernel_release).is_none_or(|v| v >= MEMCG_ACCOUNTING);
     let limit = if memcg { f.memory_max } else { f.memlock };
     let what = if memcg {
         "the memory cgroup's limit"

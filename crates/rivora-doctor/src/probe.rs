@@ -157,7 +157,7 @@ fn capabilities() -> Result<u64, String> {
 
 fn statfs_type(p: &Path) -> Result<i64, String> {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 as i64)
+        .map(|s| s.filesystem_type().0)
         .map_err(|e| format!("statfs {}: {e}", p.display()))
 }
 
