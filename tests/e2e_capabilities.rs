@@ -238,3 +238,18 @@ fn rivorad_runs_with_the_charts_capabilities_and_no_fewer() {
     assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
     assert!(c.found.contains("another Rivora"), "{c:#?}");
 }
+
+/// The doctor's memory check reads its own cgroup: the init container
+/// must have rivorad's limit, or it would judge an unlimited one.
+#[test]
+fn the_doctor_runs_with_rivorads_resources() {
+    for sets in [&[][..], &["--set", "rivorad.resources.limits.memory=300Mi"]] {
+        let objects = render(sets);
+        let ds = common::chart::object(&objects, "DaemonSet", "rivorad");
+        let spec = &ds["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["initContainers"][0]["resources"], spec["containers"][0]["resources"],
+            "{sets:?}"
+        );
+    }
+}
