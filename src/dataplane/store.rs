@@ -41,6 +41,11 @@ pub trait MapStore {
     /// Wait until every program run that started before this call has
     /// finished, so that what it may have read can be cleared.
     fn synchronize(&mut self) -> Result<(), DataplaneError>;
+    /// The same wait, without the store: for a thread of its own that
+    /// waits while the writer goes on (the writer's `grace_ticket`).
+    fn grace_period() -> Result<(), DataplaneError>
+    where
+        Self: Sized;
 }
 
 /// MEMBARRIER_CMD_GLOBAL: the kernel runs synchronize_rcu(), and BPF
@@ -100,6 +105,10 @@ fn port_bits(prefixlen: u32, fixed: u32) -> Option<u8> {
 
 impl MapStore for Maps {
     fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        synchronize_rcu()
+    }
+
+    fn grace_period() -> Result<(), DataplaneError> {
         synchronize_rcu()
     }
 
@@ -506,6 +515,10 @@ impl MemStore {
 
 impl MapStore for MemStore {
     fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
+
+    fn grace_period() -> Result<(), DataplaneError> {
         Ok(())
     }
 

@@ -362,6 +362,65 @@ fn full_table_is_an_error_for_that_vip() {
 }
 
 #[test]
+fn a_grace_ticket_covers_what_was_retired_before_it_and_nothing_after() {
+    let slice_of = |w: &Writer<MemStore>, v: &Vip| {
+        w.vips()
+            .iter()
+            .find(|x| x.key == Some(v.key()))
+            .map(|x| x.slice.len)
+            .expect("the VIP is held")
+    };
+    let mut w = Writer::open(MemStore::new(TABLE)).unwrap();
+    assert_eq!(
+        w.grace_ticket(),
+        None,
+        "nothing retired, nothing to wait for"
+    );
+    let a = vip("10.0.0.1", Ports::One(80), vec![be("10.1.0.1", 0, 1)]);
+    w.upsert_vip(&a).unwrap();
+    w.finish().unwrap();
+
+    // An update switches to a new slice; the old one stays reserved
+    // until the ticket's grace period has ended.
+    let mut a2 = a.clone();
+    a2.backends.push(be("10.1.0.2", 0, 1));
+    w.upsert_vip(&a2).unwrap();
+    let len2 = slice_of(&w, &a2);
+    let first = w.finish_deferred().expect("the old slice is retired");
+    assert_eq!(
+        w.grace_ticket(),
+        None,
+        "already covered by the first ticket"
+    );
+
+    // Retired after the ticket was given: not covered by it.
+    let mut a3 = a2.clone();
+    a3.backends.extend([
+        be("10.1.0.3", 0, 1),
+        be("10.1.0.4", 0, 1),
+        be("10.1.0.5", 0, 1),
+    ]);
+    w.upsert_vip(&a3).unwrap();
+    let len3 = slice_of(&w, &a3);
+    w.reclaim_covered(first).unwrap();
+    assert!(
+        w.pending_reclaim() > 0,
+        "the second switch's slice still waits"
+    );
+    assert_eq!(
+        w.free_slots(),
+        TABLE - len3 - len2,
+        "the first old slice is free, the second still reserved"
+    );
+    let second = w.grace_ticket().expect("the second batch");
+    assert!(second > first);
+    w.reclaim_covered(second).unwrap();
+    assert_eq!(w.pending_reclaim(), 0);
+    assert_eq!(w.free_slots(), TABLE - len3);
+    check(&mut w);
+}
+
+#[test]
 fn fragmentation_is_handled_by_moving_slices() {
     // 12-slot slices fill a 100-slot table (8 of them), then every other
     // one goes: 48 slots free in 12-slot holes, a 160-slot... too big;

@@ -24,10 +24,13 @@
 //! the backends it names. The writer waits with membarrier (the kernel's
 //! synchronize_rcu, about 16 ms here), too slow to pay per update, so
 //! what an update or removal retires (old slices, backends no VIP lists,
-//! removed service ids) is queued and reclaimed in batches: at the end of
-//! every reconcile, whenever an allocation would otherwise fail, and on
-//! [`Writer::reclaim`]. Until then retired slices stay reserved and
-//! retired service ids unissued.
+//! removed service ids) is queued and reclaimed in batches: whenever an
+//! allocation would otherwise fail, on [`Writer::reclaim`] (which waits
+//! for a grace period itself), and on [`Writer::reclaim_covered`] once a
+//! grace period that began after [`Writer::grace_ticket`] has ended, so
+//! the reconciler can have one waited for elsewhere and keep writing.
+//! Until then retired slices stay reserved and retired service ids
+//! unissued.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -145,7 +148,11 @@ pub struct Writer<S: MapStore = Maps> {
     slices: SliceAllocator,
     vips: BTreeMap<u32, LiveVip>,
     by_key: HashMap<VipKey, u32>,
-    pending: Vec<Cleanup>,
+    /// Retired work, each stamped with the generation it was retired in:
+    /// a grace period asked for by [`Writer::grace_ticket`] covers every
+    /// generation up to the ticket.
+    pending: Vec<(u64, Cleanup)>,
+    generation: u64,
 }
 
 impl Writer<Maps> {
@@ -210,6 +217,7 @@ impl<S: MapStore> Writer<S> {
             vips: BTreeMap::new(),
             by_key: HashMap::new(),
             pending: Vec::new(),
+            generation: 0,
             store,
         };
         for v in a.vips {
@@ -276,15 +284,44 @@ impl<S: MapStore> Writer<S> {
 
     /// Reclaim what earlier changes retired: wait one grace period, then
     /// clear old slices, freed backends and removed services' flow state,
-    /// and free them. Cheap when nothing is queued. Reconcile ends with
-    /// it; callers of upsert/remove should call it after a batch.
+    /// and free them. Cheap when nothing is queued. Callers of
+    /// upsert/remove should call it (or have a grace period waited for
+    /// through [`Writer::grace_ticket`]) after a batch.
     pub fn reclaim(&mut self) -> Result<(), DataplaneError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         self.store.synchronize()?;
-        let pending = std::mem::take(&mut self.pending);
-        for (i, c) in pending.iter().enumerate() {
+        self.clear_retired(u64::MAX)
+    }
+
+    /// A ticket for what is retired and not yet covered by an earlier
+    /// ticket: once a grace period that began after this call has ended,
+    /// [`Writer::reclaim_covered`] with it clears that work without
+    /// waiting. None when nothing new was retired.
+    pub fn grace_ticket(&mut self) -> Option<u64> {
+        let g = self.generation;
+        if !self.pending.iter().any(|(stamp, _)| *stamp == g) {
+            return None;
+        }
+        self.generation += 1;
+        Some(g)
+    }
+
+    /// Clear what `ticket` covers. The caller vouches that a grace period
+    /// began after [`Writer::grace_ticket`] gave it and has ended.
+    pub fn reclaim_covered(&mut self, ticket: u64) -> Result<(), DataplaneError> {
+        self.clear_retired(ticket)
+    }
+
+    /// Clear and free retired work of generations up to `upto`; what
+    /// fails, and what comes after it, stays queued for the next attempt.
+    fn clear_retired(&mut self, upto: u64) -> Result<(), DataplaneError> {
+        let (covered, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(stamp, _)| *stamp <= upto);
+        self.pending = later;
+        for (i, (_, c)) in covered.iter().enumerate() {
             let r = match c {
                 Cleanup::Slots(s) => {
                     self.store
@@ -327,11 +364,18 @@ impl<S: MapStore> Writer<S> {
                 } else {
                     i
                 };
-                self.pending.extend(pending[keep..].iter().cloned());
+                let mut back: Vec<(u64, Cleanup)> = covered[keep..].to_vec();
+                back.append(&mut self.pending);
+                self.pending = back;
                 return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Retire `c`: done after the next grace period.
+    fn retire(&mut self, c: Cleanup) {
+        self.pending.push((self.generation, c));
     }
 
     /// Work queued for the next reclaim (0 when the maps hold nothing
@@ -341,12 +385,12 @@ impl<S: MapStore> Writer<S> {
     }
 
     fn release_slice(&mut self, s: Slice) {
-        self.pending.push(Cleanup::Slots(s));
+        self.retire(Cleanup::Slots(s));
     }
 
     fn release_backend_entries(&mut self, ids: Vec<u32>) {
         if !ids.is_empty() {
-            self.pending.push(Cleanup::Backends(ids));
+            self.retire(Cleanup::Backends(ids));
         }
     }
 
@@ -392,7 +436,7 @@ impl<S: MapStore> Writer<S> {
             return Ok(false);
         };
         self.remove_svc(svc)?;
-        self.pending.push(Cleanup::Services(BTreeSet::from([svc])));
+        self.retire(Cleanup::Services(BTreeSet::from([svc])));
         Ok(true)
     }
 
@@ -431,7 +475,7 @@ impl<S: MapStore> Writer<S> {
             }
         }
         if !scrub.is_empty() {
-            self.pending.push(Cleanup::Services(scrub));
+            self.retire(Cleanup::Services(scrub));
             // The removed VIPs' ids and slots may be needed right below.
             self.reclaim()?;
         }
@@ -465,11 +509,13 @@ impl<S: MapStore> Writer<S> {
             scrub.insert(svc);
             out.push(key);
         }
-        if !scrub.is_empty() {
-            self.pending.push(Cleanup::Services(scrub));
-        }
         self.prune_orphan_backends();
-        self.reclaim()?;
+        if !scrub.is_empty() {
+            // Rare (once after the first full pass): wait here. Nothing
+            // pruned, nothing to wait for, whatever else is queued.
+            self.retire(Cleanup::Services(scrub));
+            self.reclaim()?;
+        }
         Ok(out)
     }
 
@@ -478,6 +524,14 @@ impl<S: MapStore> Writer<S> {
     pub fn finish(&mut self) -> Result<(), DataplaneError> {
         self.prune_orphan_backends();
         self.reclaim()
+    }
+
+    /// Close a batch without waiting: free backends no VIP lists any
+    /// more and return the ticket of a grace period to have waited for
+    /// elsewhere ([`Writer::grace_ticket`]), then [`Writer::reclaim_covered`].
+    pub fn finish_deferred(&mut self) -> Option<u64> {
+        self.prune_orphan_backends();
+        self.grace_ticket()
     }
 
     /// Mark an adopted VIP as still wanted without changing it.
@@ -957,7 +1011,7 @@ impl<S: MapStore> Writer<S> {
             self.release_slice(old_slice);
         }
         if old_rl.is_some() && image.rate_limit.is_none() {
-            self.pending.push(Cleanup::SvcRateLimit(svc));
+            self.retire(Cleanup::SvcRateLimit(svc));
         }
         self.release_backend_entries(freed);
         let mut cleanup = Ok(());
@@ -1018,7 +1072,7 @@ impl<S: MapStore> Writer<S> {
         self.vips.remove(&svc);
         let freed = self.release_backends(&cur.backend_ids, false);
         if cur.image.rate_limit.is_some() {
-            self.pending.push(Cleanup::SvcRateLimit(svc));
+            self.retire(Cleanup::SvcRateLimit(svc));
         }
         if cur.slice_owned {
             self.release_slice(cur.slice());

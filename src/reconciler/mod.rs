@@ -16,6 +16,7 @@
 //! whatever nothing claimed removed. A source that never syncs (an API
 //! server that cannot be reached) therefore removes nothing.
 
+mod grace;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,6 +49,9 @@ pub type ProbeKey = (VipKey, BackendTarget);
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// How long a DSR backend's MAC may take to resolve.
 const RESOLVE_WAIT: Duration = Duration::from_secs(1);
+/// How often to look whether an asked-for grace period has ended (one
+/// takes 10 to 20 ms here).
+const GRACE_POLL: Duration = Duration::from_millis(5);
 
 /// The node's own settings, from the node part of the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -213,6 +217,10 @@ pub struct Reconciler<S: MapStore = Maps, F: NodeFacts = KernelFacts> {
     dirty: bool,
     node_dirty: bool,
     retry_at: Option<Instant>,
+    /// Waits for grace periods beside the reconciler (in `run` only).
+    grace: Option<grace::GraceWaiter>,
+    /// The latest grace ticket asked for and not yet reclaimed.
+    grace_outstanding: Option<u64>,
 }
 
 fn now_secs() -> u64 {
@@ -283,6 +291,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             dirty: false,
             node_dirty: true,
             retry_at: None,
+            grace: None,
+            grace_outstanding: None,
         }
     }
 
@@ -361,45 +371,124 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
     }
 
     /// Serve commands until `Shutdown` (or every sender is gone). Runs on
-    /// a thread of its own: every map write happens here.
+    /// a thread of its own: every map write happens here. Grace periods
+    /// are waited for on another thread (`grace`), so an apply ends with
+    /// its map writes.
     pub fn run(mut self, rx: mpsc::Receiver<Command>) {
+        self.serve(&rx);
+        // Leave nothing retired behind in the pinned maps.
+        self.grace = None;
+        self.grace_outstanding = None;
+        if let Err(e) = self.writer.reclaim() {
+            error!(error = %e, "reclaiming retired map entries at shutdown");
+        }
+    }
+
+    fn serve(&mut self, rx: &mpsc::Receiver<Command>) {
+        match grace::GraceWaiter::spawn(S::grace_period) {
+            Ok(g) => self.grace = Some(g),
+            Err(e) => {
+                warn!(error = %e, "no grace-period thread: every apply waits for its own");
+            }
+        }
         let mut waiting = Vec::new();
         loop {
-            let first = match self.retry_at {
+            let deadline = [
+                self.retry_at,
+                self.grace_outstanding.map(|_| Instant::now() + GRACE_POLL),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let first = match deadline {
                 Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
                     Ok(c) => Some(c),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 },
                 None => match rx.recv() {
                     Ok(c) => Some(c),
-                    Err(_) => return,
+                    Err(_) => break,
                 },
             };
             let mut go_on = true;
+            let mut handled = false;
             if let Some(c) = first {
+                handled = true;
                 go_on = self.handle(c, &mut waiting);
             }
             // What queued meanwhile is applied together: a burst of
             // updates costs one apply.
             while go_on {
                 match rx.try_recv() {
-                    Ok(c) => go_on = self.handle(c, &mut waiting),
+                    Ok(c) => {
+                        handled = true;
+                        go_on = self.handle(c, &mut waiting);
+                    }
                     Err(_) => break,
                 }
             }
+            self.reclaim_after_grace();
             if self.retry_at.is_some_and(|at| at <= Instant::now()) {
                 self.dirty = true;
             }
-            if self.dirty {
+            let applied = self.dirty;
+            if applied {
                 self.apply();
             }
-            let replies = self.answer(&mut waiting);
-            self.publish();
-            replies.deliver();
-            if !go_on {
-                return;
+            // A wake-up only to look at the grace period changes nothing
+            // readers see: no publish (speakers react to every one).
+            if handled || applied {
+                let replies = self.answer(&mut waiting);
+                self.publish();
+                replies.deliver();
             }
+            if !go_on {
+                break;
+            }
+        }
+    }
+
+    /// End an apply's writes: have what it retired reclaimed after a
+    /// grace period, waited for beside the reconciler when it can be.
+    fn close_batch(&mut self) {
+        if let Some(g) = &self.grace {
+            if !g.failed() {
+                match self.writer.finish_deferred() {
+                    None => return,
+                    Some(t) if g.request(t) => {
+                        self.grace_outstanding = Some(t);
+                        return;
+                    }
+                    // The thread is gone: wait here.
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Err(e) = self.writer.finish() {
+            error!(error = %e, "reclaiming retired map entries");
+        }
+        self.grace_outstanding = None;
+    }
+
+    /// Clear what ended grace periods cover.
+    fn reclaim_after_grace(&mut self) {
+        let (Some(g), Some(want)) = (&self.grace, self.grace_outstanding) else {
+            return;
+        };
+        if g.failed() {
+            if let Err(e) = self.writer.reclaim() {
+                error!(error = %e, "reclaiming retired map entries");
+            }
+            self.grace_outstanding = None;
+            return;
+        }
+        let Some(covered) = g.covered() else { return };
+        if let Err(e) = self.writer.reclaim_covered(covered) {
+            error!(error = %e, "reclaiming retired map entries");
+        }
+        if covered >= want {
+            self.grace_outstanding = None;
         }
     }
 
@@ -632,9 +721,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         if l3dsr {
             self.facts.prepare_l3dsr(&self.node.interfaces);
         }
-        if let Err(e) = self.writer.finish() {
-            error!(error = %e, "reclaiming retired map entries");
-        }
+        self.close_batch();
         if self.store.all_synced() {
             match self.writer.prune_unclaimed() {
                 Ok(pruned) if !pruned.is_empty() => info!(

@@ -580,3 +580,44 @@ fn run_serves_a_channel_and_coalesces_a_burst_into_one_apply() {
     assert_eq!(st.vips.len(), 10);
     assert_eq!(st.applies, applies_before + 1, "one apply for the burst");
 }
+
+#[test]
+fn run_reclaims_what_an_apply_retired_after_a_grace_period_waited_for_beside_it() {
+    let h = harness();
+    let (tx, rx) = mpsc::channel();
+    let Harness {
+        mut rec, _rt, _dir, ..
+    } = h;
+    let server = std::thread::spawn(move || {
+        rec.serve(&rx);
+        rec
+    });
+    // Each update switches the VIP to a new slice and retires the old.
+    for n in 1..=3 {
+        let (a, r) = oneshot::channel();
+        let backends: Vec<String> = (1..=n).map(|i| format!("10.1.0.{i}")).collect();
+        let backends: Vec<&str> = backends.iter().map(String::as_str).collect();
+        tx.send(Command::SetDesired {
+            owner: svc("ns/web"),
+            vips: vec![vip("10.0.0.1", 80, &backends)],
+            ack: Some(a),
+        })
+        .unwrap();
+        assert!(r.blocking_recv().unwrap().ok());
+    }
+    // The grace periods (instant over MemStore) end beside the reconciler,
+    // which looks every few milliseconds while one is asked for.
+    std::thread::sleep(Duration::from_secs(1));
+    tx.send(Command::Shutdown).unwrap();
+    let rec = server.join().unwrap();
+    assert_eq!(
+        rec.writer().pending_reclaim(),
+        0,
+        "retired slices reclaimed without the shutdown's own wait"
+    );
+    let live: u32 = rec.writer().vips().iter().map(|v| v.slice.len).sum();
+    assert_eq!(
+        rec.writer().free_slots() + live,
+        rec.writer().store().table_size()
+    );
+}
