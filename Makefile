@@ -2,9 +2,13 @@
 
 CARGO ?= cargo
 BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/abi.h
+# The L2 speaker's peers in the tests and the bench: a client asking with
+# arping (iputils'; Debian's `arping` package conflicts with it) and ndisc6,
+# tcpdump capturing the bridge.
+L2_PKGS := iputils-arping ndisc6 tcpdump
 # Test peers and tools used by the test suites, beyond the build's needs
 # (procps: the packet tests set sysctls in their namespaces).
-TEST_PKGS := iputils-ping python3 procps
+TEST_PKGS := iputils-ping python3 procps $(L2_PKGS)
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 # What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
@@ -36,7 +40,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# What does not program the dataplane must not link libbpf (rivoractl
 	@# builds on a machine without clang or libelf).
-	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-doctor rivora-cli; do \
+	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-doctor rivora-cli rivora-speaker; do \
 		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
 			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)
@@ -152,11 +156,11 @@ variant:
 # namespaces. Both write target/bench/results.json; the lab also
 # target/bench/lab.svg. BENCHMARKS.md explains the figures.
 bench: deps
-	@scripts/deps.sh $(LAB_PKGS)
+	@scripts/deps.sh $(LAB_PKGS) $(L2_PKGS)
 	@scripts/bpffs.sh
 	@# The k8s area starts the real kube-apiserver (and etcd) it builds.
 	$(MAKE) apiserver
-	# The restart, k8s and controller areas and the lab run the real
+	# The restart, k8s, l2 and controller areas and the lab run the real
 	# rivorad and rivora-controller, built beside the bench.
 	$(CARGO) build --workspace --release --bins
 	./target/release/rivora-bench

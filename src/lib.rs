@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod reconciler;
 pub mod sources;
+pub mod speaker;
 
 // The libbpf-free crates, under the paths they always had.
 pub use rivora_api as api;

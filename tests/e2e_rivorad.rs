@@ -1780,10 +1780,38 @@ fn drained_in_api(rd: &Rivorad) -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// The pinned maps once what the last apply retired has been cleared:
+/// the reconciler clears old slices after a grace period waited for
+/// beside it, so right after an answer the maps may still hold slots no
+/// service's slice covers (unreachable by any packet). Waits for them to
+/// go, so two images compare what the datapath can see, and fails if they
+/// never do.
 fn map_image(pins: &Path) -> MapImage {
-    Maps::open(pins)
-        .and_then(|m| m.read())
-        .expect("reading the pinned maps")
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let img = Maps::open(pins)
+            .and_then(|m| m.read())
+            .expect("reading the pinned maps");
+        let live: BTreeSet<u32> = img
+            .services
+            .values()
+            .flat_map(|e| e.slice_start..e.slice_start.saturating_add(e.slice_len))
+            .collect();
+        let retired: Vec<u32> = img
+            .slots
+            .keys()
+            .filter(|s| !live.contains(s))
+            .copied()
+            .collect();
+        if retired.is_empty() {
+            return img;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slots {retired:?} outside every slice were never cleared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Health of every backend id the maps hold for `t`.

@@ -16,6 +16,7 @@ use rivora::dataplane::{
 };
 use rivora::metrics::Metrics;
 use rivora::sources::kubernetes::{self, KubeOptions, KubeOutputs};
+use rivora::speaker::{KubeSide, Speaker, SpeakerConfig, SpeakerMetrics};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::info;
 
@@ -218,6 +219,8 @@ fn main() -> Result<()> {
         None
     };
     let mut metrics = Metrics::new();
+    let speaker_metrics = SpeakerMetrics::default();
+    speaker_metrics.register(metrics.registry_mut());
     if let Some((_, _, outputs, _)) = &kube {
         metrics.registry_mut().register(
             "rivora_network_programming_seconds",
@@ -235,6 +238,22 @@ fn main() -> Result<()> {
     let api_conf = d.node.api.clone();
     let metrics_addr = d.node.metrics.listen;
     let file = d.file_source();
+    // The L2 speaker: -kubernetes, or `announce: l2` in the file.
+    let speaker = {
+        let _in = runtime.enter();
+        let cfg = SpeakerConfig {
+            announce: d.node.announce,
+            l2: d.node.l2.clone(),
+            attached: d
+                .attached_interfaces()
+                .context("the attached interfaces, for the L2 speaker")?,
+            kube: kube.as_ref().map(|(client, opts, _, _)| KubeSide {
+                client: client.clone(),
+                node_name: opts.node_name.clone(),
+            }),
+        };
+        Speaker::start(cfg, d.status(), speaker_metrics).context("starting the L2 speaker")?
+    };
     let state = Arc::new(DaemonApi {
         status: d.status(),
         reconciler: Mutex::new(d.sender()),
@@ -242,6 +261,7 @@ fn main() -> Result<()> {
         maps: Maps::open(&args.pin_dir).context("opening the pinned maps for the API")?,
         metrics,
         watches: kube.as_ref().map(|(_, _, _, w)| w.clone()),
+        l2: speaker.as_ref().map(Speaker::state),
     });
     // Checked and held since before the datapath was touched; the
     // server binds its own listeners on the same addresses.
@@ -294,6 +314,11 @@ fn main() -> Result<()> {
             }
         }
         watcher.abort();
+        // Quiet, then the Leases released: another node takes over at
+        // once rather than when they expire.
+        if let Some(s) = speaker {
+            s.stop().await;
+        }
         api.shutdown().await;
         if let Some(m) = metrics {
             m.shutdown().await;

@@ -13,8 +13,8 @@ use tokio::sync::oneshot;
 use crate::abi::{self, rv_drop_stats, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
-    InterfaceStatus, Ports as ApiPorts, ProbeState, Proto, ReloadResult, SourceInfo, Status,
-    VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode as ApiXdpMode,
+    InterfaceStatus, L2Group, L2Info, Ports as ApiPorts, ProbeState, Proto, ReloadResult,
+    SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode as ApiXdpMode,
 };
 use crate::api::{ApiRequestError, ApiState};
 use crate::dataplane::render::Health;
@@ -27,6 +27,7 @@ use crate::reconciler::status::{DataplaneStatus, ProbeStatus, SourceStatus, Stat
 use crate::reconciler::{Command, DrainError};
 use crate::sources::file::{FileSource, ReloadError};
 use crate::sources::{WatchState, WatchStates};
+use crate::speaker::L2State;
 
 pub struct DaemonApi {
     pub status: StatusReader,
@@ -38,6 +39,28 @@ pub struct DaemonApi {
     pub metrics: Arc<Metrics>,
     /// The Kubernetes source's watches (`-kubernetes`); None without.
     pub watches: Option<WatchStates>,
+    /// The L2 speaker's state; None when it does not run.
+    pub l2: Option<tokio::sync::watch::Receiver<Arc<L2State>>>,
+}
+
+fn l2_info(s: &L2State) -> L2Info {
+    L2Info {
+        mode: s.mode.to_string(),
+        identity: s.identity.clone(),
+        groups: s
+            .groups
+            .iter()
+            .map(|g| L2Group {
+                name: g.name.clone(),
+                owner: g.owner,
+                since: g.since,
+                holder: g.holder.clone(),
+                interfaces: g.interfaces.clone(),
+                vips: g.vips.clone(),
+            })
+            .collect(),
+        last_error: s.last_error.clone(),
+    }
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiRequestError {
@@ -304,6 +327,7 @@ impl ApiState for DaemonApi {
                 .as_ref()
                 .map(|w| w.borrow().iter().map(watch_info).collect())
                 .unwrap_or_default(),
+            l2: self.l2.as_ref().map(|s| l2_info(&s.borrow())),
         })
     }
 

@@ -316,6 +316,24 @@ impl Daemon {
         self.file.clone()
     }
 
+    /// The interfaces attached, as the L2 speaker answers on them: name,
+    /// ifindex and MAC (asked of the kernel now).
+    pub fn attached_interfaces(
+        &self,
+    ) -> Result<Vec<rivora_speaker::responder::Interface>, DaemonError> {
+        self.attached
+            .iter()
+            .map(|a| {
+                let (ifindex, mac) = net::interface(&a.name)?;
+                Ok(rivora_speaker::responder::Interface {
+                    name: a.name.clone(),
+                    ifindex,
+                    mac: mac.0,
+                })
+            })
+            .collect()
+    }
+
     fn attach(&mut self) -> Result<(), DaemonError> {
         let listed: BTreeSet<String> = self
             .node

@@ -104,6 +104,8 @@ mod tests {
                 token_file: listen.map(|_| dir.join("token")),
             },
             metrics: MetricsConf { listen: metrics },
+            announce: Default::default(),
+            l2: Default::default(),
         }
     }
 

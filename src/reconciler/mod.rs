@@ -33,7 +33,7 @@ use crate::dataplane::render::Health;
 use crate::dataplane::store::MapStore;
 use crate::dataplane::writer::UnclaimedVip;
 use crate::dataplane::{DataplaneError, Maps, Probe, Upsert, Writer};
-use crate::desired::{Conflict, DesiredStore, DesiredVip, Owner, SourceKind};
+use crate::desired::{Conflict, DesiredStore, DesiredVip, Owner, SourceKind, TrafficPolicy};
 use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
 use crate::model::{BackendTarget, Mac, Mode, NodeSettings, RateLimit, Vip, VipKey};
 use status::{
@@ -991,6 +991,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 key,
                 name: w.desired.name.clone(),
                 owner: Some(w.owner.clone()),
+                traffic_policy: w.desired.traffic_policy,
                 svc_id: info.svc_id,
                 slice: info.slice,
                 mode: vip.mode,
@@ -1041,6 +1042,9 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             key,
             name: key.to_string(),
             owner: None,
+            // Not known until a source claims it; the speakers skip
+            // unclaimed VIPs anyway.
+            traffic_policy: TrafficPolicy::Cluster,
             svc_id: u.svc_id,
             slice: u.slice,
             mode: u.mode?,

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::dataplane::alloc::Slice;
 use crate::dataplane::render::Health;
 use crate::dataplane::XdpMode;
-use crate::desired::{Conflict, Owner, SourceKind};
+use crate::desired::{Conflict, Owner, SourceKind, TrafficPolicy};
 use crate::healthcheck::HealthState;
 use crate::model::{Affinity, BackendTarget, Mode, VipKey};
 
@@ -50,6 +50,9 @@ pub struct VipStatus {
     /// source has claimed yet (kept forwarding until every source has
     /// synced, then pruned).
     pub owner: Option<Owner>,
+    /// Whether its backends are this node's alone (`externalTrafficPolicy:
+    /// Local`): the L2 speaker lets only a node that serves it announce it.
+    pub traffic_policy: TrafficPolicy,
     pub svc_id: u32,
     pub slice: Slice,
     pub mode: Mode,

@@ -124,6 +124,13 @@ pub fn restart_only_changes(started: &NodeRuntime, now: &NodeRuntime) -> Vec<Str
         opt(&started.metrics.listen),
         opt(&now.metrics.listen),
     );
+    // The speaker is set up once, from the file rivorad started with.
+    if (started.announce, &started.l2) != (now.announce, &now.l2) {
+        changed.push(
+            "node.announce or node.l2 changed: the L2 speaker takes it at the next restart"
+                .to_string(),
+        );
+    }
     changed
 }
 
@@ -308,6 +315,8 @@ mod tests {
             metrics: MetricsConf {
                 listen: metrics.map(|m| m.parse().expect("literal")),
             },
+            announce: Default::default(),
+            l2: Default::default(),
         }
     }
 

@@ -285,6 +285,7 @@ impl ApiState for Fake {
                     last_error_at: now_secs() - WATCH_ERROR_AGE_S,
                 },
             ],
+            l2: None,
         })
     }
 

@@ -45,3 +45,18 @@ fn is_bpffs(p: &Path) -> bool {
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
     rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
 }
+
+/// Panic unless each of `tools` is on PATH (beside [`root_and_tools`]'s):
+/// the L2 tests run arping, ndisc6 and tcpdump.
+pub fn tools(test: &str, tools: &[&str]) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{test} needs {missing:?} on PATH: run scripts/deps.sh with the Makefile's TEST_PKGS"
+    );
+}

@@ -34,6 +34,6 @@ pub use server::{
 pub use state::ApiState;
 pub use types::{
     Affinity, ApiError, BackendHealth, BackendInfo, DrainOutcome, DrainRequest, DrainSpec, Drops,
-    InterfaceStatus, Ports, ProbeState, Proto, ReloadRequest, ReloadResult, SourceInfo, Status,
-    VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
+    InterfaceStatus, L2Group, L2Info, Ports, ProbeState, Proto, ReloadRequest, ReloadResult,
+    SourceInfo, Status, VipBackend, VipInfo, VipMode, VipName, WatchInfo, XdpMode,
 };

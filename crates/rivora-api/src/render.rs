@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::types::{
-    Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, ReloadResult, SourceInfo, Status,
-    VipInfo, VipMode, WatchInfo, XdpMode,
+    Affinity, BackendHealth, BackendInfo, DrainOutcome, Drops, L2Info, ReloadResult, SourceInfo,
+    Status, VipInfo, VipMode, WatchInfo, XdpMode,
 };
 
 /// Columns padded to their widest cell, two spaces apart. Numeric columns
@@ -204,6 +204,47 @@ pub fn status(s: &Status, now: u64) -> String {
         out.push_str("\nKubernetes watches\n");
         out.push_str(&watches(&s.watches, now));
     }
+    if let Some(l2) = &s.l2 {
+        out.push_str("\nL2 announcements\n");
+        out.push_str(&l2_groups(l2, now));
+    }
+    out
+}
+
+/// The L2 speaker: each group this node stands for, whether it owns it
+/// and since when, who holds its Lease, where and what it answers.
+pub fn l2_groups(l2: &L2Info, now: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "mode {}{}",
+        l2.mode,
+        l2.identity
+            .as_deref()
+            .map_or_else(String::new, |i| format!(", identity {i}"))
+    );
+    if let Some(e) = &l2.last_error {
+        let _ = writeln!(out, "last error: {}", one_line(e));
+    }
+    if l2.groups.is_empty() {
+        out.push_str("no group: no VIP this node serves is to be announced\n");
+        return out;
+    }
+    let mut t = Table::new(&["GROUP", "OWNER", "SINCE", "INTERFACES", "VIPS>", "HOLDER"]);
+    for g in &l2.groups {
+        t.row(vec![
+            g.name.clone(),
+            yes_no(g.owner),
+            match g.since {
+                0 => "-".into(),
+                at => ago(at, now),
+            },
+            g.interfaces.join(","),
+            g.vips.len().to_string(),
+            g.holder.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out.push_str(&t.render());
     out
 }
 
@@ -569,6 +610,7 @@ mod tests {
             failed_vips: vec![],
             sources: vec![],
             watches: vec![],
+            l2: None,
         }
     }
 
@@ -579,6 +621,7 @@ mod tests {
         let out = status(&status_fixture(), NOW);
         assert!(!out.contains("SOURCE"), "{out}");
         assert!(!out.contains("Kubernetes watches"), "{out}");
+        assert!(!out.contains("L2 announcements"), "{out}");
         assert!(out.ends_with("INTERFACE  IFINDEX  XDP  TC NAT\n"), "{out}");
     }
 
@@ -646,6 +689,59 @@ mod tests {
              services         yes        1000       0  -\n\
              endpointslices   no         9980       3  3m12s ago: connection refused\n\
              servicepolicies  yes           0       1  0s ago: forbidden\n"
+        );
+    }
+
+    #[test]
+    fn status_l2_golden() {
+        use crate::types::L2Group;
+        let mut s = status_fixture();
+        s.l2 = Some(L2Info {
+            mode: "kubernetes".into(),
+            identity: Some("node-a_1f2e3".into()),
+            groups: vec![
+                L2Group {
+                    name: "rivora-l2-web".into(),
+                    owner: true,
+                    since: NOW - 75,
+                    holder: Some("node-a_1f2e3".into()),
+                    interfaces: vec!["eth0".into()],
+                    vips: vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()],
+                },
+                L2Group {
+                    name: "rivora-l2-web-10-0-0-7".into(),
+                    owner: false,
+                    since: NOW - 3725,
+                    holder: Some("node-b_88aa".into()),
+                    interfaces: vec!["eth0".into(), "eth1".into()],
+                    vips: vec!["10.0.0.7".parse().unwrap()],
+                },
+            ],
+            last_error: None,
+        });
+        let out = status(&s, NOW);
+        let tail = out.split_once("TC NAT\n").expect("interfaces table").1;
+        assert_eq!(
+            tail,
+            "\n\
+             L2 announcements\n\
+             mode kubernetes, identity node-a_1f2e3\n\
+             GROUP                   OWNER  SINCE      INTERFACES  VIPS  HOLDER\n\
+             rivora-l2-web           yes    1m15s ago  eth0           2  node-a_1f2e3\n\
+             rivora-l2-web-10-0-0-7  no     1h02m ago  eth0,eth1      1  node-b_88aa\n"
+        );
+        let none = l2_groups(
+            &L2Info {
+                mode: "static".into(),
+                identity: None,
+                groups: vec![],
+                last_error: Some("watching AddressPools: forbidden".into()),
+            },
+            NOW,
+        );
+        assert_eq!(
+            none,
+            "mode static\nlast error: watching AddressPools: forbidden\nno group: no VIP this node serves is to be announced\n"
         );
     }
 

@@ -56,6 +56,47 @@ pub struct Status {
     /// `-kubernetes`.
     #[serde(default)]
     pub watches: Vec<WatchInfo>,
+    /// The L2 speaker (ARP and NDP for the VIPs); absent when this node
+    /// announces nothing by L2, and from an older rivorad.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2: Option<L2Info>,
+}
+
+/// The L2 speaker's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct L2Info {
+    /// `static` (`announce: l2`: no Lease, this node answers) or
+    /// `kubernetes` (one Lease per group).
+    pub mode: String,
+    /// This node's identity in the Leases (`<node>_<run>`).
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// The groups this node stands for.
+    #[serde(default)]
+    pub groups: Vec<L2Group>,
+    /// The last error of the speaker's watches (AddressPools, this Node,
+    /// the Leases), if any.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// One group: a Lease (`rivora-l2-<pool or interface>[-<address>]`), or
+/// `static`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct L2Group {
+    pub name: String,
+    /// This node answers for the group's VIPs now.
+    pub owner: bool,
+    /// Unix seconds since `owner` last changed (or since this node began
+    /// to stand for the group).
+    pub since: u64,
+    /// The Lease's holder as last seen: this node's identity, another's,
+    /// or null (free, or no Lease).
+    #[serde(default)]
+    pub holder: Option<String>,
+    pub interfaces: Vec<String>,
+    /// The VIP addresses the owner answers for (those this node serves).
+    pub vips: Vec<IpAddr>,
 }
 
 /// One source of desired state, as the reconciler sees it.
@@ -517,6 +558,9 @@ mod tests {
         let old: Status = serde_json::from_str(OLD_STATUS).expect("an older rivorad's status");
         assert!(old.sources.is_empty());
         assert!(old.watches.is_empty());
+        assert_eq!(old.l2, None);
+        // Absent, it is not written either (what an older rivoractl reads).
+        assert!(serde_json::to_value(&old).unwrap().get("l2").is_none());
 
         let new = Status {
             sources: vec![SourceInfo {

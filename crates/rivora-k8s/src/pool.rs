@@ -84,6 +84,66 @@ pub struct AddressPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1_000_000))]
     pub priority: Option<i32>,
+
+    /// Announce this pool's addresses on the local link: one node at a
+    /// time (the holder of the Lease `rivora-l2-<pool>`) answers ARP and
+    /// neighbour solicitations for them, among the nodes this selects.
+    /// Absent: rivorad does not answer for them (BGP, or routes the
+    /// network holds, bring their traffic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_announcement: Option<L2Announcement>,
+}
+
+/// Which nodes may answer for a pool's addresses, and on which
+/// interfaces. An address of an `externalTrafficPolicy: Local` Service is
+/// answered only by a node with an endpoint of that Service, under a
+/// Lease of its own (`rivora-l2-<pool>-<address>`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct L2Announcement {
+    /// Nodes (by their labels) that may answer. Absent or empty: every
+    /// node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Interfaces to answer on, of those rivorad attached to (its
+    /// `interfaces`). Empty: every one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"))]
+    pub interfaces: Vec<InterfaceName>,
+}
+
+/// A network interface's name, as the kernel allows it (1 to 15 bytes,
+/// no `/`, no whitespace, not `.` or `..`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(transparent)]
+pub struct InterfaceName(pub String);
+
+impl JsonSchema for InterfaceName {
+    fn schema_name() -> Cow<'static, str> {
+        "InterfaceName".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "A network interface's name (eth0).",
+            "minLength": 1,
+            "maxLength": 15,
+            "pattern": r"^[^/\s:]+$"
+        })
+    }
+}
+
+/// The checked `l2Announcement` of a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedL2 {
+    pub node_selector: Selector,
+    /// Empty: every interface the node answers on.
+    pub interfaces: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -511,6 +571,7 @@ pub fn parse_pool_address(entry: &str) -> Result<IpRange, AddressError> {
 pub const REASON_READY: &str = "Ready";
 pub const REASON_INVALID_ADDRESSES: &str = "InvalidAddresses";
 pub const REASON_INVALID_SELECTOR: &str = "InvalidSelector";
+pub const REASON_INVALID_INTERFACE: &str = "InvalidInterface";
 pub const REASON_OVERLAP: &str = "Overlap";
 pub const REASON_NO_CONFLICT: &str = "NoConflict";
 
@@ -535,6 +596,8 @@ pub struct ParsedPool {
     pub service_selector: Selector,
     pub namespace_selector: Selector,
     pub priority: Option<i32>,
+    /// Its `l2Announcement`, if any.
+    pub l2: Option<ParsedL2>,
 }
 
 /// Which of a pool's selectors turned a Service away.
@@ -624,6 +687,41 @@ pub fn check_pool(name: &str, spec: &AddressPoolSpec) -> Result<ParsedPool, Pool
         service_selector: selector(SelectorKind::Service, &spec.service_selector)?,
         namespace_selector: selector(SelectorKind::Namespace, &spec.namespace_selector)?,
         priority: spec.priority,
+        l2: spec.l2_announcement.as_ref().map(check_l2).transpose()?,
+    })
+}
+
+fn check_l2(l2: &L2Announcement) -> Result<ParsedL2, PoolIssue> {
+    let node_selector = l2
+        .node_selector
+        .clone()
+        .map_or(Ok(Selector::default()), Selector::try_from)
+        .map_err(|e| PoolIssue {
+            reason: REASON_INVALID_SELECTOR,
+            message: format!("l2Announcement.nodeSelector: {}", e.0),
+        })?;
+    let mut interfaces = Vec::with_capacity(l2.interfaces.len());
+    for (i, InterfaceName(name)) in l2.interfaces.iter().enumerate() {
+        let bad = name.is_empty()
+            || name.len() > 15
+            || name == "."
+            || name == ".."
+            || name
+                .chars()
+                .any(|c| c == '/' || c == ':' || c.is_whitespace());
+        if bad {
+            return Err(PoolIssue {
+                reason: REASON_INVALID_INTERFACE,
+                message: format!(
+                    "l2Announcement.interfaces[{i}]: {name:?} is not an interface name (1 to 15 characters, no '/', ':' or spaces)"
+                ),
+            });
+        }
+        interfaces.push(name.clone());
+    }
+    Ok(ParsedL2 {
+        node_selector,
+        interfaces,
     })
 }
 
@@ -809,6 +907,34 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(open.admits(&BTreeMap::new(), &BTreeMap::new()), Ok(()));
+        assert_eq!(p.l2, None, "no l2Announcement: not announced");
+    }
+
+    #[test]
+    fn check_pool_reads_the_l2_announcement() {
+        let p = check_pool(
+            "l2",
+            &spec(json!({
+                "addresses": ["10.0.0.0/24"],
+                "l2Announcement": {"nodeSelector": {"matchLabels": {"lb": "yes"}}, "interfaces": ["eth0", "eth1.100"]}
+            })),
+        )
+        .expect("valid");
+        let l2 = p.l2.expect("an l2Announcement");
+        assert_eq!(l2.interfaces, ["eth0", "eth1.100"]);
+        let l = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert!(l2.node_selector.matches(&l("lb", "yes")));
+        assert!(!l2.node_selector.matches(&l("lb", "no")));
+        // Empty: every node, every interface.
+        let all = check_pool(
+            "l2",
+            &spec(json!({"addresses": ["10.0.0.0/24"], "l2Announcement": {}})),
+        )
+        .expect("valid")
+        .l2
+        .expect("an l2Announcement");
+        assert!(all.interfaces.is_empty());
+        assert!(all.node_selector.matches(&BTreeMap::new()));
     }
 
     #[test]
@@ -833,6 +959,21 @@ mod tests {
                 json!({"addresses": ["10.0.0.0/24"], "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}),
                 REASON_INVALID_SELECTOR,
                 "namespaceSelector: ",
+            ),
+            (
+                json!({"addresses": ["10.0.0.0/24"], "l2Announcement": {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}),
+                REASON_INVALID_SELECTOR,
+                "l2Announcement.nodeSelector: ",
+            ),
+            (
+                json!({"addresses": ["10.0.0.0/24"], "l2Announcement": {"interfaces": ["eth0", "a/b"]}}),
+                REASON_INVALID_INTERFACE,
+                "l2Announcement.interfaces[1]: \"a/b\" is not an interface name",
+            ),
+            (
+                json!({"addresses": ["10.0.0.0/24"], "l2Announcement": {"interfaces": ["a-very-long-name0"]}}),
+                REASON_INVALID_INTERFACE,
+                "l2Announcement.interfaces[0]: ",
             ),
         ];
         for (s, reason, message) in rows {

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use kube::ResourceExt;
-use rivora_model::desired::{DesiredVip, Owner, SourceKind};
+use rivora_model::desired::{DesiredVip, Owner, SourceKind, TrafficPolicy};
 use rivora_model::health::HealthCheckSpec;
 use rivora_model::model::{Affinity, Backend, Mode, Ports, Protocol, Vip, MAX_AFFINITY_TIMEOUT_S};
 
@@ -374,6 +374,11 @@ fn translate<S: Borrow<EndpointSlice>>(
                 name: format!("{namespace}/{name}:{}", port_label(sp)),
                 health: checks,
                 vip,
+                traffic_policy: if local {
+                    TrafficPolicy::Local
+                } else {
+                    TrafficPolicy::Cluster
+                },
             });
         }
     }

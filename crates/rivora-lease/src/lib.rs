@@ -18,12 +18,26 @@
 //! clocks need to agree. A request that was held up and lands late cannot
 //! undo a newer holder's record: its `resourceVersion` no longer matches.
 //!
+//! Two additions for Leases only rivorad contends for (the L2 speaker's),
+//! where a failover must take under a second:
+//! - [`LeaseSettings::precise`]: the durations in whole milliseconds,
+//!   carried in the annotation [`DURATION_MS_ANNOTATION`] beside
+//!   `leaseDurationSeconds` (rounded up, for humans). Readers honour the
+//!   annotation of the version they judge, so each holder's own duration
+//!   is what the others wait.
+//! - [`LeaseFeed`]: one watch of a namespace's Leases (by label) that
+//!   elections read instead of polling, so a replica learns of a release
+//!   or a renewal as it is written. A version is still timed from when
+//!   this replica read it, which a watch only makes later than the write
+//!   that made it: the argument above is unchanged.
+//!
 //! kube-lease-manager, tried first, renews and releases with
 //! unconditional patches whose `renewTime` is stamped before the request
 //! leaves: a renewal delayed past a takeover rewound the new holder's
 //! `renewTime` (both replicas stopped writing for seconds), and a delayed
 //! release would clear the new holder's Lease.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -34,6 +48,16 @@ use kube::Client;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
+
+use rivora_model::lease::{LeaseTimings, Precision};
+
+mod feed;
+pub use feed::{LeaseFeed, Seen};
+pub use rivora_model::lease;
+
+/// Where a precise holder writes its lease duration, in whole
+/// milliseconds (`leaseDurationSeconds` holds it rounded up).
+pub const DURATION_MS_ANNOTATION: &str = "rivora.io/lease-duration-ms";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseSettings {
@@ -49,6 +73,12 @@ pub struct LeaseSettings {
     pub renew_deadline: Duration,
     /// How often the holder renews and the others look.
     pub retry_period: Duration,
+    /// Durations in whole milliseconds, carried in
+    /// [`DURATION_MS_ANNOTATION`]: only for a Lease that no client-go
+    /// replica contends for (they would read the rounded-up seconds).
+    pub precise: bool,
+    /// Labels the Lease is created with (a [`LeaseFeed`] selects by them).
+    pub labels: BTreeMap<String, String>,
 }
 
 impl LeaseSettings {
@@ -63,29 +93,37 @@ impl LeaseSettings {
             namespace: namespace.into(),
             name: name.into(),
             identity: identity.into(),
-            duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            duration: LeaseTimings::CLIENT_GO.duration,
+            renew_deadline: LeaseTimings::CLIENT_GO.renew_deadline,
+            retry_period: LeaseTimings::CLIENT_GO.retry_period,
+            precise: false,
+            labels: BTreeMap::new(),
         }
     }
 
-    /// The rules between the three durations, said before anything runs.
+    pub fn timings(&self) -> LeaseTimings {
+        LeaseTimings {
+            duration: self.duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        if self.precise {
+            Precision::Milliseconds
+        } else {
+            Precision::Seconds
+        }
+    }
+
+    /// The rules between the three durations
+    /// ([`rivora_model::lease::LeaseTimings::check`]), said before
+    /// anything runs.
     pub fn check(&self) -> Result<(), ElectionError> {
-        let bad = |why: &str| {
-            Err(ElectionError::Settings(format!(
-                "{why} (lease duration {:?}, renew deadline {:?}, retry period {:?})",
-                self.duration, self.renew_deadline, self.retry_period
-            )))
-        };
-        if self.duration.as_secs() == 0 || self.duration.subsec_nanos() != 0 {
-            return bad("the lease duration must be whole seconds, at least 1s");
-        }
-        if self.renew_deadline >= self.duration {
-            return bad("the renew deadline must be below the lease duration");
-        }
-        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return bad("the retry period must be above zero and below the renew deadline");
-        }
+        self.timings()
+            .check(self.precision())
+            .map_err(|e| ElectionError::Settings(e.to_string()))?;
         if self.identity.is_empty() {
             return Err(ElectionError::Settings(
                 "the identity in the Lease must not be empty".into(),
@@ -112,16 +150,28 @@ pub struct Record {
 }
 
 impl Record {
+    /// The duration is the holder's [`DURATION_MS_ANNOTATION`] when it
+    /// wrote one that reads as a positive number, else
+    /// `leaseDurationSeconds`.
     pub fn of(lease: &Lease) -> Self {
         let spec = lease.spec.as_ref();
+        let precise = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DURATION_MS_ANNOTATION))
+            .and_then(|ms| ms.trim().parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis);
         Self {
             holder: spec
                 .and_then(|s| s.holder_identity.clone())
                 .filter(|h| !h.is_empty()),
-            duration: spec
-                .and_then(|s| s.lease_duration_seconds)
-                .and_then(|d| u64::try_from(d).ok())
-                .map_or(Duration::ZERO, Duration::from_secs),
+            duration: precise.unwrap_or_else(|| {
+                spec.and_then(|s| s.lease_duration_seconds)
+                    .and_then(|d| u64::try_from(d).ok())
+                    .map_or(Duration::ZERO, Duration::from_secs)
+            }),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
             resource_version: lease.metadata.resource_version.clone(),
         }
@@ -178,10 +228,17 @@ pub fn decide(me: &str, seen: Option<&Observed>, now: Instant) -> Step {
     }
 }
 
+/// When the holder must be quiet: its last confirmed renewal's send time
+/// plus the renew deadline. Pure, for the timing tests.
+pub fn fence_after(sent: Instant, renew_deadline: Duration) -> Instant {
+    sent + renew_deadline
+}
+
 /// The fenced leadership, for writers to check before every write.
 #[derive(Clone)]
 pub struct Leadership {
     leads: watch::Receiver<bool>,
+    fence: watch::Receiver<Option<Instant>>,
 }
 
 impl Leadership {
@@ -203,6 +260,20 @@ impl Leadership {
     pub fn receiver(&self) -> watch::Receiver<bool> {
         self.leads.clone()
     }
+
+    /// The instant this replica must be quiet by (None: it does not
+    /// hold the Lease). `leads` flips at this instant from a timer, which
+    /// a loaded runtime may run late; a writer whose act must not outlive
+    /// the fence by even that (the L2 speaker's frames) compares the
+    /// clock with this right before it acts.
+    pub fn fence(&self) -> watch::Receiver<Option<Instant>> {
+        self.fence.clone()
+    }
+
+    /// Whether this replica may act at `now`, by the fence itself.
+    pub fn valid_at(&self, now: Instant) -> bool {
+        self.fence.borrow().is_some_and(|until| now < until)
+    }
 }
 
 /// The running election: [`Election::stop`] releases the Lease.
@@ -212,20 +283,39 @@ pub struct Election {
 }
 
 impl Election {
+    /// Poll the Lease every retry period (client-go's way).
     pub async fn start(
         client: Client,
         s: &LeaseSettings,
+    ) -> Result<(Self, Leadership), ElectionError> {
+        Self::start_fed(client, s, None).await
+    }
+
+    /// With a [`LeaseFeed`] of the Lease's namespace: the election reads
+    /// the Lease from the feed (a GET only before the feed has listed, or
+    /// after a write of its own was refused) and a replica that does not
+    /// hold it looks again as soon as the feed shows a change.
+    pub async fn start_fed(
+        client: Client,
+        s: &LeaseSettings,
+        feed: Option<&LeaseFeed>,
     ) -> Result<(Self, Leadership), ElectionError> {
         s.check()?;
         let (fence_tx, fence_rx) = watch::channel(None);
         let (leads_tx, leads) = watch::channel(false);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let fence = tokio::spawn(publish_fence(fence_rx, leads_tx, s.identity.clone()));
+        let fence = tokio::spawn(publish_fence(
+            fence_rx.clone(),
+            leads_tx,
+            s.identity.clone(),
+        ));
         let elector = Elector {
             api: Api::namespaced(client, &s.namespace),
             s: s.clone(),
             seen: None,
             fence: fence_tx,
+            feed: feed.map(|f| f.subscribe(&s.name)),
+            fresh_read: false,
         };
         let task = tokio::spawn(async move {
             elector.run(stop_rx).await;
@@ -236,7 +326,10 @@ impl Election {
                 stop: Some(stop_tx),
                 task,
             },
-            Leadership { leads },
+            Leadership {
+                leads,
+                fence: fence_rx,
+            },
         ))
     }
 
@@ -291,26 +384,64 @@ struct Elector {
     s: LeaseSettings,
     seen: Option<Observed>,
     fence: watch::Sender<Option<Instant>>,
+    /// The Lease as a [`LeaseFeed`] shows it (None: poll with GETs).
+    feed: Option<watch::Receiver<Seen>>,
+    /// The next read must be a GET: a write was refused, so the feed may
+    /// not show the version that refused it yet.
+    fresh_read: bool,
 }
 
 impl Elector {
     async fn run(mut self, mut stop: oneshot::Receiver<()>) {
         let mut last: Option<Lease> = None;
         loop {
-            // A round is never cut short (its requests are bounded by the
-            // retry period): the release needs the version it wrote.
+            // A round is never cut short (its requests are bounded): the
+            // release needs the version it wrote.
             let next = self.round(&mut last).await;
             // Stopped, or the Election dropped.
             if !matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
                 break;
             }
+            // A replica that does not hold the Lease looks again as soon
+            // as the feed shows a change (a release, a takeover, a
+            // renewal to time from); the holder renews on its schedule,
+            // whatever its own renewals make the feed say.
+            let holds = self.holds();
+            let changed = async {
+                match self.feed.as_mut() {
+                    Some(f) if !holds => {
+                        if f.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    _ => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep_until(next.into()) => {}
+                _ = changed => {}
                 _ = &mut stop => break,
             }
         }
         self.fence.send_replace(None);
         self.release(last).await;
+    }
+
+    /// The Lease as it is now: from the feed when it has listed and no
+    /// write was refused since, else by a GET.
+    async fn read(&mut self) -> Result<Option<Lease>, ()> {
+        if !self.fresh_read {
+            if let Some(f) = self.feed.as_mut() {
+                match &*f.borrow_and_update() {
+                    Seen::Absent => return Ok(None),
+                    Seen::Present(l) => return Ok(Some((**l).clone())),
+                    Seen::Unknown => {}
+                }
+            }
+        }
+        let l = self.get().await?;
+        self.fresh_read = false;
+        Ok(l)
     }
 
     /// One look, and the write it calls for; returns when to look next.
@@ -320,7 +451,7 @@ impl Elector {
         // the version to replace, and a conflict says someone else wrote.
         let lease = match last.take() {
             Some(l) if self.holds() => Some(l),
-            _ => match self.get().await {
+            _ => match self.read().await {
                 Ok(l) => l,
                 Err(()) => return retry,
             },
@@ -343,7 +474,8 @@ impl Elector {
                 if step != Step::Renew {
                     info!(identity = %self.s.identity, lease = %self.s.name, "took the Lease");
                 }
-                self.fence.send_replace(Some(sent + self.s.renew_deadline));
+                self.fence
+                    .send_replace(Some(fence_after(sent, self.s.renew_deadline)));
                 self.seen = Some(Observed {
                     record: Record::of(&l),
                     since: Instant::now(),
@@ -351,8 +483,12 @@ impl Elector {
                 *last = Some(l);
                 retry
             }
-            // Someone else wrote first: read again at once.
-            Err(Conflict) => Instant::now(),
+            // Someone else wrote first: read again at once, from the API
+            // server itself.
+            Err(Conflict) => {
+                self.fresh_read = true;
+                Instant::now()
+            }
         }
     }
 
@@ -363,8 +499,17 @@ impl Elector {
             .is_some_and(|h| h == self.s.identity)
     }
 
+    /// Each request's bound. In seconds precision the retry period
+    /// (client-go's rhythm); in milliseconds the renew deadline: a
+    /// renewal that lands late still moves the fence (from when it was
+    /// sent), and with retry periods of a fifth of a second a loaded API
+    /// server would otherwise fail renewals that it was about to confirm.
     fn timeout(&self) -> Duration {
-        self.s.retry_period
+        if self.s.precise {
+            self.s.renew_deadline
+        } else {
+            self.s.retry_period
+        }
     }
 
     async fn get(&self) -> Result<Option<Lease>, ()> {
@@ -382,24 +527,23 @@ impl Elector {
     }
 
     fn spec_now(&self, acquired: bool, transitions: i32) -> LeaseSpec {
-        let now = MicroTime(Timestamp::now());
-        LeaseSpec {
-            holder_identity: Some(self.s.identity.clone()),
-            lease_duration_seconds: Some(self.s.duration.as_secs() as i32),
-            acquire_time: acquired.then(|| now.clone()),
-            renew_time: Some(now),
-            lease_transitions: Some(transitions),
-            ..Default::default()
-        }
+        spec_for(&self.s, acquired, transitions)
+    }
+
+    fn annotate(&self, meta: &mut ObjectMeta) {
+        annotate(&self.s, meta)
     }
 
     async fn create(&self) -> Result<Lease, Conflict> {
+        let mut metadata = ObjectMeta {
+            name: Some(self.s.name.clone()),
+            namespace: Some(self.s.namespace.clone()),
+            labels: (!self.s.labels.is_empty()).then(|| self.s.labels.clone()),
+            ..Default::default()
+        };
+        self.annotate(&mut metadata);
         let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(self.s.name.clone()),
-                namespace: Some(self.s.namespace.clone()),
-                ..Default::default()
-            },
+            metadata,
             spec: Some(self.spec_now(true, 0)),
         };
         self.write(self.api.create(&PostParams::default(), &lease))
@@ -421,6 +565,7 @@ impl Elector {
         spec.strategy = old.strategy;
         lease.spec = Some(spec);
         lease.metadata.managed_fields = None;
+        self.annotate(&mut lease.metadata);
         self.write(
             self.api
                 .replace(&self.s.name, &PostParams::default(), &lease),
@@ -428,8 +573,8 @@ impl Elector {
         .await
     }
 
-    /// A create or replace, bounded by the retry period. Anything but
-    /// success counts as a conflict: read again before the next write.
+    /// A create or replace, bounded. Anything but success counts as a
+    /// conflict: read again before the next write.
     async fn write(
         &self,
         req: impl std::future::Future<Output = kube::Result<Lease>>,
@@ -468,6 +613,9 @@ impl Elector {
             strategy: old.strategy,
         });
         lease.metadata.managed_fields = None;
+        if let Some(a) = lease.metadata.annotations.as_mut() {
+            a.remove(DURATION_MS_ANNOTATION);
+        }
         match self
             .write(
                 self.api
@@ -481,6 +629,42 @@ impl Elector {
             }
         }
     }
+}
+
+/// The spec a write of this replica carries now.
+pub fn spec_for(s: &LeaseSettings, acquired: bool, transitions: i32) -> LeaseSpec {
+    let now = MicroTime(Timestamp::now());
+    LeaseSpec {
+        holder_identity: Some(s.identity.clone()),
+        lease_duration_seconds: Some(duration_seconds(s.duration)),
+        acquire_time: acquired.then(|| now.clone()),
+        renew_time: Some(now),
+        lease_transitions: Some(transitions),
+        ..Default::default()
+    }
+}
+
+/// The annotations a write of this replica carries: its precise
+/// duration, or none (a seconds reader must not take a stale one for the
+/// holder's). Other annotations are kept.
+pub fn annotate(s: &LeaseSettings, meta: &mut ObjectMeta) {
+    let mut a = meta.annotations.take().unwrap_or_default();
+    if s.precise {
+        a.insert(
+            DURATION_MS_ANNOTATION.into(),
+            s.duration.as_millis().to_string(),
+        );
+    } else {
+        a.remove(DURATION_MS_ANNOTATION);
+    }
+    meta.annotations = (!a.is_empty()).then_some(a);
+}
+
+/// `leaseDurationSeconds` for a duration: rounded up, so a reader of the
+/// seconds alone waits at least as long as the holder meant.
+pub fn duration_seconds(d: Duration) -> i32 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(s.max(1)).unwrap_or(i32::MAX)
 }
 
 /// The write did not happen as asked.
@@ -587,3 +771,6 @@ mod tests {
         assert!(e.to_string().contains("identity"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod timing_tests;

@@ -71,7 +71,8 @@ impl fmt::Display for Owner {
 }
 
 /// A VIP as a source wants it, with what the dataplane does not hold:
-/// its display name and the health check of each backend.
+/// its display name, the health check of each backend, and which nodes
+/// can serve it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DesiredVip {
     pub vip: Vip,
@@ -81,6 +82,22 @@ pub struct DesiredVip {
     /// `vip.backends` (None: not probed). Shared: many backends and VIPs
     /// use one spec, and unprobed ones cost a pointer.
     pub health: Vec<Option<Arc<HealthCheckSpec>>>,
+    /// Whether the backends are this node's alone.
+    pub traffic_policy: TrafficPolicy,
+}
+
+/// Which nodes can serve a VIP, as a Kubernetes Service's
+/// `externalTrafficPolicy` says: the L2 speaker lets only a node that
+/// serves a VIP announce it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum TrafficPolicy {
+    /// Every node forwards to every backend (the file's VIPs, Gateways,
+    /// `externalTrafficPolicy: Cluster`).
+    #[default]
+    Cluster,
+    /// `externalTrafficPolicy: Local`: this node's endpoints alone, so
+    /// only a node with one may announce the VIP.
+    Local,
 }
 
 impl DesiredVip {
@@ -90,6 +107,7 @@ impl DesiredVip {
             name: vip.key().to_string(),
             health: vec![None; vip.backends.len()],
             vip,
+            traffic_policy: TrafficPolicy::Cluster,
         }
     }
 }
@@ -257,6 +275,7 @@ pub fn from_config(cfg: &Config) -> Vec<DesiredVip> {
                     .cloned()
                     .unwrap_or_else(|| key.to_string()),
                 health,
+                traffic_policy: TrafficPolicy::Cluster,
             }
         })
         .collect()

@@ -101,7 +101,7 @@ pub(crate) struct ApiServer {
     dir: PathBuf,
     pub(crate) kubeconfig: PathBuf,
     /// The loopback port it listens on.
-    port: u16,
+    pub(crate) port: u16,
 }
 
 fn script() -> PathBuf {

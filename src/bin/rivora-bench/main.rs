@@ -6,6 +6,7 @@ mod controller;
 mod daemon;
 mod health;
 mod k8s;
+mod l2;
 mod labxdp;
 mod restart;
 mod synflood;
@@ -118,6 +119,11 @@ fn main() -> Result<()> {
     if want("k8s") {
         println!("rivorad -kubernetes: 1,000 Services against a real API server (real rivorad in a namespace)");
         k8s::run(&mut results).context("k8s bench")?;
+    }
+
+    if want("l2") {
+        println!("the L2 speaker: three rivorad -kubernetes, failovers and forced handovers under a 10 ms ping");
+        l2::run(&mut results).context("l2 bench")?;
     }
 
     if want("controller") {

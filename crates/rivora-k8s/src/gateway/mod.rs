@@ -90,7 +90,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::core::{Selector, SelectorExt};
 use kube::ResourceExt;
-use rivora_model::desired::{DesiredVip, Owner, SourceKind};
+use rivora_model::desired::{DesiredVip, Owner, SourceKind, TrafficPolicy};
 use rivora_model::health::HealthCheckSpec;
 use rivora_model::model::{Affinity, Backend, Mode, Ports, Protocol, Vip, MAX_WEIGHT};
 
@@ -1070,6 +1070,7 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                 vips.push(DesiredVip {
                     name: format!("{}/{}:{}", key.namespace, key.name, l.name),
                     health: vec![health.clone(); backends.len()],
+                    traffic_policy: TrafficPolicy::Cluster,
                     vip: Vip {
                         addr,
                         ports: Ports::One(port),

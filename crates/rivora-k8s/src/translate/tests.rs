@@ -471,6 +471,31 @@ fn names_owner_and_warning_text() {
 }
 
 #[test]
+fn the_traffic_policy_goes_with_every_vip_for_the_l2_speaker() {
+    for (etp, want) in [
+        (json!("Local"), TrafficPolicy::Local),
+        (json!("Cluster"), TrafficPolicy::Cluster),
+        (json!(null), TrafficPolicy::Cluster),
+    ] {
+        let svc = service(json!({"spec": {"externalTrafficPolicy": etp,
+                                          "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]}}));
+        let t = service_vips(
+            &svc,
+            &two_ready(),
+            None,
+            "node-a",
+            &TranslateOptions::default(),
+        );
+        assert_eq!(t.vips.len(), 2, "{etp}");
+        assert!(
+            t.vips.iter().all(|v| v.traffic_policy == want),
+            "{etp}: {:?}",
+            t.vips.iter().map(|v| v.traffic_policy).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
 fn a_rejected_policy_names_itself_and_its_reason() {
     let p = policy(json!({"services": ["web"], "weights": [
         {"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}, "weight": 3}

@@ -23,6 +23,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
+use crate::lease::{LeaseTimings, Precision};
 use crate::model::XdpMode;
 use crate::model::{
     Affinity, Backend, CapacityError, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports,
@@ -82,6 +83,121 @@ pub struct NodeConf {
     /// Outer source addresses for L3 DSR.
     #[serde(default)]
     pub tunnel_source: TunnelConf,
+    /// How this node's VIPs reach the link: `l2` (answer ARP and NDP for
+    /// them) or `none` (the default: BGP or the network's own routes).
+    /// With `-kubernetes`, AddressPools with an `l2Announcement` are
+    /// announced either way; `l2` announces the VIPs of no such pool too.
+    #[serde(default)]
+    pub announce: Announce,
+    /// The L2 speaker's settings.
+    #[serde(default)]
+    pub l2: L2Conf,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Announce {
+    #[default]
+    None,
+    L2,
+}
+
+/// Default period of gratuitous ARP and unsolicited advertisements.
+pub const DEFAULT_GRATUITOUS_INTERVAL: Duration = Duration::from_secs(30);
+/// Default namespace of the L2 speaker's Leases (then `$POD_NAMESPACE`
+/// wins over it when set).
+pub const DEFAULT_LEASE_NAMESPACE: &str = "rivora-system";
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct L2Conf {
+    /// Interfaces to answer on, of `interfaces`. Empty: all of them.
+    #[serde(default)]
+    pub interfaces: Vec<L2Interface>,
+    /// How often the owner repeats its gratuitous ARP and unsolicited
+    /// advertisements (it also sends them at once on winning). 1s to 1h.
+    #[serde(default = "default_gratuitous", with = "humantime_serde")]
+    pub gratuitous_interval: Duration,
+    /// `-kubernetes`: the labels this node's Node object must carry for
+    /// it to announce anything (beside each pool's own `nodeSelector`).
+    /// Empty: every node.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// `-kubernetes`: the Leases' namespace and timings.
+    #[serde(default)]
+    pub lease: L2LeaseConf,
+}
+
+fn default_gratuitous() -> Duration {
+    DEFAULT_GRATUITOUS_INTERVAL
+}
+
+impl Default for L2Conf {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            gratuitous_interval: DEFAULT_GRATUITOUS_INTERVAL,
+            node_selector: BTreeMap::new(),
+            lease: L2LeaseConf::default(),
+        }
+    }
+}
+
+/// One of `node.l2.interfaces`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct L2Interface(#[serde(deserialize_with = "fields::interface_name")] pub String);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct L2LeaseConf {
+    /// Default: `$POD_NAMESPACE`, else `rivora-system`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// How long the others wait from the owner's last renewal they saw.
+    #[serde(default = "default_lease_duration", with = "humantime_serde")]
+    pub duration: Duration,
+    /// The owner goes quiet this long after it sent its last renewal
+    /// that succeeded. Below `duration` by at least 100ms.
+    #[serde(default = "default_renew_deadline", with = "humantime_serde")]
+    pub renew_deadline: Duration,
+    /// How often the owner renews (and the others look, though they
+    /// watch the Lease too).
+    #[serde(default = "default_retry_period", with = "humantime_serde")]
+    pub retry_period: Duration,
+}
+
+fn default_lease_duration() -> Duration {
+    LeaseTimings::L2.duration
+}
+
+fn default_renew_deadline() -> Duration {
+    LeaseTimings::L2.renew_deadline
+}
+
+fn default_retry_period() -> Duration {
+    LeaseTimings::L2.retry_period
+}
+
+impl Default for L2LeaseConf {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            duration: LeaseTimings::L2.duration,
+            renew_deadline: LeaseTimings::L2.renew_deadline,
+            retry_period: LeaseTimings::L2.retry_period,
+        }
+    }
+}
+
+impl L2LeaseConf {
+    pub fn timings(&self) -> LeaseTimings {
+        LeaseTimings {
+            duration: self.duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -316,6 +432,8 @@ pub struct NodeRuntime {
     pub interfaces: Vec<InterfaceConf>,
     pub api: ApiConf,
     pub metrics: MetricsConf,
+    pub announce: Announce,
+    pub l2: L2Conf,
 }
 
 impl Config {
@@ -326,6 +444,8 @@ impl Config {
             interfaces: self.file.interfaces.clone(),
             api: self.file.api.clone(),
             metrics: self.file.metrics.clone(),
+            announce: self.file.node.announce,
+            l2: self.file.node.l2.clone(),
         }
     }
 }
@@ -535,6 +655,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
     file.health_check
         .validate()
         .map_err(|e| spec_fail("healthCheck", e))?;
+    check_l2(&file, &fail)?;
 
     let node = NodeSettings {
         syn_rate_limit: file.node.syn_rate_limit.map(rate_limit),
@@ -624,6 +745,82 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         names,
         capacity: *capacity,
     })
+}
+
+/// `node.l2`: what serde could not check field by field.
+fn check_l2(file: &File, fail: &impl Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
+    let l2 = &file.node.l2;
+    for (i, L2Interface(name)) in l2.interfaces.iter().enumerate() {
+        if !file.interfaces.iter().any(|f| &f.name == name) {
+            return Err(fail(
+                &format!("node.l2.interfaces[{i}]"),
+                format!("{name:?} is not one of `interfaces`: the speaker answers only where rivorad attaches"),
+            ));
+        }
+    }
+    let g = l2.gratuitous_interval;
+    if g < Duration::from_secs(1) || g > Duration::from_secs(3600) {
+        return Err(fail(
+            "node.l2.gratuitousInterval",
+            format!("{} is not between 1s and 1h", humantime::format_duration(g)),
+        ));
+    }
+    for (k, v) in &l2.node_selector {
+        if !label_key(k) || !label_value(v) {
+            return Err(fail(
+                "node.l2.nodeSelector",
+                format!("{k:?}: {v:?} is not a Kubernetes label (key [prefix/]name, value up to 63 characters of letters, digits, '-', '_', '.')"),
+            ));
+        }
+    }
+    if let Some(ns) = &l2.lease.namespace {
+        if !dns_label(ns) {
+            return Err(fail(
+                "node.l2.lease.namespace",
+                format!(
+                    "{ns:?} is not a namespace name (lowercase letters, digits and '-', up to 63)"
+                ),
+            ));
+        }
+    }
+    l2.lease
+        .timings()
+        .check(Precision::Milliseconds)
+        .map_err(|e| fail("node.l2.lease", e.to_string()))?;
+    Ok(())
+}
+
+/// RFC 1123 label, as a namespace name.
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A label value: empty, or up to 63 of `[A-Za-z0-9-_.]` starting and
+/// ending alphanumeric.
+fn label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// A label key: `[prefix/]name`, the name a non-empty label value, the
+/// prefix a DNS subdomain.
+fn label_key(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let prefix_ok =
+        prefix.is_none_or(|p| !p.is_empty() && p.len() <= 253 && p.split('.').all(dns_label));
+    prefix_ok && !name.is_empty() && label_value(name)
 }
 
 fn rate_limit(r: RateLimitConf) -> RateLimit {

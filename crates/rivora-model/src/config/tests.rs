@@ -1,6 +1,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::lease::LeaseTimings;
 
 fn parse_str(text: &str) -> Result<Config, ConfigError> {
     parse(Path::new("rivora.yaml"), text)
@@ -1206,4 +1207,101 @@ fn long_values_give_short_messages() {
         "{shown}"
     );
     assert_eq!(e.line, Some(8), "{shown}");
+}
+
+const L2_BASE: &str = "\
+interfaces:
+  - name: eth0
+  - name: eth1
+node:
+  announce: l2
+";
+
+#[test]
+fn l2_settings_default_and_read() {
+    let c = parse_str(GOOD).expect("valid");
+    let n = c.node_settings();
+    assert_eq!(n.announce, Announce::None, "nothing announced unless asked");
+    assert_eq!(n.l2, L2Conf::default());
+    assert_eq!(n.l2.gratuitous_interval, Duration::from_secs(30));
+    assert_eq!(n.l2.lease.timings(), LeaseTimings::L2);
+
+    let text = format!(
+        "{L2_BASE}  l2:\n    interfaces: [eth1]\n    gratuitousInterval: 5s\n    \
+         nodeSelector: {{ rivora.io/l2: \"yes\" }}\n    \
+         lease: {{ namespace: lb, duration: 2s, renewDeadline: 1500ms, retryPeriod: 250ms }}\n"
+    );
+    let n = parse_str(&text).expect("valid").node_settings();
+    assert_eq!(n.announce, Announce::L2);
+    assert_eq!(n.l2.interfaces, vec![L2Interface("eth1".into())]);
+    assert_eq!(n.l2.gratuitous_interval, Duration::from_secs(5));
+    assert_eq!(n.l2.node_selector["rivora.io/l2"], "yes");
+    assert_eq!(n.l2.lease.namespace.as_deref(), Some("lb"));
+    assert_eq!(n.l2.lease.duration, Duration::from_secs(2));
+    assert_eq!(n.l2.lease.renew_deadline, Duration::from_millis(1500));
+    assert_eq!(n.l2.lease.retry_period, Duration::from_millis(250));
+}
+
+#[test]
+fn bad_l2_settings_are_named() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "  l2:\n    interfaces: [eth9]\n",
+            "node.l2.interfaces[0]",
+            "not one of `interfaces`",
+        ),
+        (
+            "  l2:\n    interfaces: [\"a/b\"]\n",
+            "node.l2.interfaces[0]",
+            "not an interface name",
+        ),
+        (
+            "  l2:\n    gratuitousInterval: 500ms\n",
+            "node.l2.gratuitousInterval",
+            "between 1s and 1h",
+        ),
+        (
+            "  l2:\n    gratuitousInterval: 2h\n",
+            "node.l2.gratuitousInterval",
+            "between 1s and 1h",
+        ),
+        (
+            "  l2:\n    nodeSelector: { \"bad key!\": x }\n",
+            "node.l2.nodeSelector",
+            "not a Kubernetes label",
+        ),
+        (
+            "  l2:\n    lease: { namespace: Rivora }\n",
+            "node.l2.lease.namespace",
+            "not a namespace name",
+        ),
+        (
+            "  l2:\n    lease: { duration: 800ms, renewDeadline: 750ms }\n",
+            "node.l2.lease",
+            "at least 100ms",
+        ),
+        (
+            "  l2:\n    lease: { duration: 800ms, renewDeadline: 900ms }\n",
+            "node.l2.lease",
+            "renew deadline must be below",
+        ),
+        (
+            "  l2:\n    lease: { retryPeriod: 10ms }\n",
+            "node.l2.lease",
+            "at least 50ms",
+        ),
+        ("  l2:\n    leases: {}\n", "node.l2", "unknown field"),
+    ];
+    for (extra, field, words) in cases {
+        let text = format!("{L2_BASE}{extra}");
+        let e = parse_str(&text).expect_err(extra);
+        assert!(
+            e.field.as_deref().is_some_and(|f| f.starts_with(field)) && e.message.contains(words),
+            "{extra:?}: {e}"
+        );
+        assert!(e.line.is_some(), "{extra:?}: {e}");
+    }
+    let e = parse_str("interfaces:\n  - name: eth0\nnode:\n  announce: bgp\n").unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("node.announce"), "{e}");
+    assert!(e.message.contains("unknown variant"), "{e}");
 }
