@@ -1,9 +1,10 @@
 //! The capabilities the chart grants rivorad are what it needs, measured:
 //! the list is read from the rendered chart (the DaemonSet's rivorad
 //! container, which drops every other), and the real rivorad, run with
-//! exactly that bounding set (`setpriv`), loads, attaches, forwards NAT
-//! traffic with -persist-datapath and answers /readyz; without any one of
-//! them it does not start. The doctor, with the same list (its init
+//! exactly that bounding set (`setpriv`) and its L2 speaker on (as with
+//! Kubernetes, where it always runs), loads, attaches, opens the
+//! speaker's sockets, forwards NAT traffic with -persist-datapath and
+//! answers /readyz; without any one of them it does not start. The doctor, with the same list (its init
 //! container's), passes its capability check, and after that rivorad has
 //! stopped, it sees the persisted programs as Rivora's own.
 
@@ -45,7 +46,7 @@ fn bounding_set(caps: &[String]) -> String {
 fn config(topo: &Topology, home: &Home, metrics: SocketAddr) -> String {
     let mut y = format!(
         "interfaces:\n  - name: n0\n    xdpMode: native\n\
-         node:\n  tunnelSource: {{ ipv4: {}, ipv6: \"{}\" }}\n\
+         node:\n  announce: l2\n  tunnelSource: {{ ipv4: {}, ipv6: \"{}\" }}\n\
          api:\n  socket: {}\nmetrics:\n  listen: {metrics}\nvips:\n\
          \x20 - address: {}\n    port: {VIP_PORT}\n    protocol: tcp\n    mode: nat\n    healthCheck: false\n    backends:\n",
         topo.node_v4,
@@ -124,8 +125,9 @@ fn doctor(topo: &Topology, wrapper: &[&str], args: &[&str]) -> Report {
 #[test]
 fn rivorad_runs_with_the_charts_capabilities_and_no_fewer() {
     common::require::root_and_tools("e2e_capabilities");
-    // The datapath's own list: with no announcement mode, nothing added.
-    let objects = render(&["--set", "announce.mode=none"]);
+    // The default mode's list; every mode grants the L2 speaker's (it runs
+    // whatever the mode), which the static path with `announce: l2` opens.
+    let objects = render(&[]);
     let caps = rivorad_capabilities(&objects, "rivorad");
     assert_eq!(
         rivorad_capabilities(&objects, "doctor"),
@@ -200,7 +202,7 @@ fn rivorad_runs_with_the_charts_capabilities_and_no_fewer() {
 
     // The doctor with the same rights, as the init container runs it:
     // capabilities pass.
-    let r = doctor(&topo, &wrapper, &[]);
+    let r = doctor(&topo, &wrapper, &["--kubernetes"]);
     let c = r
         .checks
         .iter()

@@ -281,6 +281,25 @@ fn a_capability_missing() {
     only_failure(&r, "capabilities", &Mode::FORWARDING, "CAP_PERFMON");
     assert!(find(&r, "capabilities").found.contains("missing: PERFMON"));
     assert_eq!(code, 1);
+    // NET_RAW: the L2 speaker's, which always runs with Kubernetes.
+    let no_raw = [
+        "setpriv",
+        "--bounding-set",
+        "-all,+bpf,+net_admin,+perfmon,+sys_admin",
+        "--",
+    ];
+    let (code, r) = doctor_with(&ns, &no_raw, ALL);
+    assert_eq!(
+        find(&r, "capabilities").verdict,
+        Verdict::Pass,
+        "a static NAT node needs no NET_RAW"
+    );
+    assert_eq!(code, 0);
+    let mut args = ALL.to_vec();
+    args.push("--kubernetes");
+    let (code, r) = doctor_with(&ns, &no_raw, &args);
+    only_failure(&r, "capabilities", &Mode::FORWARDING, "CAP_NET_RAW");
+    assert_eq!(code, 1);
 }
 
 #[test]

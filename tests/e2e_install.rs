@@ -201,7 +201,7 @@ const GATEWAY_KINDS: &[&str] = &[
 ];
 
 /// What the README says rivorad needs (and the announcement mode adds).
-fn rivorad_needs(_ns: &str) -> BTreeSet<Grant> {
+fn rivorad_needs(ns: &str) -> BTreeSet<Grant> {
     let mut s = BTreeSet::new();
     s.extend(grants(
         "*",
@@ -243,6 +243,22 @@ fn rivorad_needs(_ns: &str) -> BTreeSet<Grant> {
         "events.k8s.io",
         &["events"],
         &["create", "patch"],
+        "*",
+    ));
+    // The L2 speaker's (it runs with Kubernetes whatever the mode).
+    s.extend(grants(
+        "*",
+        "rivora.io",
+        &["addresspools"],
+        &["get", "list", "watch"],
+        "*",
+    ));
+    s.extend(grants("*", "", &["nodes"], &["get", "list", "watch"], "*"));
+    s.extend(grants(
+        ns,
+        "coordination.k8s.io",
+        &["leases"],
+        &["get", "list", "watch", "create", "update"],
         "*",
     ));
     s
@@ -360,8 +376,10 @@ fn check_rbac(kube: &Kube, ns: &str) {
                 ("*", "", "services/status", "patch", "*"),
                 ("*", "", "secrets", "get", "*"),
                 ("*", "", "pods", "list", "*"),
-                ("*", "", "nodes", "get", "*"),
-                ("*", "rivora.io", "addresspools", "list", "*"),
+                ("*", "", "nodes", "patch", "*"),
+                ("*", "rivora.io", "addresspools/status", "patch", "*"),
+                ("default", "coordination.k8s.io", "leases", "create", "*"),
+                (ns, "coordination.k8s.io", "leases", "delete", "*"),
                 ("*", "rivora.io", "servicepolicies", "update", "*"),
                 (
                     "*",

@@ -13,6 +13,9 @@ pub struct Options {
     pub modes: Vec<Mode>,
     /// rivorad's -flow-table-size (the maps' memory).
     pub flow_table_size: u64,
+    /// rivorad runs with -kubernetes, where the L2 speaker always runs (it
+    /// serves the AddressPools that ask for L2, whatever the mode).
+    pub kubernetes: bool,
 }
 
 /// TCX (tc_nat's attachment) is Linux 6.6's.
@@ -162,8 +165,8 @@ pub fn bpffs(f: &Facts) -> Check {
     }
 }
 
-pub fn capabilities(f: &Facts, modes: &[Mode]) -> Check {
-    const WHY: &str = "loading programs and maps needs BPF, the programs' pointer arithmetic PERFMON, attaching XDP and TCX NET_ADMIN; ARP and NDP (l2) need NET_RAW, BGP's port 179 NET_BIND_SERVICE";
+pub fn capabilities(f: &Facts, modes: &[Mode], kubernetes: bool) -> Check {
+    const WHY: &str = "loading programs and maps needs BPF, the programs' pointer arithmetic PERFMON, loading and attaching XDP and TCX programs NET_ADMIN; the L2 speaker's ARP and NDP sockets NET_RAW (with Kubernetes it always runs), BGP's port 179 NET_BIND_SERVICE";
     let eff = match &f.capabilities {
         Ok(e) => *e,
         Err(e) => {
@@ -174,22 +177,29 @@ pub fn capabilities(f: &Facts, modes: &[Mode]) -> Check {
     };
     let has = |c: &Cap| eff & (1u64 << c.0) != 0;
     let mut missing_for: Vec<(Cap, Vec<Mode>)> = Vec::new();
-    for c in DATAPATH_CAPS {
+    let base: Vec<Cap> = DATAPATH_CAPS
+        .iter()
+        .copied()
+        .chain(kubernetes.then_some(CAP_NET_RAW))
+        .collect();
+    for c in &base {
         if !has(c) {
             missing_for.push((*c, ALL_FORWARDING.to_vec()));
         }
     }
     for m in [Mode::L2, Mode::Bgp] {
         for c in mode_caps(m) {
-            if !has(c) && modes.contains(&m) {
+            if !has(c) && modes.contains(&m) && !base.contains(c) {
                 missing_for.push((*c, vec![m]));
             }
         }
     }
     if missing_for.is_empty() {
-        let mut names: Vec<&str> = DATAPATH_CAPS.iter().map(|c| c.1).collect();
-        for m in modes {
-            names.extend(mode_caps(*m).iter().map(|c| c.1));
+        let mut names: Vec<&str> = base.iter().map(|c| c.1).collect();
+        for c in modes.iter().flat_map(|m| mode_caps(*m)) {
+            if !names.contains(&c.1) {
+                names.push(c.1);
+            }
         }
         return check(
             "capabilities",
@@ -627,7 +637,7 @@ pub fn evaluate(f: &Facts, opts: &Options) -> Report {
         kernel(f),
         btf(f),
         bpffs(f),
-        capabilities(f, &opts.modes),
+        capabilities(f, &opts.modes, opts.kubernetes),
         memory(f, opts.flow_table_size),
         bpf_jit(f),
     ];
@@ -711,6 +721,7 @@ mod tests {
         Options {
             modes: vec![Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::L2, Mode::Bgp],
             flow_table_size: 131_072,
+            kubernetes: false,
         }
     }
 
@@ -970,11 +981,13 @@ mod tests {
         let nat = Options {
             modes: vec![Mode::Nat],
             flow_table_size: 131_072,
+            kubernetes: false,
         };
         assert!(!evaluate(&f, &nat).blocking);
         let dsr = Options {
             modes: vec![Mode::Dsr],
             flow_table_size: 131_072,
+            kubernetes: false,
         };
         assert!(evaluate(&f, &dsr).blocking);
         // Missing NET_RAW matters only to l2.
@@ -987,6 +1000,14 @@ mod tests {
             Verdict::Pass,
             "NET_RAW is not asked of a NAT-only node: {c:#?}"
         );
+        // With Kubernetes the L2 speaker always runs: NET_RAW blocks all.
+        let k8s = Options {
+            kubernetes: true,
+            ..nat
+        };
+        let r = evaluate(&f, &k8s);
+        assert!(r.blocking);
+        assert_eq!(find(&r, "capabilities").blocks, Mode::FORWARDING);
     }
 
     #[test]

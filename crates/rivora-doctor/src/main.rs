@@ -38,6 +38,10 @@ struct Args {
     /// rivorad's -pin-dir (its pinned links mark Rivora's own programs).
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/rivora-lb")]
     pin_dir: PathBuf,
+    /// rivorad runs with -kubernetes (the chart's): the L2 speaker then
+    /// always runs, and its sockets need NET_RAW.
+    #[arg(long)]
+    kubernetes: bool,
     /// rivorad's -flow-table-size, for the memory the maps need.
     #[arg(long, value_name = "N", default_value_t = 131_072)]
     flow_table_size: u64,
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         &checks::Options {
             modes,
             flow_table_size: args.flow_table_size,
+            kubernetes: args.kubernetes,
         },
     );
     if args.output == "json" {
