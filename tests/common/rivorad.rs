@@ -153,6 +153,9 @@ pub struct Rivorad {
     ns: String,
     /// Flags every run gets, before each run's own (`-kubernetes ...`).
     args: Vec<String>,
+    /// A command between nsenter and rivorad that execs what follows
+    /// (`setpriv --bounding-set ... --`: a run with fewer capabilities).
+    wrapper: Vec<String>,
     pub home: Home,
 }
 
@@ -167,8 +170,15 @@ impl Rivorad {
             runs: 0,
             ns: ns.path(),
             args: Vec::new(),
+            wrapper: Vec::new(),
             home,
         }
+    }
+
+    /// Run rivorad behind `wrapper` (it must exec its arguments).
+    pub fn with_wrapper(mut self, wrapper: &[&str]) -> Self {
+        self.wrapper = wrapper.iter().map(|a| a.to_string()).collect();
+        self
     }
 
     /// Flags every later run gets, before its own.
@@ -241,6 +251,7 @@ impl Rivorad {
             });
         }
         cmd.arg(format!("--net={}", self.ns))
+            .args(&self.wrapper)
             .arg(bin)
             .arg("-config")
             .arg(self.home.config())

@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use warp::filters::BoxedFilter;
-use warp::http::{header, HeaderMap, HeaderValue};
+use warp::http::{header, HeaderMap, HeaderValue, StatusCode};
 use warp::path::Tail;
 use warp::reply::Response;
 use warp::{Filter, Rejection, Reply};
@@ -666,11 +666,40 @@ pub fn api_routes<S: ApiState>(state: Arc<S>, max_body_bytes: u64) -> BoxedFilte
         .boxed()
 }
 
-/// `GET /metrics`, for [`serve_metrics`]; public for tests.
+/// Why rivorad is not ready to serve, from its status: an interface
+/// without its TCX program, or a source whose first full pass is not done
+/// (until then its VIPs are not all programmed, and adopted ones are
+/// kept). Empty: ready.
+pub fn not_ready(status: &crate::types::Status) -> Vec<String> {
+    let mut why = Vec::new();
+    if status.interfaces.is_empty() {
+        why.push("no interface attached".to_string());
+    }
+    for i in status.interfaces.iter().filter(|i| !i.tc_attached) {
+        why.push(format!("{}: tc_nat not attached", i.name));
+    }
+    for s in status.sources.iter().filter(|s| !s.synced) {
+        why.push(format!("source {}: first pass not done", s.kind));
+    }
+    why
+}
+
+/// `GET /metrics`, `/healthz` (the daemon answers) and `/readyz` (200
+/// once [`not_ready`] says nothing, else 503 with the reasons: a
+/// Kubernetes readiness probe), for [`serve_metrics`]; public for tests.
 pub fn metrics_routes<S: ApiState>(state: Arc<S>) -> BoxedFilter<(Response,)> {
-    warp::path!("metrics")
+    let text = |code: StatusCode, body: String| {
+        let mut r = Response::new(body.into());
+        *r.status_mut() = code;
+        r
+    };
+    let st = {
+        let state = state.clone();
+        warp::any().map(move || state.clone())
+    };
+    let metrics = warp::path!("metrics")
         .and(warp::get())
-        .and(warp::any().map(move || state.clone()))
+        .and(st.clone())
         .then(|s: Arc<S>| async move {
             match s.metrics().await {
                 Ok(text) => {
@@ -683,7 +712,34 @@ pub fn metrics_routes<S: ApiState>(state: Arc<S>) -> BoxedFilter<(Response,)> {
                 }
                 Err(e) => respond::<()>(Err(e)),
             }
-        })
+        });
+    let healthz = warp::path!("healthz")
+        .and(warp::get())
+        .map(move || text(StatusCode::OK, "ok\n".into()));
+    let readyz = warp::path!("readyz")
+        .and(warp::get())
+        .and(st)
+        .then(move |s: Arc<S>| async move {
+            match s.status().await {
+                Ok(status) => {
+                    let why = not_ready(&status);
+                    if why.is_empty() {
+                        text(StatusCode::OK, "ok\n".into())
+                    } else {
+                        text(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {}\n", why.join("; ")),
+                        )
+                    }
+                }
+                Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+            }
+        });
+    metrics
+        .or(healthz)
+        .unify()
+        .or(readyz)
+        .unify()
         .recover(recover)
         .unify()
         .boxed()
