@@ -2,7 +2,7 @@
 //! checked after every step is that the maps equal a from-scratch
 //! rendering of what the writer says it holds, with no id or slot shared.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use proptest::prelude::*;
@@ -675,6 +675,9 @@ fn batch_and_single_upserts_agree_with_the_validator() {
 struct GapCheck {
     inner: MemStore,
     gap: Option<String>,
+    /// Backend writes (id, next-hop flags, destination MAC's last byte)
+    /// and grace periods, in order.
+    log: Vec<String>,
 }
 
 impl GapCheck {
@@ -703,6 +706,12 @@ impl MapStore for GapCheck {
         self.inner.table_size()
     }
     fn put_backends(&mut self, e: &[(u32, render::BackendEntry)]) -> Result<(), DataplaneError> {
+        for (id, b) in e {
+            self.log.push(format!(
+                "backend {id} flags {} dmac {}",
+                b.nexthop.flags, b.nexthop.dmac[5]
+            ));
+        }
         let r = self.inner.put_backends(e);
         self.after(r, "put_backends")
     }
@@ -768,6 +777,7 @@ impl MapStore for GapCheck {
         self.inner.read()
     }
     fn synchronize(&mut self) -> Result<(), DataplaneError> {
+        self.log.push("grace period".into());
         self.inner.synchronize()
     }
     fn grace_period() -> Result<(), DataplaneError> {
@@ -848,6 +858,7 @@ fn adopting_old_rule_maps_converges_without_a_gap() {
         })
         .collect();
     let mut store = GapCheck {
+        log: Vec::new(),
         inner: MemStore::new(TABLE),
         gap: None,
     };
@@ -1009,4 +1020,60 @@ proptest! {
         prop_assert_eq!(w.free_backend_ids(), abi::MAX_BACKENDS);
         prop_assert_eq!(w.free_service_ids(), abi::MAX_VIPS);
     }
+}
+
+/// A usable next hop that changes is marked STALE first and rewritten
+/// after a grace period, so no program run mixes the old and the new
+/// (README "The next-hop cache"); turning STALE, or a first next hop,
+/// is one write.
+#[test]
+fn changed_next_hops_go_stale_for_a_grace_period_first() {
+    use crate::dataplane::render::NextHop;
+    let mut w = Writer::open(GapCheck {
+        log: Vec::new(),
+        inner: MemStore::new(TABLE),
+        gap: None,
+    })
+    .unwrap();
+    let v = vip("10.0.0.1", Ports::One(80), vec![be("10.1.0.1", 8080, 1)]);
+    w.upsert_vip(&v).unwrap();
+    let id = w
+        .read_maps()
+        .unwrap()
+        .backends
+        .keys()
+        .copied()
+        .next()
+        .unwrap();
+    let addr: IpAddr = "10.1.0.1".parse().unwrap();
+    let hop = |mac: u8| NextHop::send(7, 1500, [2, 0, 0, 0, 0, mac], [2, 0, 0, 0, 1, 1]);
+    let (valid, stale) = (NextHop::VALID, NextHop::VALID | NextHop::STALE);
+    let step = |w: &mut Writer<GapCheck>, nh: NextHop| -> Vec<String> {
+        w.store_mut().log.clear();
+        w.set_next_hops(HashMap::from([(addr, nh)])).unwrap();
+        assert_eq!(w.read_maps().unwrap().backends[&id].nexthop, nh);
+        std::mem::take(&mut w.store_mut().log)
+    };
+    assert_eq!(
+        step(&mut w, hop(1)),
+        [format!("backend {id} flags {valid} dmac 1")]
+    );
+    assert_eq!(
+        step(&mut w, hop(2)),
+        [
+            format!("backend {id} flags {stale} dmac 1"),
+            "grace period".to_string(),
+            format!("backend {id} flags {valid} dmac 2"),
+        ]
+    );
+    assert_eq!(
+        step(&mut w, hop(2).stale()),
+        [format!("backend {id} flags {stale} dmac 2")]
+    );
+    // From STALE nothing reads the old next hop: one write.
+    assert_eq!(
+        step(&mut w, hop(3)),
+        [format!("backend {id} flags {valid} dmac 3")]
+    );
+    assert!(w.store().gap.is_none(), "{:?}", w.store().gap);
 }

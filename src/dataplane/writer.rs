@@ -374,6 +374,38 @@ impl<S: MapStore> Writer<S> {
         if out.is_empty() {
             return Ok(0);
         }
+        // An entry in use (VALID or KERNEL) that changes for anything but
+        // turning STALE is first marked STALE, the old next hop kept, and
+        // rewritten only once every program run that may have read it as
+        // usable has ended: a packet then goes by the old next hop whole,
+        // or asks the FIB, never a mix of the old and new MACs. (A run
+        // that reads the flags during the second write sees STALE or the
+        // new entry whole as long as the copy stores the flags, the last
+        // field, after the MACs, which the kernel's forward memcpy does.)
+        let marked: Vec<(u32, render::BackendEntry)> = out
+            .iter()
+            .filter_map(|(id, b)| {
+                let old = self.nh_written.get(id).copied().unwrap_or_default();
+                let in_use = old.flags & NextHop::STALE == 0
+                    && old.flags & (NextHop::VALID | NextHop::KERNEL) != 0;
+                (in_use && b.nexthop != old.stale()).then(|| {
+                    (
+                        *id,
+                        render::BackendEntry {
+                            nexthop: old.stale(),
+                            ..*b
+                        },
+                    )
+                })
+            })
+            .collect();
+        if !marked.is_empty() {
+            self.store.put_backends(&marked)?;
+            for (id, b) in &marked {
+                self.nh_written.insert(*id, b.nexthop);
+            }
+            self.store.synchronize()?;
+        }
         self.store.put_backends(&out)?;
         for (id, b) in &out {
             self.nh_written.insert(*id, b.nexthop);
