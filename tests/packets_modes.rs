@@ -1608,3 +1608,79 @@ fn next_hop_watcher_follows_neighbour_changes() {
     drop(publisher);
     watcher.join().expect("the watcher thread");
 }
+
+/// L3 DSR services behind veth0's gateway with a locked route MTU of
+/// `SMALL_MTU` (nat_netns's 10.6/16 and fd00:6::/64).
+const L3DSR_MTU: &[(u32, &str, u16, &str)] =
+    &[(71, VIP4, 91, "10.6.0.71"), (72, VIP6, 91, "fd00:6::72")];
+
+/// L3 DSR keeps the FIB's MTU rule with a cached next hop as without
+/// one: an encapsulated packet of exactly the route's MTU is sent, one
+/// byte more is the kernel's (to fragment or refuse), byte for byte the
+/// same either way.
+#[test]
+fn l3dsr_mtu_rule_with_and_without_a_cached_next_hop() {
+    let fx = Fx::new();
+    let t = &fx.t;
+    fx.tunnel(Some(TUN4.parse().unwrap()), Some(TUN6.parse().unwrap()));
+    let mut bes = Named::default();
+    for &(svc, vip, port, addr) in L3DSR_MTU {
+        fx.add_named(
+            &mut bes,
+            svc,
+            Mode::L3Dsr,
+            (ip(vip), port, PROTO_TCP),
+            backend(svc, addr, 0),
+        );
+    }
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    let mut sport = 61000;
+    for cached in [false, true] {
+        if cached {
+            let table = cache_next_hops(&fx);
+            for &(svc, ..) in L3DSR_MTU {
+                let nh = table.get(&bes[&svc].addr).copied().unwrap_or_default();
+                assert_eq!(
+                    (nh.flags, nh.ifindex, nh.mtu, nh.dmac),
+                    (
+                        rivora::dataplane::render::NextHop::VALID,
+                        veth0,
+                        SMALL_MTU as u32,
+                        GW_MAC
+                    ),
+                    "svc {svc}: cached next hop with the locked MTU"
+                );
+            }
+        }
+        let misses: u64 = L3DSR_MTU.iter().map(|s| nh_misses(t, bes[&s.0].id)).sum();
+        for &(svc, vip, port, addr) in L3DSR_MTU {
+            for extra in [0usize, 1] {
+                sport += 1;
+                let f = if vip == VIP4 {
+                    Frame::tcp4(CLIENT4, sport, vip, port)
+                } else {
+                    Frame::tcp6(CLIENT6, sport, vip, port)
+                };
+                let outer = if vip == VIP4 { 20 } else { 40 };
+                let hdrs = f.l4_off() - f.l3_off() + f.l4_len();
+                let f = f.payload(&vec![0x5a; SMALL_MTU - outer - hdrs + extra]);
+                let desc = format!("svc {svc}, cached {cached}, {extra} over the MTU");
+                let (verdict, macs) = if extra == 0 {
+                    (XDP_TX, (VETH_MAC, GW_MAC))
+                } else {
+                    (XDP_PASS, (f.src_mac, f.dst_mac))
+                };
+                let want = encapsulated(&f, ip(addr), macs);
+                assert_eq!(want.len() - f.l3_off(), SMALL_MTU + extra, "{desc}: size");
+                let (v, out) = run_on(t, &desc, veth0, &f.build());
+                assert_eq!(v, verdict, "{desc}: verdict");
+                assert_bytes(&desc, &out, &want);
+            }
+        }
+        let after: u64 = L3DSR_MTU.iter().map(|s| nh_misses(t, bes[&s.0].id)).sum();
+        let want = if cached { misses } else { misses + 4 };
+        assert_eq!(after, want, "cached {cached}: next-hop misses");
+    }
+}
