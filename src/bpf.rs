@@ -62,3 +62,16 @@ pub mod bench {
 pub mod decap {
     include!(concat!(env!("OUT_DIR"), "/decap.skel.rs"));
 }
+
+/// The lab's XDP traffic generator (see `crate::xdpgen`); used by
+/// `rivora-bench` and its test only.
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    unused
+)]
+pub mod xdpgen {
+    include!(concat!(env!("OUT_DIR"), "/xdpgen.skel.rs"));
+}

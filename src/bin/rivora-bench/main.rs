@@ -14,6 +14,7 @@ mod restart;
 mod synflood;
 mod writer;
 mod xdp;
+mod xdpgen;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -77,6 +78,9 @@ fn main() -> Result<()> {
     let only: Vec<String> = std::env::args().skip(1).collect();
     if only.first().map(String::as_str) == Some("lab-xdp") {
         return labxdp::run(&only[1..]);
+    }
+    if only.first().map(String::as_str) == Some("xdpgen") {
+        return xdpgen::run(&only[1..]);
     }
     let want = |area: &str| only.is_empty() || only.iter().any(|a| a == area);
     let out_dir = out_dir();
