@@ -24,6 +24,15 @@ MEASURES = [
     ("pps_new", "lab_pps_newflow", "64 B UDP, new flow/packet (kpps)", "%.0f", True),
     ("cpu_ns_64k", "lab_cpu_ns_pkt_64k", "core 1 busy ns/packet, 64k flows", "%.0f", False),
     ("cpu_ns_new", "lab_cpu_ns_pkt_newflow", "core 1 busy ns/packet, new flows", "%.0f", False),
+    ("node_ns_64k", "lab_node_ns_pkt_64k", "node threads ns/packet, 64k flows", "%.0f", False),
+    ("node_ns_new", "lab_node_ns_pkt_newflow", "node threads ns/packet, new flows", "%.0f", False),
+    ("xpps_1", "lab_xdpgen_pps_1flow", "xdpgen 64 B UDP, 1 flow (kpps)", "%.0f", True),
+    ("xpps_64k", "lab_xdpgen_pps_64k", "xdpgen 64 B UDP, 64k flows (kpps)", "%.0f", True),
+    ("xpps_new", "lab_xdpgen_pps_newflow", "xdpgen 64 B UDP, new flow/packet (kpps)", "%.0f", True),
+    ("xcpu_ns_64k", "lab_xdpgen_cpu_ns_pkt_64k", "xdpgen core 1 busy ns/packet, 64k flows", "%.0f", False),
+    ("xcpu_ns_new", "lab_xdpgen_cpu_ns_pkt_newflow", "xdpgen core 1 busy ns/packet, new flows", "%.0f", False),
+    ("xnode_ns_64k", "lab_xdpgen_node_ns_pkt_64k", "xdpgen node threads ns/packet, 64k flows", "%.0f", False),
+    ("xnode_ns_new", "lab_xdpgen_node_ns_pkt_newflow", "xdpgen node threads ns/packet, new flows", "%.0f", False),
     ("cps", "lab_cps", "new TCP connections/s", "%.0f", True),
     ("rr_p50_us", "lab_rr_p50_us", "request/response p50 (us)", "%.0f", False),
     ("rr_p99_us", "lab_rr_p99_us", "request/response p99 (us)", "%.0f", False),
@@ -85,6 +94,42 @@ def table(runs, paths):
     return med
 
 
+# Issue 19's lab targets, per generator ("" trafgen, "x" xdpgen): the node's
+# ns per delivered packet (its receive threads' run time, which other
+# processes on its core do not inflate), and their ratios to DSR's.
+TARGETS = [("nat_over_dsr", "rivora_nat", "rivora_dsr", "64k", 1.15),
+           ("l3dsr_over_dsr", "rivora_l3dsr", "rivora_dsr", "64k", 1.15),
+           ("newflow_nat_over_dsr", "rivora_nat", "rivora_dsr", "new", 1.3)]
+
+
+def summary(med):
+    """The issue 19 keys: lab_<gen>_ns_per_pkt_<mode>,
+    lab_<gen>_newflow_ns_per_pkt_<mode> and lab_<gen>_<ratio>."""
+    out = {}
+    for gen, pre in (("trafgen", ""), ("xdpgen", "x")):
+        for mode in ("dsr", "nat", "l3dsr"):
+            v = med.get(("rivora_" + mode, pre + "node_ns_64k"))
+            if v is not None:
+                out["lab_%s_ns_per_pkt_%s" % (gen, mode)] = v
+            v = med.get(("rivora_" + mode, pre + "node_ns_new"))
+            if v is not None and mode != "l3dsr":
+                out["lab_%s_newflow_ns_per_pkt_%s" % (gen, mode)] = v
+        for name, path, base, kind, _ in TARGETS:
+            a = med.get((path, pre + "node_ns_" + kind))
+            b = med.get((base, pre + "node_ns_" + kind))
+            if a is not None and b:
+                out["lab_%s_%s" % (gen, name)] = a / b
+    return out
+
+
+def print_targets(summ):
+    for gen in ("trafgen", "xdpgen"):
+        for name, _, _, _, limit in TARGETS:
+            v = summ.get("lab_%s_%s" % (gen, name))
+            if v is not None:
+                print("%-7s %-22s %.2f (target <= %.2f: %s)" % (gen, name, v, limit, "met" if v <= limit else "NOT met"))
+
+
 def write_results(med, out):
     cur = {}
     if os.path.exists(out):
@@ -101,6 +146,9 @@ def write_results(med, out):
             if k == key:
                 cur["%s_%s" % (prefix, p)] = round(v, 3)
                 n += 1
+    for k, v in summary(med).items():
+        cur[k] = round(v, 3)
+        n += 1
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as fh:
         json.dump(dict(sorted(cur.items())), fh, indent=2)
@@ -171,6 +219,7 @@ def main():
         print("lab-report: no results in %s" % a.runs, file=sys.stderr)
         return 1
     med = table(runs, paths)
+    print_targets(summary(med))
     if a.results:
         write_results(med, a.results)
     if a.chart:

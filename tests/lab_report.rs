@@ -116,3 +116,51 @@ fn no_results_is_an_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no results"));
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Issue 19's lab keys: per generator, the node's ns per delivered packet
+/// for each Rivora mode and their ratios to DSR, from the medians.
+#[test]
+fn issue19_generator_keys() {
+    let dir = scratch("issue19");
+    let runs = dir.join("runs.txt");
+    fs::write(
+        &runs,
+        "RESULT rep=1 path=rivora_dsr node_ns_64k=400 xnode_ns_64k=200 xnode_ns_new=300\n\
+         RESULT rep=2 path=rivora_dsr node_ns_64k=420 xnode_ns_64k=220 xnode_ns_new=320\n\
+         RESULT rep=1 path=rivora_nat node_ns_64k=500 xnode_ns_64k=230 xnode_ns_new=nan\n\
+         RESULT rep=2 path=rivora_nat node_ns_64k=520 xnode_ns_64k=250 xnode_ns_new=390\n\
+         RESULT rep=1 path=rivora_l3dsr xnode_ns_64k=280\n",
+    )
+    .expect("runs");
+    let results = dir.join("results.json");
+    let out = Command::new("python3")
+        .arg("scripts/lab-report.py")
+        .arg(&runs)
+        .args(["--paths", "rivora_nat rivora_dsr rivora_l3dsr"])
+        .arg("--results")
+        .arg(&results)
+        .output()
+        .expect("running python3 scripts/lab-report.py");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "lab-report failed: {table}");
+    let got: BTreeMap<String, f64> =
+        serde_json::from_str(&fs::read_to_string(&results).expect("results written"))
+            .expect("results.json");
+    assert_eq!(got.get("lab_xdpgen_ns_per_pkt_dsr"), Some(&210.0));
+    assert_eq!(got.get("lab_xdpgen_ns_per_pkt_nat"), Some(&240.0));
+    assert_eq!(got.get("lab_xdpgen_ns_per_pkt_l3dsr"), Some(&280.0));
+    assert_eq!(got.get("lab_xdpgen_nat_over_dsr"), Some(&1.143));
+    assert_eq!(got.get("lab_xdpgen_l3dsr_over_dsr"), Some(&1.333));
+    assert_eq!(got.get("lab_xdpgen_newflow_ns_per_pkt_nat"), Some(&390.0));
+    assert_eq!(got.get("lab_xdpgen_newflow_nat_over_dsr"), Some(&1.258));
+    assert_eq!(got.get("lab_trafgen_nat_over_dsr"), Some(&1.244));
+    assert!(
+        !got.contains_key("lab_trafgen_l3dsr_over_dsr"),
+        "no trafgen L3 DSR figure was given"
+    );
+    assert!(
+        table.contains("xdpgen  l3dsr_over_dsr         1.33 (target <= 1.15: NOT met)"),
+        "{table}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
