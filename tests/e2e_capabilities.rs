@@ -257,6 +257,7 @@ fn bgp_mode_adds_net_bind_service_and_needs_no_other() {
     use common::traffic::wait_until;
     use std::os::unix::fs::PermissionsExt;
     common::require::root_and_tools("e2e_capabilities");
+    common::require::tools("e2e_capabilities", &["bird", "birdc", "setpriv"]);
     let base = rivorad_capabilities(&render(&[]), "rivorad");
     let objects = render(&[
         "--set",
