@@ -138,14 +138,15 @@ cmd_lint() {
 	trap 'rm -rf "$work"' EXIT
 	export HELM_CACHE_HOME=$work/cache HELM_CONFIG_HOME=$work/config HELM_DATA_HOME=$work/data
 	quiet_helm lint --strict "$chart" || die "helm lint $chart failed"
-	quiet_helm lint --strict "$chart" --set announce.mode=bgp || die "helm lint (bgp) failed"
+	quiet_helm lint --strict "$chart" --set announce.mode=bgp --set announce.bgp.asn=65001 || die "helm lint (bgp) failed"
 	# Each way the chart renders: the defaults (l2), each mode, and every
 	# optional object on (the Gateway API CRDs and the GatewayClass, the
 	# ServiceMonitor, no doctor init container).
 	local -A renders=(
 		[default]=""
 		[l2]="--set announce.mode=l2"
-		[bgp]="--set announce.mode=bgp"
+		[bgp]="--set announce.mode=bgp --set announce.bgp.asn=65001"
+		[bgp-full]="-f $root/scripts/chart-values-bgp.yaml"
 		[none]="--set announce.mode=none"
 		[everything]="--include-crds --set gatewayAPI.crds.experimental=true --set serviceMonitor.enabled=true --set doctor.enabled=false --api-versions monitoring.coreos.com/v1/ServiceMonitor"
 		[standard-crds]="--include-crds --set gatewayAPI.crds.standard=true"

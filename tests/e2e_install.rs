@@ -200,8 +200,9 @@ const GATEWAY_KINDS: &[&str] = &[
     "referencegrants",
 ];
 
-/// What the README says rivorad needs (and the announcement mode adds).
-fn rivorad_needs(ns: &str) -> BTreeSet<Grant> {
+/// What the README says rivorad needs (and the announcement mode adds:
+/// `bgp`, the BGP speaker's, from its "BGP" section).
+fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
     let mut s = BTreeSet::new();
     s.extend(grants(
         "*",
@@ -261,6 +262,24 @@ fn rivorad_needs(ns: &str) -> BTreeSet<Grant> {
         &["get", "list", "watch", "create", "update"],
         "*",
     ));
+    if bgp {
+        s.extend(grants(
+            "*",
+            "rivora.io",
+            &["bgppeers"],
+            &["get", "list", "watch"],
+            "*",
+        ));
+        s.extend(grants(
+            "*",
+            "rivora.io",
+            &["bgpnodestatuses", "bgpnodestatuses/status"],
+            &["get", "create", "patch"],
+            "*",
+        ));
+        // The BGPPeers' password Secrets, in the release's namespace.
+        s.extend(grants(ns, "", &["secrets"], &["get"], "*"));
+    }
     s
 }
 
@@ -366,12 +385,19 @@ fn allowed(kube: &Kube, ns: &str, sa: &str, g: &Grant) -> bool {
         .is_some_and(|s| s.allowed)
 }
 
-fn check_rbac(kube: &Kube, ns: &str) {
+fn check_rbac(kube: &Kube, ns: &str, bgp: bool) {
     for (sa, want, refused) in [
         (
             "rivorad",
-            rivorad_needs(ns),
+            rivorad_needs(ns, bgp),
             vec![
+                ("default", "", "secrets", "get", "*"),
+                (ns, "", "secrets", "list", "*"),
+                (ns, "", "secrets", "watch", "*"),
+                ("*", "rivora.io", "bgppeers", "create", "*"),
+                ("*", "rivora.io", "bgppeers/status", "patch", "*"),
+                ("*", "rivora.io", "bgpnodestatuses", "delete", "*"),
+                ("*", "rivora.io", "bgpnodestatuses", "update", "*"),
                 ("*", "", "services", "update", "*"),
                 ("*", "", "services/status", "patch", "*"),
                 ("*", "", "secrets", "get", "*"),
@@ -751,7 +777,7 @@ fn round_one(cli: &Cli, kube: &Kube) {
     // No Gateway API here: no GatewayClass was attempted, and NOTES said so.
     assert!(out.contains("No GatewayClass was created"), "{out}");
 
-    check_rbac(kube, ns);
+    check_rbac(kube, ns, false);
 
     // Status, honestly: nothing has run.
     let (code, st) = cli.status(ns);
@@ -1043,6 +1069,57 @@ fn round_two(cli: &Cli, kube: &Kube) {
         "{st:#}"
     );
 
+    // Mode bgp: without an AS, refused by the schema and nothing changed;
+    // with one, rivorad's bgp section, its rights (exactly: the README's
+    // "BGP" list), NET_BIND_SERVICE for port 179, the doctor told.
+    let out = cli.run(ns, &["upgrade", "--mode", "bgp"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("at '/announce/bgp': missing property 'asn'"),
+        "{err}"
+    );
+    assert_eq!(
+        kube.block_on(dss.get("rivorad"))
+            .unwrap()
+            .metadata
+            .generation,
+        after.metadata.generation,
+        "a refused upgrade changed the DaemonSet"
+    );
+    cli.ok(
+        ns,
+        &[
+            "upgrade",
+            "--mode",
+            "bgp",
+            "--set",
+            "announce.bgp.asn=65001",
+        ],
+    );
+    check_rbac(kube, ns, true);
+    let text = kube
+        .block_on(cms.get("rivorad-config"))
+        .unwrap()
+        .data
+        .unwrap()["rivora.yaml"]
+        .clone();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rivora.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let cfg = rivora_model::config::load(&file).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let bgp = cfg.bgp.unwrap_or_else(|| panic!("no bgp section: {text}"));
+    assert_eq!((bgp.asn, bgp.listen_port), (65001, 179));
+    let v = serde_json::to_value(kube.block_on(dss.get("rivorad")).unwrap()).unwrap();
+    let pod = &v["spec"]["template"]["spec"];
+    let caps = pod["containers"][0]["securityContext"]["capabilities"]["add"].to_string();
+    assert!(caps.contains("NET_BIND_SERVICE"), "{caps}");
+    let dargs = pod["initContainers"][0]["args"].to_string();
+    assert!(
+        dargs.contains(r#""--announce","bgp","--bgp-listen-port","179""#),
+        "{dargs}"
+    );
+
     // What the user keeps: the CRDs and an AddressPool in them.
     let pools: Api<DynamicObject> = Api::all_with(
         kube.client.clone(),
@@ -1055,7 +1132,43 @@ fn round_two(cli: &Cli, kube: &Kube) {
     .unwrap();
     kube.block_on(pools.create(&PostParams::default(), &pool))
         .expect("an AddressPool");
+    // A BGPPeer (the user's, kept) and the BGPNodeStatus a node's rivorad
+    // wrote (the release's run-time state, removed like its Leases).
+    let peers: Api<DynamicObject> = Api::all_with(
+        kube.client.clone(),
+        &ApiResource::erase::<rivora_k8s::BgpPeer>(&()),
+    );
+    let peer: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "BGPPeer",
+        "metadata": { "name": "tor" }, "spec": { "address": "192.0.2.1", "asn": 65000 },
+    }))
+    .unwrap();
+    kube.block_on(peers.create(&PostParams::default(), &peer))
+        .expect("a BGPPeer");
+    let statuses: Api<DynamicObject> = Api::all_with(
+        kube.client.clone(),
+        &ApiResource::erase::<rivora_k8s::BgpNodeStatus>(&()),
+    );
+    let st: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "BGPNodeStatus",
+        "metadata": { "name": "node-a" }, "spec": { "nodeName": "node-a" },
+    }))
+    .unwrap();
+    kube.block_on(statuses.create(&PostParams::default(), &st))
+        .expect("a BGPNodeStatus");
     let out = cli.ok(ns, &["uninstall", "--keep-crds"]);
+    assert!(out.contains("removed BGPNodeStatus node-a"), "{out}");
+    assert!(
+        kube.block_on(statuses.list(&ListParams::default()))
+            .unwrap()
+            .items
+            .is_empty(),
+        "BGPNodeStatuses left"
+    );
+    assert!(
+        kube.block_on(peers.get_opt("tor")).unwrap().is_some(),
+        "the BGPPeer kept"
+    );
     assert!(
         out.contains("kept CRD addresspools.rivora.io (--keep-crds)"),
         "{out}"
@@ -1064,6 +1177,8 @@ fn round_two(cli: &Cli, kube: &Kube) {
     kept.sort();
     let mut want: Vec<String> = [
         "addresspools.rivora.io",
+        "bgpnodestatuses.rivora.io",
+        "bgppeers.rivora.io",
         "servicepolicies.rivora.io",
         "gatewayclasses.gateway.networking.k8s.io",
         "gateways.gateway.networking.k8s.io",

@@ -13,8 +13,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::ApiResource;
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -410,8 +411,8 @@ pub struct UninstallOptions {
     pub timeout: Duration,
 }
 
-/// `rivora uninstall`: the release, the Leases Rivora's components
-/// created, the CRDs this release installed (and with them every
+/// `rivora uninstall`: the release, the Leases and BGPNodeStatuses Rivora's
+/// components created, the CRDs this release installed (and with them every
 /// AddressPool, ServicePolicy, ...) unless `keep_crds`, and the namespace
 /// if `rivora install` created it. Says what it removed and what it kept.
 pub async fn uninstall(c: &Cluster, helm: &Helm, o: &UninstallOptions) -> Result<String> {
@@ -435,6 +436,31 @@ pub async fn uninstall(c: &Cluster, helm: &Helm, o: &UninstallOptions) -> Result
             leases.delete(&n, &DeleteParams::default()).await?;
             report += &format!("removed Lease {n}\n");
         }
+    }
+    // Each node's rivorad writes its BGPNodeStatus (mode bgp): run-time
+    // state of the release's, like the Leases, whether the CRD stays or
+    // goes. The BGPPeers are the user's.
+    let statuses: Api<DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &ApiResource {
+            group: "rivora.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "rivora.io/v1alpha1".into(),
+            kind: "BGPNodeStatus".into(),
+            plural: "bgpnodestatuses".into(),
+        },
+    );
+    match statuses.list(&ListParams::default()).await {
+        Ok(list) => {
+            for o in list.items {
+                let n = o.metadata.name.unwrap_or_default();
+                statuses.delete(&n, &DeleteParams::default()).await?;
+                report += &format!("removed BGPNodeStatus {n}\n");
+            }
+        }
+        // No such CRD: nothing was written.
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
     }
     let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
     let me = owner(c);

@@ -48,7 +48,8 @@ struct ValueArgs {
     /// A values file, repeatable.
     #[arg(short = 'f', long = "values", value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// How VIPs are announced (announce.mode).
+    /// How VIPs are announced (announce.mode). bgp needs the cluster's AS:
+    /// --set announce.bgp.asn=N (the chart refuses it without one).
     #[arg(long, value_name = "MODE", value_parser = ["l2", "bgp", "none"])]
     mode: Option<String>,
     /// Install the Gateway API CRDs of this channel with Rivora.

@@ -117,6 +117,54 @@ fn wrong_values_fail_with_their_path_and_reason() {
             "serviceMonitor.interval=often",
             "at '/serviceMonitor/interval'",
         ),
+        // Mode bgp: an AS is required, and announce.bgp is rivorad's bgp
+        // section's shape (values rivorad would refuse at start are refused
+        // here; AS_TRANS and a 0.0.0.0 router ID by the templates).
+        ("announce.mode=bgp", "at '/announce/bgp': missing property 'asn'"),
+        (
+            "announce.mode=bgp,announce.bgp.asn=0",
+            "at '/announce/bgp/asn': minimum: got 0, want 1",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=4294967296",
+            "at '/announce/bgp/asn': maximum",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=23456",
+            "announce.bgp.asn: 23456 is AS_TRANS (RFC 6793), not an AS of its own",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.routerId=0.0.0.0",
+            "announce.bgp.routerId: 0.0.0.0 is not a router ID",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.listenPort=70000",
+            "at '/announce/bgp/listenPort': maximum",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.peers[0].address=10.0.0.1",
+            "at '/announce/bgp/peers/0': missing property 'asn'",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.peers[0].address=10.0.0.1,announce.bgp.peers[0].asn=23456",
+            "announce.bgp.peers[0].asn: 23456 is AS_TRANS",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.peers[0].address=10.0.0.1,announce.bgp.peers[0].asn=1,announce.bgp.peers[0].holdTime=2s",
+            "at '/announce/bgp/peers/0/holdTime'",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.peers[0].address=10.0.0.1,announce.bgp.peers[0].asn=1,announce.bgp.peers[0].passwordFile=/x",
+            "at '/announce/bgp/peers/0': additional properties 'passwordFile' not allowed",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.advertisements[0].prefixes[0]=10.0.0.0/24,announce.bgp.advertisements[0].communities[0]=1:70000x",
+            "at '/announce/bgp/advertisements/0/communities/0'",
+        ),
+        (
+            "announce.mode=bgp,announce.bgp.asn=65001,announce.bgp.holdTime=9s",
+            "at '/announce/bgp': additional properties 'holdTime' not allowed",
+        ),
     ];
     for (set, want) in cases {
         match template(&[set]) {
@@ -131,7 +179,7 @@ fn every_mode_and_option_renders() {
     for sets in [
         &[][..],
         &["announce.mode=l2"],
-        &["announce.mode=bgp"],
+        &["announce.mode=bgp", "announce.bgp.asn=65001"],
         &["announce.mode=none"],
         &[
             "gatewayAPI.crds.experimental=true",

@@ -16,6 +16,9 @@ pub struct Options {
     /// rivorad runs with -kubernetes, where the L2 speaker always runs (it
     /// serves the AddressPools that ask for L2, whatever the mode).
     pub kubernetes: bool,
+    /// The BGP listener's port (rivorad's bgp.listenPort; 0: none): below
+    /// 1024 it needs NET_BIND_SERVICE.
+    pub bgp_listen_port: u16,
 }
 
 /// TCX (tc_nat's attachment) is Linux 6.6's.
@@ -47,14 +50,16 @@ pub const CAP_BPF: Cap = Cap(39, "BPF");
 /// SYS_RESOURCE would raise, no longer applies to maps since 5.11.
 pub const DATAPATH_CAPS: &[Cap] = &[CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON];
 
-/// What an announcement mode adds.
-pub fn mode_caps(m: Mode) -> &'static [Cap] {
+/// What an announcement mode adds, measured (tests/e2e_capabilities.rs).
+pub fn mode_caps(m: Mode, bgp_listen_port: u16) -> &'static [Cap] {
     match m {
         Mode::Nat | Mode::Dsr | Mode::L3dsr => &[],
         // AF_PACKET sockets for ARP and NDP.
         Mode::L2 => &[CAP_NET_RAW],
-        // TCP 179 for passive sessions.
-        Mode::Bgp => &[CAP_NET_BIND_SERVICE],
+        // The listener on a port below 1024 (179); TCP MD5 and BFD's
+        // TTL-255 sockets need none.
+        Mode::Bgp if (1..1024).contains(&bgp_listen_port) => &[CAP_NET_BIND_SERVICE],
+        Mode::Bgp => &[],
     }
 }
 
@@ -165,8 +170,8 @@ pub fn bpffs(f: &Facts) -> Check {
     }
 }
 
-pub fn capabilities(f: &Facts, modes: &[Mode], kubernetes: bool) -> Check {
-    const WHY: &str = "loading programs and maps needs BPF, the programs' pointer arithmetic PERFMON, loading and attaching XDP and TCX programs NET_ADMIN; the L2 speaker's ARP and NDP sockets NET_RAW (with Kubernetes it always runs), BGP's port 179 NET_BIND_SERVICE";
+pub fn capabilities(f: &Facts, modes: &[Mode], kubernetes: bool, bgp_listen_port: u16) -> Check {
+    const WHY: &str = "loading programs and maps needs BPF, the programs' pointer arithmetic PERFMON, loading and attaching XDP and TCX programs NET_ADMIN; the L2 speaker's ARP and NDP sockets NET_RAW (with Kubernetes it always runs), BGP's listener on a port below 1024 (179) NET_BIND_SERVICE";
     let eff = match &f.capabilities {
         Ok(e) => *e,
         Err(e) => {
@@ -188,7 +193,7 @@ pub fn capabilities(f: &Facts, modes: &[Mode], kubernetes: bool) -> Check {
         }
     }
     for m in [Mode::L2, Mode::Bgp] {
-        for c in mode_caps(m) {
+        for c in mode_caps(m, bgp_listen_port) {
             if !has(c) && modes.contains(&m) && !base.contains(c) {
                 missing_for.push((*c, vec![m]));
             }
@@ -196,7 +201,7 @@ pub fn capabilities(f: &Facts, modes: &[Mode], kubernetes: bool) -> Check {
     }
     if missing_for.is_empty() {
         let mut names: Vec<&str> = base.iter().map(|c| c.1).collect();
-        for c in modes.iter().flat_map(|m| mode_caps(*m)) {
+        for c in modes.iter().flat_map(|m| mode_caps(*m, bgp_listen_port)) {
             if !names.contains(&c.1) {
                 names.push(c.1);
             }
@@ -637,7 +642,7 @@ pub fn evaluate(f: &Facts, opts: &Options) -> Report {
         kernel(f),
         btf(f),
         bpffs(f),
-        capabilities(f, &opts.modes, opts.kubernetes),
+        capabilities(f, &opts.modes, opts.kubernetes, opts.bgp_listen_port),
         memory(f, opts.flow_table_size),
         bpf_jit(f),
     ];
@@ -722,6 +727,7 @@ mod tests {
             modes: vec![Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::L2, Mode::Bgp],
             flow_table_size: 131_072,
             kubernetes: false,
+            bgp_listen_port: 179,
         }
     }
 
@@ -982,12 +988,14 @@ mod tests {
             modes: vec![Mode::Nat],
             flow_table_size: 131_072,
             kubernetes: false,
+            bgp_listen_port: 179,
         };
         assert!(!evaluate(&f, &nat).blocking);
         let dsr = Options {
             modes: vec![Mode::Dsr],
             flow_table_size: 131_072,
             kubernetes: false,
+            bgp_listen_port: 179,
         };
         assert!(evaluate(&f, &dsr).blocking);
         // Missing NET_RAW matters only to l2.
@@ -1008,6 +1016,32 @@ mod tests {
         let r = evaluate(&f, &k8s);
         assert!(r.blocking);
         assert_eq!(find(&r, "capabilities").blocks, Mode::FORWARDING);
+    }
+
+    /// BGP asks NET_BIND_SERVICE only for a listener below 1024.
+    #[test]
+    fn bgp_needs_net_bind_service_below_1024_only() {
+        let mut f = good();
+        f.capabilities = Ok(ALL_CAPS & !(1 << CAP_NET_BIND_SERVICE.0));
+        let at = |port: u16| Options {
+            modes: vec![Mode::Nat, Mode::Bgp],
+            flow_table_size: 131_072,
+            kubernetes: true,
+            bgp_listen_port: port,
+        };
+        let r = evaluate(&f, &at(179));
+        let c = find(&r, "capabilities");
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert_eq!(c.blocks, vec![Mode::Bgp]);
+        assert!(c.found.contains("missing: NET_BIND_SERVICE"), "{c:#?}");
+        assert!(r.blocking);
+        for port in [0, 1179] {
+            let r = evaluate(&f, &at(port));
+            let c = find(&r, "capabilities");
+            assert_eq!(c.verdict, Verdict::Pass, "port {port}: {c:#?}");
+            assert!(!c.found.contains("NET_BIND_SERVICE"), "{c:#?}");
+            assert!(!r.blocking);
+        }
     }
 
     #[test]

@@ -42,6 +42,11 @@ struct Args {
     /// always runs, and its sockets need NET_RAW.
     #[arg(long)]
     kubernetes: bool,
+    /// rivorad's bgp.listenPort (with --announce bgp): below 1024 the
+    /// listener needs NET_BIND_SERVICE; 0 (no listener) or above: no
+    /// capability.
+    #[arg(long, value_name = "PORT", default_value_t = 179)]
+    bgp_listen_port: u16,
     /// rivorad's -flow-table-size, for the memory the maps need.
     #[arg(long, value_name = "N", default_value_t = 131_072)]
     flow_table_size: u64,
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
             modes,
             flow_table_size: args.flow_table_size,
             kubernetes: args.kubernetes,
+            bgp_listen_port: args.bgp_listen_port,
         },
     );
     if args.output == "json" {
