@@ -546,3 +546,28 @@ proptest! {
         prop_assert_eq!(precision_met(&w, len), bands(&w, len).1);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Finishing a fill by free slot gives the table the turns give, bit
+    /// for bit (sizes prime, composite, on the ladder and under the
+    /// backend count; identities shifted so the walks differ).
+    #[test]
+    fn finishing_by_arrival_gives_the_turns_table(
+        n in 1usize..=1000,
+        size in prop_oneof![1u32..=64, 65u32..=30_000, Just(24_576u32), Just(65_537u32)],
+        weight in prop_oneof![Just(1u32), 1u32..=1_000_000],
+        shift in any::<u8>(),
+    ) {
+        let ids: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let mut v = ident(i);
+                v[2] = shift;
+                v
+            })
+            .collect();
+        let e = entries(&ids, |_| weight);
+        prop_assert_eq!(populate_with(&e, size, true), populate_with(&e, size, false));
+    }
+}
