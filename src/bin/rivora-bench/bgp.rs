@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::restart::{in_ns, sh, spawn_in, Daemon, Lab};
+use crate::restart::{in_ns, numbered_stream, sh, spawn_in, Daemon, Lab};
 use crate::{median, Results};
 
 const RATE: u64 = 5_000;
@@ -314,23 +314,8 @@ pub fn run(results: &mut Results) -> Result<()> {
     };
     let sender = {
         let stop = stop.clone();
-        spawn_in(&c, move || -> std::io::Result<u64> {
-            let s = UdpSocket::bind("0.0.0.0:0")?;
-            s.connect("10.211.100.1:5000")?;
-            let t0 = Instant::now();
-            let mut k = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let due = t0 + Duration::from_nanos(k * 1_000_000_000 / RATE);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                while s.send(&k.to_be_bytes()).is_err() {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                k += 1;
-            }
-            Ok(k)
+        spawn_in(&c, move || {
+            numbered_stream("10.211.100.1:5000", RATE, &stop).map(|(sent, _)| sent)
         })
     };
     let stream_t0 = Instant::now();

@@ -188,6 +188,34 @@ pub fn run(results: &mut Results) -> Result<()> {
     Ok(())
 }
 
+/// Send datagrams numbered 0, 1, 2, ... (8 bytes, big-endian) to `to` at
+/// `rate` a second, paced against the clock, until `stop`: how many were
+/// sent and over how long. A receiver that counts the numbers it saw
+/// finds every loss.
+pub(crate) fn numbered_stream(
+    to: &str,
+    rate: u64,
+    stop: &AtomicBool,
+) -> std::io::Result<(u64, Duration)> {
+    let s = UdpSocket::bind("0.0.0.0:0")?;
+    s.connect(to)?;
+    let t0 = Instant::now();
+    let mut k = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let due = t0 + Duration::from_nanos(k * 1_000_000_000 / rate);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        // A transient send error would hide a loss: retry.
+        while s.send(&k.to_be_bytes()).is_err() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        k += 1;
+    }
+    Ok((k, t0.elapsed()))
+}
+
 /// Run `f` on a thread in namespace `ns`.
 pub(crate) fn spawn_in<T: Send + 'static>(
     ns: &str,
@@ -263,24 +291,8 @@ fn hotswap(results: &mut Results) -> Result<()> {
     // The client: RATE datagrams/s, paced against the clock.
     let sender = {
         let stop = stop.clone();
-        spawn_in(&c, move || -> std::io::Result<(u64, Duration)> {
-            let s = UdpSocket::bind("0.0.0.0:0")?;
-            s.connect("10.210.100.1:5000")?;
-            let t0 = Instant::now();
-            let mut k = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let due = t0 + Duration::from_nanos(k * 1_000_000_000 / RATE);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                // A transient send error would hide a loss: retry.
-                while s.send(&k.to_be_bytes()).is_err() {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                k += 1;
-            }
-            Ok((k, t0.elapsed()))
+        spawn_in(&c, move || {
+            numbered_stream("10.210.100.1:5000", RATE, &stop)
         })
     };
     std::thread::sleep(Duration::from_secs(1));
