@@ -32,7 +32,8 @@ static __always_inline __u64 rv_xdp_len(struct xdp_md *ctx)
 struct rv_target {
 	__u32 svc_id;
 	__u32 backend_id;
-	__u32 hash;
+	/* The flow label of an IPv6 L3 DSR tunnel: only computed for those. */
+	__u32 label;
 	__u8 pick; /* RV_PICK_* */
 	__u8 pad[3];
 };
@@ -166,7 +167,7 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
 		if (pkt->family == RV_FAMILY_V4)
 			return rv_l3dsr_v4(ctx, pkt, be.addr[0], be.nh,
 					   t->backend_id);
-		return rv_l3dsr_v6(ctx, pkt, be.addr, t->hash, be.nh,
+		return rv_l3dsr_v6(ctx, pkt, be.addr, t->label, be.nh,
 				   t->backend_id);
 	default:
 		return -RV_DROP_NO_SERVICE;
@@ -222,7 +223,8 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 		return -RV_DROP_NO_SERVICE;
 	t.svc_id = fv->svc_id;
 	t.backend_id = fv->backend_id;
-	t.hash = rv_flow_hash(pkt->saddr, pkt->family, 0, 0, pkt->proto, 1);
+	if (svc->mode == RV_MODE_L3DSR && pkt->family == RV_FAMILY_V6)
+		t.label = rv_flow_label(pkt->saddr, 0, 0, 0);
 	return rv_forward_counted(ctx, pkt, svc, &t);
 }
 
@@ -284,8 +286,9 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
 	if (svc->mode != RV_MODE_NAT) {
-		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
-				      f.proto, 0);
+		if (svc->mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
+			t.label = rv_flow_label(f.caddr, f.cport, f.vport,
+						f.proto);
 		return rv_forward_counted(ctx, pkt, svc, &t);
 	}
 	ret = rv_backend_get(f.family, t.backend_id, &be);
@@ -364,9 +367,8 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
 	t.pick = pick;
-	if (svc->mode == RV_MODE_L3DSR)
-		t.hash = rv_flow_hash(f.caddr, f.family, f.cport, f.vport,
-				      f.proto, 0);
+	if (svc->mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
+		t.label = rv_flow_label(f.caddr, f.cport, f.vport, f.proto);
 	if (pkt->flags & RV_PKT_FRAG)
 		rv_frag_record(pkt, &t);
 	return rv_forward_counted(ctx, pkt, svc, &t);

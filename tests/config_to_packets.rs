@@ -229,7 +229,7 @@ fn yaml(node_extra: &str, vips: &[VipSpec]) -> String {
 
 /// What L3 DSR must make of `f` for backend `b`: the FIB's MACs, an outer
 /// header from the tunnel source (TTL / hop limit 64; IPv4: id 0 and DF,
-/// the inner header carrying DF; IPv6: the flow hash as flow label), then
+/// the inner header carrying DF; IPv6: `flow_label` as flow label), then
 /// the original IP packet byte for byte.
 fn encapsulated(f: &Frame, b: IpAddr) -> Vec<u8> {
     let input = f.build();
@@ -253,10 +253,10 @@ fn encapsulated(f: &Frame, b: IpAddr) -> Vec<u8> {
         }
         IpAddr::V6(b) => {
             let src: Ipv6Addr = TUN6.parse().expect("TUN6");
-            let hash = flow_hash(f.src_ip(), f.sport(), f.dport(), f.proto(), false);
+            let label = flow_label(f.src_ip(), f.sport(), f.dport(), f.proto());
             Ipv6Header {
                 traffic_class: 0,
-                flow_label: Ipv6FlowLabel::try_new(hash & 0xfffff).expect("20 bits"),
+                flow_label: Ipv6FlowLabel::try_new(label).expect("20 bits"),
                 payload_length: inner.len() as u16,
                 next_header: IpNumber::IPV6,
                 hop_limit: 64,

@@ -328,9 +328,8 @@ fn dsr(frame: &[u8], backend_mac: [u8; 6]) -> Vec<u8> {
 /// the packet. The outer IPv4 id is 0 when the inner packet carries DF (an
 /// atomic datagram, RFC 6864), else random per packet: then the id is taken
 /// from `actual` (and asserted to vary elsewhere) and the header checksum
-/// recomputed here. The outer IPv6 flow label is the flow hash's low 20
-/// bits.
-fn encap(frame: &[u8], backend: IpAddr, hash: u32, actual: &[u8]) -> Vec<u8> {
+/// recomputed here. The outer IPv6 flow label is `label` (`flow_label`).
+fn encap(frame: &[u8], backend: IpAddr, label: u32, actual: &[u8]) -> Vec<u8> {
     let (eth, inner) = Ethernet2Header::from_slice(frame).unwrap();
     let mut out = eth.to_bytes().to_vec();
     match backend {
@@ -359,7 +358,7 @@ fn encap(frame: &[u8], backend: IpAddr, hash: u32, actual: &[u8]) -> Vec<u8> {
         }
         IpAddr::V6(b) => {
             let mut h = Ipv6Header {
-                flow_label: Ipv6FlowLabel::try_new(hash & 0xf_ffff).unwrap(),
+                flow_label: Ipv6FlowLabel::try_new(label).unwrap(),
                 next_header: IpNumber::IPV6,
                 hop_limit: 64,
                 source: TUN6.octets(),
@@ -867,8 +866,9 @@ fn fragments_dsr(fx: &Fx, fam: Fam) {
 }
 
 /// L3 DSR: every fragment is encapsulated to the first fragment's
-/// backend. The first carries ports and is hashed on the 5-tuple; a later
-/// fragment has only addresses and is hashed on the client address.
+/// backend. The first carries ports and its outer flow label is the
+/// 5-tuple's; a later fragment has only addresses, and its label is the
+/// client address's.
 fn fragments_l3dsr(fx: &Fx, fam: Fam) {
     let t = &fx.t;
     let s = frag_svc(fx, fam, L3DSR);
@@ -884,15 +884,15 @@ fn fragments_l3dsr(fx: &Fx, fam: Fam) {
     assert_eq!(out, input[2]);
     assert_eq!(frag_no_first(t), before + 1);
 
-    let first_hash = flow_hash(client, 40002, 53, PROTO_UDP, false);
-    let later_hash = flow_hash(client, 0, 0, PROTO_UDP, true);
+    let first_label = flow_label(client, 40002, 53, PROTO_UDP);
+    let later_label = flow_label(client, 0, 0, 0);
     for (i, pkt) in input.iter().enumerate() {
         let (v, out) = t.run_xdp(pkt);
         assert_eq!(v, XDP_PASS, "{fam:?} L3 DSR fragment {i}");
-        let hash = if i == 0 { first_hash } else { later_hash };
+        let label = if i == 0 { first_label } else { later_label };
         assert_eq!(
             out,
-            encap(pkt, b.addr, hash, &out),
+            encap(pkt, b.addr, label, &out),
             "{fam:?} L3 DSR fragment {i}"
         );
     }
@@ -1261,7 +1261,7 @@ fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
             let mut s = icmp_svc(fx, fam, mode, c.proto);
             let what = format!("{fam:?} {mode:?} {}", c.name);
             let cport = 41000 + 10 * ci as u16 + u16::from(mode_no(mode));
-            let hash = flow_hash(client, cport, s.port, c.proto, false);
+            let label = flow_label(client, cport, s.port, c.proto);
             let b = s.new_flow(fx, client, cport);
             assert_eq!(b, s.b1, "{what}: set-up: new flows reach b1");
 
@@ -1271,7 +1271,7 @@ fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
             let want = match mode {
                 Mode::Nat => (XDP_PASS, request(c.proto, client, cport, b.addr, b.port)),
                 Mode::Dsr => (XDP_TX, dsr(&data, b.mac)),
-                Mode::L3Dsr => (XDP_PASS, encap(&data, b.addr, hash, &out)),
+                Mode::L3Dsr => (XDP_PASS, encap(&data, b.addr, label, &out)),
             };
             assert_eq!((v, out), want, "{what}: the flow's own packet");
             let aff = affinity(t, s.id, client, cport, s.port, c.proto).expect("affinity recorded");
@@ -1298,7 +1298,7 @@ fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
                     )
                 }
                 Mode::Dsr => (XDP_TX, dsr(&err, b.mac)),
-                Mode::L3Dsr => (XDP_PASS, encap(&err, b.addr, hash, &out)),
+                Mode::L3Dsr => (XDP_PASS, encap(&err, b.addr, label, &out)),
             };
             assert_eq!((v, &out), (want.0, &want.1), "{what}: the error");
             if mode == NAT {

@@ -532,13 +532,13 @@ fn l3dsr_request(svc: u32, sport: u16) -> Frame {
 
 /// The encapsulated frame L3 DSR must produce: `l2` (the MACs it should
 /// carry), the outer header (source from tunnel_config_map, TTL/hop limit
-/// 64, IPv4 id or IPv6 flow label from the flow hash, TOS and DF from the
+/// 64, IPv4 id 0 (DF) or the IPv6 flow label (`flow_label`), TOS and DF from the
 /// inner IPv4 header), then the original IP packet byte for byte.
 fn encapsulated(f: &Frame, backend: IpAddr, macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
     let input = f.build();
     let mut out = f.clone().macs(macs.0, macs.1).build()[..f.l3_off()].to_vec();
     let inner = &input[f.l3_off()..];
-    let hash = flow_hash(f.src_ip(), f.sport(), f.dport(), f.proto(), false);
+    let label = flow_label(f.src_ip(), f.sport(), f.dport(), f.proto());
     match backend {
         IpAddr::V4(b) => {
             let src: Ipv4Addr = TUN4.parse().unwrap();
@@ -561,7 +561,7 @@ fn encapsulated(f: &Frame, backend: IpAddr, macs: ([u8; 6], [u8; 6])) -> Vec<u8>
             let src: Ipv6Addr = TUN6.parse().unwrap();
             Ipv6Header {
                 traffic_class: 0,
-                flow_label: Ipv6FlowLabel::try_new(hash & 0xfffff).unwrap(),
+                flow_label: Ipv6FlowLabel::try_new(label).unwrap(),
                 payload_length: inner.len() as u16,
                 next_header: IpNumber::IPV6,
                 hop_limit: 64,

@@ -61,19 +61,4 @@ static __always_inline void rv_udp_csum_fixup(__u16 *sum)
 		*sum = 0xffff;
 }
 
-/* Full checksum of a 20-byte IPv4 header without options (the outer
- * header we build ourselves). */
-static __always_inline __u16 rv_ipv4_hdr_csum(struct iphdr *iph)
-{
-	__u16 *w = (__u16 *)iph;
-	__u32 c = 0;
-	int i;
-
-	iph->check = 0;
-#pragma unroll
-	for (i = 0; i < (int)(sizeof(*iph) / 2); i++)
-		c += w[i];
-	return rv_csum_fold(c);
-}
-
 #endif /* RV_CSUM_H */

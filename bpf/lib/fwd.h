@@ -158,16 +158,32 @@ static __always_inline int rv_dsr_forward(struct xdp_md *ctx,
 
 /*
  * Make room for an outer header of `room` bytes between the L2 header
- * (tags included) and the IP header. The first 22 bytes (Ethernet and
- * two tags at most) are copied forward whatever l2_len is: the bytes
- * past l2_len land where the outer header goes and are overwritten.
+ * (tags included) and the IP header. Handed to the kernel afterwards
+ * (`keep_l2`), the frame keeps the L2 header it came with: the first 22
+ * bytes (Ethernet and two tags at most) are copied forward whatever l2_len
+ * is, and the bytes past l2_len land where the outer header goes and are
+ * overwritten. Sent by us from an untagged frame, only the EtherType is
+ * written here (`proto`, the inner packet's, as the outer header is of the
+ * same family); rv_send writes the MACs.
  */
-static __always_inline int rv_push_room(struct xdp_md *ctx, int room)
+static __always_inline int rv_push_room(struct xdp_md *ctx, int room,
+					int keep_l2, __u32 l2_len, __be16 proto)
 {
 	__u8 l2[sizeof(struct ethhdr) + 2 * sizeof(struct vlan_hdr)];
 	void *data = rv_xdp_data(ctx);
 	void *data_end = rv_xdp_data_end(ctx);
+	struct ethhdr *eth;
 
+	if (!keep_l2 && l2_len == sizeof(struct ethhdr)) {
+		if (bpf_xdp_adjust_head(ctx, -room))
+			return -RV_DROP_HEADROOM;
+		eth = rv_hdr(struct ethhdr, rv_xdp_data(ctx),
+			     rv_xdp_data_end(ctx), 0);
+		if (!eth)
+			return -RV_DROP_HEADROOM;
+		eth->h_proto = proto;
+		return 0;
+	}
 	if (data + sizeof(l2) > data_end)
 		return -RV_DROP_MALFORMED_L2;
 	__builtin_memcpy(l2, data, sizeof(l2));
@@ -218,41 +234,45 @@ static __always_inline void rv_fib_ports(struct bpf_fib_lookup *p,
 	p->dport = bport;
 }
 
-/*
- * Where an encapsulated packet goes: by the cached next hop (larger than
- * its MTU: the kernel's, as the FIB would say FRAG_NEEDED), or by the
- * FIB's answer: send it ourselves, let the kernel finish the job (no
- * neighbour entry yet, forwarding off, too big for the egress MTU: the
- * kernel resolves, refuses or fragments; an egress rivorad is not
- * attached to, which a redirect could not reach), or drop it because the
- * route says nobody is there.
- */
-static __always_inline int rv_l3dsr_verdict(struct xdp_md *ctx, int use,
-					    const struct rv_nexthop *nh,
-					    __u32 tot_len, int rc,
-					    const struct bpf_fib_lookup *p)
-{
-	const __u8 *dmac, *smac;
+/* Where an encapsulated packet goes, and how it leaves. */
+struct rv_l3dsr_out {
+	const __u8 *dmac;
+	const __u8 *smac;
 	__u32 ifindex;
+};
 
+/*
+ * Where an encapsulated packet goes, decided before it is built: by the
+ * cached next hop (larger than its MTU: the kernel's, as the FIB would say
+ * FRAG_NEEDED), or by the FIB's answer: send it ourselves (1, `out` says
+ * where), let the kernel finish the job (0: no neighbour entry yet,
+ * forwarding off, too big for the egress MTU: the kernel resolves, refuses
+ * or fragments; an egress rivorad is not attached to, which a redirect
+ * could not reach), or drop it because the route says nobody is there.
+ */
+static __always_inline int rv_l3dsr_route(struct xdp_md *ctx, int use,
+					  const struct rv_nexthop *nh,
+					  __u32 tot_len, int rc,
+					  const struct bpf_fib_lookup *p,
+					  struct rv_l3dsr_out *out)
+{
 	if (use == RV_NH_PASS)
-		return RV_XDP_PASS;
+		return 0;
 	if (use == RV_NH_SEND) {
 		if (tot_len > nh->mtu)
-			return RV_XDP_PASS;
-		ifindex = nh->ifindex;
-		dmac = nh->dmac;
-		smac = nh->smac;
-	} else {
-		if (!rv_fib_can_send(ctx, rc, p))
-			return rv_fib_says_unreachable(rc)
-				       ? -RV_DROP_FIB_UNREACHABLE
-				       : RV_XDP_PASS;
-		ifindex = p->ifindex;
-		dmac = p->dmac;
-		smac = p->smac;
+			return 0;
+		out->ifindex = nh->ifindex;
+		out->dmac = nh->dmac;
+		out->smac = nh->smac;
+		return 1;
 	}
-	return rv_send(ctx, ifindex, dmac, smac);
+	if (!rv_fib_can_send(ctx, rc, p))
+		return rv_fib_says_unreachable(rc) ? -RV_DROP_FIB_UNREACHABLE
+						   : 0;
+	out->ifindex = p->ifindex;
+	out->dmac = p->dmac;
+	out->smac = p->smac;
+	return 1;
 }
 
 /*
@@ -273,7 +293,7 @@ rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
-	struct bpf_fib_lookup p = {};
+	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
 	const __u8 *dmac, *smac;
 	__u32 ifindex;
 	__u8 ttl;
@@ -298,6 +318,7 @@ rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
 		smac = nh->smac;
 		goto send;
 	}
+	__builtin_memset(&p, 0, sizeof(p));
 	p.family = RV_AF_INET;
 	p.tos = iph->tos;
 	p.l4_protocol = pkt->proto;
@@ -334,7 +355,7 @@ static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ipv6hdr *ip6h =
 		rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
-	struct bpf_fib_lookup p = {};
+	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
 	const __u8 *dmac, *smac;
 	__u32 ifindex;
 	int rc, use;
@@ -353,6 +374,7 @@ static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 		smac = nh->smac;
 		goto send;
 	}
+	__builtin_memset(&p, 0, sizeof(p));
 	p.family = RV_AF_INET6;
 	/* Traffic class and flow label: what the kernel's own route lookup
 	 * for a forwarded packet keys on. */
@@ -374,21 +396,41 @@ send:
 	return rv_send(ctx, ifindex, dmac, smac);
 }
 
+/* The checksum of the IPIP outer header we build (no options, TTL
+ * RV_TUNNEL_TTL), from the values written rather than read back from the
+ * packet. Host-order reads of its 16-bit words are what is summed, so each
+ * operand is taken as those bytes would read. */
+static __always_inline __u16 rv_ipip_csum(__u8 tos, __u16 tot_len, __be16 id,
+					  __be16 frag_off, __be32 saddr,
+					  __be32 daddr)
+{
+	__u64 c = (__u64)bpf_htons(0x4500 | tos) + bpf_htons(tot_len) + id +
+		  frag_off + bpf_htons((RV_TUNNEL_TTL << 8) | RV_IPPROTO_IPIP) +
+		  saddr + daddr;
+
+	c = (c & 0xffffffff) + (c >> 32);
+	c = (c & 0xffffffff) + (c >> 32);
+	return rv_csum_fold((__u32)c);
+}
+
 /* L3 DSR for IPv4: IPIP to the backend (RFC 2003). */
 static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 				       const struct rv_pkt *pkt, __be32 backend,
 				       const struct rv_nexthop *nh,
 				       __u32 backend_id)
 {
-	struct bpf_fib_lookup p = {};
+	/* Zeroed only when the FIB is asked: the cached next hop's path has
+	 * no use for it. */
+	struct bpf_fib_lookup p;
+	struct rv_l3dsr_out out = {};
 	struct rv_tunnel_config *tc;
 	struct iphdr *outer, *inner;
 	void *data, *data_end;
 	__u32 zero = 0;
 	__u16 tot_len;
 	__u8 tos;
-	__be16 df;
-	int rc = 0, ret, use;
+	__be16 df, id;
+	int rc = 0, ret, use, send;
 
 	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
 	if (!tc || !tc->src4)
@@ -404,6 +446,7 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 
 	use = rv_nh_use(nh, backend_id);
 	if (use == RV_NH_ASK) {
+		__builtin_memset(&p, 0, sizeof(p));
 		p.family = RV_AF_INET;
 		p.tos = tos;
 		p.l4_protocol = RV_IPPROTO_IPIP;
@@ -416,7 +459,11 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 			return -RV_DROP_FIB_UNREACHABLE;
 	}
 
-	ret = rv_push_room(ctx, sizeof(struct iphdr));
+	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, &p, &out);
+	if (send < 0)
+		return send;
+	ret = rv_push_room(ctx, sizeof(struct iphdr), !send, pkt->l2_len,
+			   bpf_htons(RV_ETH_P_IP));
 	if (ret)
 		return ret;
 	data = (void *)(long)ctx->data;
@@ -424,35 +471,39 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	outer = rv_hdr(struct iphdr, data, data_end, pkt->l2_len);
 	if (!outer)
 		return -RV_DROP_HEADROOM;
-	outer->version = 4;
-	outer->ihl = 5;
-	outer->tos = tos;
-	outer->tot_len = bpf_htons(tot_len);
 	/* RFC 6864: an atomic datagram's id means nothing, so DF packets
 	 * carry 0; one that may be fragmented on the way needs an id not
 	 * reused within the reassembly window, and a random one is that
 	 * without shared state (the flow hash would repeat per packet). */
-	outer->id = df ? 0 : (__be16)bpf_get_prandom_u32();
+	id = df ? 0 : (__be16)bpf_get_prandom_u32();
+	outer->version = 4;
+	outer->ihl = 5;
+	outer->tos = tos;
+	outer->tot_len = bpf_htons(tot_len);
+	outer->id = id;
 	outer->frag_off = df;
 	outer->ttl = RV_TUNNEL_TTL;
 	outer->protocol = RV_IPPROTO_IPIP;
 	outer->saddr = tc->src4;
 	outer->daddr = backend;
-	outer->check = rv_ipv4_hdr_csum(outer);
-	return rv_l3dsr_verdict(ctx, use, nh, tot_len, rc, &p);
+	outer->check = rv_ipip_csum(tos, tot_len, id, df, tc->src4, backend);
+	if (!send)
+		return RV_XDP_PASS;
+	return rv_send(ctx, out.ifindex, out.dmac, out.smac);
 }
 
 /* L3 DSR for IPv6: IPv6-in-IPv6 to the backend (RFC 2473). */
 static __always_inline int
 rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
-	    __u32 hash, const struct rv_nexthop *nh, __u32 backend_id)
+	    __u32 label, const struct rv_nexthop *nh, __u32 backend_id)
 {
-	struct bpf_fib_lookup p = {};
+	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
+	struct rv_l3dsr_out out = {};
 	struct rv_tunnel_config *tc;
 	struct ipv6hdr *outer, *inner;
 	void *data, *data_end;
-	__u32 zero = 0, tclass;
-	int rc = 0, ret, use;
+	__u32 zero = 0, tclass, tot_len = pkt->ip_len + sizeof(*outer);
+	int rc = 0, ret, use, send;
 
 	tc = bpf_map_lookup_elem(&tunnel_config_map, &zero);
 	if (!tc || rv_addr6_is_zero(tc->src6))
@@ -465,9 +516,10 @@ rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 
 	use = rv_nh_use(nh, backend_id);
 	if (use == RV_NH_ASK) {
+		__builtin_memset(&p, 0, sizeof(p));
 		p.family = RV_AF_INET6;
 		p.l4_protocol = RV_IPPROTO_IPV6;
-		p.tot_len = pkt->ip_len + sizeof(struct ipv6hdr);
+		p.tot_len = tot_len;
 		rv_addr6_copy(p.ipv6_src, tc->src6);
 		rv_addr6_copy(p.ipv6_dst, backend);
 		p.ifindex = ctx->ingress_ifindex;
@@ -476,7 +528,11 @@ rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 			return -RV_DROP_FIB_UNREACHABLE;
 	}
 
-	ret = rv_push_room(ctx, sizeof(struct ipv6hdr));
+	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, &p, &out);
+	if (send < 0)
+		return send;
+	ret = rv_push_room(ctx, sizeof(struct ipv6hdr), !send, pkt->l2_len,
+			   bpf_htons(RV_ETH_P_IPV6));
 	if (ret)
 		return ret;
 	data = (void *)(long)ctx->data;
@@ -485,17 +541,18 @@ rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 	if (!outer)
 		return -RV_DROP_HEADROOM;
 	/* Version 6, the inner traffic class (as IPv4 copies TOS), and the
-	 * flow hash as flow label so that ECMP between here and the backend
-	 * keeps a flow on one path. */
+	 * flow's label (rv_flow_label) so that ECMP between here and the
+	 * backend keeps a flow on one path. */
 	*(__be32 *)outer =
-		bpf_htonl(0x60000000 | (tclass << 20) | (hash & 0xfffff));
+		bpf_htonl(0x60000000 | (tclass << 20) | (label & 0xfffff));
 	outer->payload_len = bpf_htons(pkt->ip_len);
 	outer->nexthdr = RV_IPPROTO_IPV6;
 	outer->hop_limit = RV_TUNNEL_TTL;
 	__builtin_memcpy(&outer->saddr, tc->src6, 16);
 	__builtin_memcpy(&outer->daddr, backend, 16);
-	return rv_l3dsr_verdict(ctx, use, nh, pkt->ip_len + sizeof(*outer), rc,
-				&p);
+	if (!send)
+		return RV_XDP_PASS;
+	return rv_send(ctx, out.ifindex, out.dmac, out.smac);
 }
 
 #endif /* RV_FWD_H */

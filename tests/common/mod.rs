@@ -381,6 +381,22 @@ pub fn flow_hash(
     h ^ (h >> 16)
 }
 
+/// The outer flow label of an IPv6 L3 DSR tunnel (bpf/lib/hash.h,
+/// `rv_flow_label`), written again from its description: the tuple's words
+/// as the program reads them, folded by XOR, times 0x9e3779b1, top 20 bits.
+/// Later fragments carry no ports: the program passes 0 for ports and
+/// protocol.
+pub fn flow_label(client: std::net::IpAddr, sport: u16, dport: u16, proto: u8) -> u32 {
+    let words = match client {
+        std::net::IpAddr::V4(a) => [be32(a), 0, 0, 0],
+        std::net::IpAddr::V6(a) => be32x4(a),
+    };
+    let h = words.iter().fold(0u32, |h, w| h ^ w)
+        ^ ((u32::from(be16(sport)) << 16) | u32::from(be16(dport)))
+        ^ u32::from(proto);
+    h.wrapping_mul(0x9e37_79b1) >> 12
+}
+
 /// bpf_ktime_get_coarse_ns(): CLOCK_MONOTONIC_COARSE, for writing
 /// timestamps the datapath compares against (affinity last_seen_ns,
 /// bucket last_ns).
