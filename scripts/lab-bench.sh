@@ -462,11 +462,64 @@ node_mode() {
 		in_ns "$NS_N" ethtool -K "$NODEIF" gro on >/dev/null
 		sysfs_ns "$NS_N" "echo 1 > /sys/class/net/$NODEIF/threaded"
 		pin_napi
+		downstream_mode pinned
 	else
+		downstream_mode stream
 		# Without XDP or GRO a veth has no NAPI to thread, and the write
 		# fails (EIO): nothing to undo then.
 		sysfs_ns "$NS_N" "{ echo 0 > /sys/class/net/$NODEIF/threaded; } 2>/dev/null" || true
 		in_ns "$NS_N" ethtool -K "$NODEIF" gro off >/dev/null
+	fi
+}
+
+# Where what the node sends is received, per kind of measure:
+#   pinned  on GEN_CPU, in NAPI threads of their own: the switch's port
+#           facing the node (pn, and the bridge behind it) and the
+#           backends' veths (their receive path, the L3 DSR decap
+#           program). A veth hands what it sends to its peer's receive on
+#           the sending core; left there, all of it ran on the node's core
+#           and was charged to the node: an L3 DSR backend's decap (and
+#           veth's copy of each frame into XDP for it) read as the node's
+#           cost. On a NIC the node's work ends at the transmit ring.
+#           A veth has NAPI to thread with GRO on (or XDP), and uses it
+#           for what a sender with TSO off sends (veth_xmit).
+#   stream  the veths' defaults, as the TCP and HTTP measures had them.
+downstream_mode() {
+	local ns i pid n
+	if [ "$1" = pinned ]; then
+		in_ns "$NS_N" ethtool -K "$NODEIF" tso off gso off >/dev/null
+		in_ns "$NS_S" ethtool -K pn gro on >/dev/null
+		sysfs_ns "$NS_S" "echo 1 > /sys/class/net/pn/threaded"
+		for i in 1 2 3; do
+			ns=${NS_B[$((i - 1))]}
+			in_ns "$NS_S" ethtool -K "sb$i" tso off gso off >/dev/null
+			in_ns "$ns" ethtool -K "b$i" gro on >/dev/null
+			sysfs_ns "$ns" "echo 1 > /sys/class/net/b$i/threaded"
+		done
+		# Above the generator's priority: what the node sent is received
+		# before more is generated, so nothing the node paid for is
+		# dropped on the way for want of a core (it would count against
+		# the node, per delivered packet).
+		n=0
+		for pid in $(pgrep '^napi/(pn|b[123])-[0-9]+$' || true); do
+			taskset -pc "$GEN_CPU" "$pid" >/dev/null
+			renice -n $((LAB_NICE - 5)) -p "$pid" >/dev/null
+			n=$((n + 1))
+		done
+		# pn and b1-b3: fewer, and some of it is charged to the node.
+		[ "$n" -ge 4 ] || { log "lab: $n of 4 downstream NAPI threads found to pin"; return 1; }
+	else
+		sysfs_ns "$NS_S" "{ echo 0 > /sys/class/net/pn/threaded; } 2>/dev/null" || true
+		in_ns "$NS_S" ethtool -K pn gro off >/dev/null
+		for i in 1 2 3; do
+			ns=${NS_B[$((i - 1))]}
+			sysfs_ns "$ns" "{ echo 0 > /sys/class/net/b$i/threaded; } 2>/dev/null" || true
+			in_ns "$ns" ethtool -K "b$i" gro off >/dev/null
+			# Back to the defaults where the device allows it (XDP on a
+			# veth's peer takes its segmentation offloads away).
+			in_ns "$NS_S" ethtool -K "sb$i" tso on gso on >/dev/null 2>&1 || true
+		done
+		in_ns "$NS_N" ethtool -K "$NODEIF" tso on gso on >/dev/null 2>&1 || true
 	fi
 }
 
@@ -607,10 +660,10 @@ trafgen_conf() { # kind -> file
 }
 
 measure_pps() { # kind -> pps_<kind>=kpps [cpu_ns_<kind>=ns per packet]
-	local kind=$1 conf before after t0 t1 c0 c1 r0 r1 n secs
+	local kind=$1 conf before after t0 t1 c0 c1 r0 r1 x0 x1 n secs
 	conf=$(trafgen_conf "$kind")
 	flush_ct
-	before=$(delivered); c0=$(cpu_busy_ticks); r0=$(node_runtime_ns); t0=$(date +%s.%N)
+	before=$(delivered); c0=$(cpu_busy_ticks); r0=$(node_runtime_ns); x0=$(node_rx); t0=$(date +%s.%N)
 	local prof=""
 	if [ -n "$PROFILE" ]; then
 		# Where core 1's time goes, while the packets flow.
@@ -626,22 +679,29 @@ measure_pps() { # kind -> pps_<kind>=kpps [cpu_ns_<kind>=ns per packet]
 	fi
 	t1=$(date +%s.%N)
 	sleep 0.2
-	after=$(delivered); c1=$(cpu_busy_ticks); r1=$(node_runtime_ns)
+	after=$(delivered); c1=$(cpu_busy_ticks); r1=$(node_runtime_ns); x1=$(node_rx)
 	n=$((after - before))
 	if [ "$n" -eq 0 ] || grep -qi 'fail\|error' "$WORK/trafgen.log"; then log "  trafgen ($kind, $n delivered): $(head -c 600 "$WORK/trafgen.log")"; fi
 	secs=$(python3 -c "print($t1 - $t0)")
-	per_packet "" "$kind" "$n" "$secs" $((c1 - c0)) $((r1 - r0))
+	per_packet "" "$kind" "$n" "$secs" $((c1 - c0)) $((r1 - r0)) $((x1 - x0))
 }
 
-per_packet() { # prefix kind delivered secs busy-ticks node-ns -> key=value
+# The node's receive threads' time is divided by the packets the node
+# received (its interface's rx_packets), not by those delivered: what the
+# node sent that was dropped after it (a full ring downstream) cost the
+# node the same, and per delivered packet it read as a dearer node.
+per_packet() { # prefix kind delivered secs busy-ticks node-ns node-rx -> key=value
 	python3 -c "
-p, kind, n, secs, ticks, node = '$1', '$2', $3, $4, $5, $6
+p, kind, n, secs, ticks, node, rx = '$1', '$2', $3, $4, $5, $6, $7
 hz = $(getconf CLK_TCK)
 print('%spps_%s=%s' % (p, kind, '%.1f' % (n / secs / 1e3) if n else 'nan'), end=' ')
 print('%scpu_ns_%s=%s' % (p, kind, '%.0f' % (ticks / hz * 1e9 / n) if n else 'nan'), end=' ')
-print('%snode_ns_%s=%s' % (p, kind, '%.0f' % (node / n) if n else 'nan'))
+print('%snode_ns_%s=%s' % (p, kind, '%.0f' % (node / rx) if n and rx else 'nan'))
 "
 }
+
+# Packets the node's interface received (its receive path handled them).
+node_rx() { sysfs_ns "$NS_N" "cat /sys/class/net/$NODEIF/statistics/rx_packets"; }
 
 # The same from live XDP frames: rivora-bench xdpgen in the switch's
 # namespace, redirecting into pn (the node's veth peer) on GEN_CPU. It
@@ -649,16 +709,16 @@ print('%snode_ns_%s=%s' % (p, kind, '%.0f' % (node / n) if n else 'nan'))
 # generator's core); only what reached the backends counts, and a path
 # that delivers under 1% of what was offered reads as failed, not fast.
 measure_xpps() { # kind -> xpps_<kind>= xcpu_ns_<kind>= xnode_ns_<kind>=
-	local kind=$1 src=$CLIENT before after t0 t1 c0 c1 r0 r1 n secs out sent
+	local kind=$1 src=$CLIENT before after t0 t1 c0 c1 r0 r1 x0 x1 n secs out sent
 	[ "$kind" = new ] && src=10.211.0.1
 	flush_ct
-	before=$(delivered); c0=$(cpu_busy_ticks); r0=$(node_runtime_ns); t0=$(date +%s.%N)
+	before=$(delivered); c0=$(cpu_busy_ticks); r0=$(node_runtime_ns); x0=$(node_rx); t0=$(date +%s.%N)
 	out=$(in_ns "$NS_S" nice -n "$LAB_NICE" taskset -c "$GEN_CPU" "$BIN/rivora-bench" xdpgen --dev pn --dst-mac "$NODE_MAC" \
 		--src-mac "$CLIENT_MAC" --src "$src" --dst "$TARGET" --sport 4242 --dport "$SINK_PORT" \
 		--flows "$kind" --seconds "$PPS_DURATION" 2>&1) || out="failed: $out"
 	t1=$(date +%s.%N)
 	sleep 0.2
-	after=$(delivered); c1=$(cpu_busy_ticks); r1=$(node_runtime_ns)
+	after=$(delivered); c1=$(cpu_busy_ticks); r1=$(node_runtime_ns); x1=$(node_rx)
 	n=$((after - before))
 	sent=$(sed -n 's/.*xdpgen_sent=\([0-9]*\).*/\1/p' <<<"$out")
 	if [ -z "$sent" ] || [ "$n" -lt 1000 ] || [ $((n * 100)) -lt "$sent" ]; then
@@ -666,7 +726,7 @@ measure_xpps() { # kind -> xpps_<kind>= xcpu_ns_<kind>= xnode_ns_<kind>=
 		n=0
 	fi
 	secs=$(python3 -c "print($t1 - $t0)")
-	per_packet x "$kind" "$n" "$secs" $((c1 - c0)) $((r1 - r0))
+	per_packet x "$kind" "$n" "$secs" $((c1 - c0)) $((r1 - r0)) $((x1 - x0))
 }
 
 measure() { # path -> the run's key=value pairs on one line
