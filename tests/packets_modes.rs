@@ -1062,6 +1062,55 @@ fn nat_fib_answers_xdp_tx_with(cached: bool) {
     }
 }
 
+/// The TTL goes down without a fold of the IPv4 checksum (its word goes
+/// down by 0x0100, the checksum up by as much, with the end-around carry):
+/// the header checksums that carry, or sit next to it, come out as a
+/// computation from scratch makes them. The IP IDs are chosen so that the
+/// NAT'd header's checksum before the TTL changes is each of 0xfdff-0xfeff
+/// and 0xff00 (0xfeff + 0x0100 carries into negative zero, which a
+/// computed checksum never is).
+#[test]
+fn nat_ttl_decrement_checksum_carries() {
+    let fx = Fx::new();
+    let t = &fx.t;
+    let bes = nat_fib_setup(&fx);
+    let (ns, veth0, _, _) = nat_netns();
+    let _in = InNetns::enter(&ns);
+    fx.iface_mac(veth0, VETH_MAC);
+    cache_next_hops(&fx);
+    let be = bes[&31];
+    // The checksum of the NAT'd header, TTL 64, for each IP ID.
+    let csum_for = |id: u16| -> u16 {
+        let b = nat_of(&nat_fib_request(31, 57000).ip_id(id), &be).build();
+        u16::from_be_bytes([b[24], b[25]])
+    };
+    let wanted = [0xfdff_u16, 0xfe00, 0xfeff, 0xff00];
+    let mut found = std::collections::BTreeMap::new();
+    for id in 0..=u16::MAX {
+        let c = csum_for(id);
+        if wanted.contains(&c) {
+            found.entry(c).or_insert(id);
+        }
+    }
+    assert_eq!(
+        found.keys().copied().collect::<Vec<_>>(),
+        wanted.to_vec(),
+        "an IP ID for each checksum"
+    );
+    for (sport, (c, id)) in (57001..).zip(found) {
+        let f = nat_fib_request(31, sport).ip_id(id);
+        let desc = format!("NAT'd checksum {c:#06x} before the TTL (IP ID {id:#06x})");
+        expect_on(
+            t,
+            &desc,
+            veth0,
+            &f,
+            XDP_TX,
+            &nat_routed(&f, &be, (VETH_MAC, GW_MAC)),
+        );
+    }
+}
+
 /// The route's egress is another interface: redirected there only when it
 /// is one rivorad attaches to (listed in iface_mac_map), since a redirect
 /// into a device without XDP is dropped silently by veth and many drivers;

@@ -27,13 +27,34 @@ static __always_inline __u16 rv_csum_fold(__u32 csum)
 	return (__u16)~csum;
 }
 
-/* RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). */
+/*
+ * RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). Open the sum a checksum stands
+ * for, swap any number of fields in it, fold once.
+ */
+static __always_inline __u32 rv_csum_open(__u16 sum)
+{
+	return ~(__u32)sum & 0xffff;
+}
+
+static __always_inline __u32 rv_csum_swap(__u32 c, __u32 from, __u32 to)
+{
+	return rv_csum_add(rv_csum_sub(c, from), to);
+}
+
+static __always_inline __u32 rv_csum_swap16(__u32 c, const __be32 *from,
+					    const __be32 *to)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		c = rv_csum_swap(c, from[i], to[i]);
+	return c;
+}
+
 static __always_inline void rv_csum_replace4(__u16 *sum, __u32 from, __u32 to)
 {
-	__u32 c = ~((__u32)*sum) & 0xffff;
-
-	c = rv_csum_add(rv_csum_sub(c, from), to);
-	*sum = rv_csum_fold(c);
+	*sum = rv_csum_fold(rv_csum_swap(rv_csum_open(*sum), from, to));
 }
 
 static __always_inline void rv_csum_replace2(__u16 *sum, __u16 from, __u16 to)
@@ -44,13 +65,21 @@ static __always_inline void rv_csum_replace2(__u16 *sum, __u16 from, __u16 to)
 static __always_inline void rv_csum_replace16(__u16 *sum, const __be32 *from,
 					      const __be32 *to)
 {
-	__u32 c = ~((__u32)*sum) & 0xffff;
-	int i;
+	*sum = rv_csum_fold(rv_csum_swap16(rv_csum_open(*sum), from, to));
+}
 
-#pragma unroll
-	for (i = 0; i < 4; i++)
-		c = rv_csum_add(rv_csum_sub(c, from[i]), to[i]);
-	*sum = rv_csum_fold(c);
+/*
+ * TTL - 1 in an IPv4 header whose TTL is `ttl` (> 0): the TTL is the high
+ * byte of its 16-bit word, which goes down by 0x0100, so the checksum goes
+ * up by as much, with the end-around carry (RFC 1141; the kernel's
+ * ip_decrease_ttl): no fold needed.
+ */
+static __always_inline void rv_ip_decrease_ttl(struct iphdr *iph, __u8 ttl)
+{
+	__u32 c = (__u32)iph->check + bpf_htons(0x0100);
+
+	iph->check = (__u16)(c + (c >= 0xffff));
+	iph->ttl = ttl - 1;
 }
 
 /* UDP over IPv4 may carry no checksum (0); a computed 0 is sent as 0xffff

@@ -12,42 +12,50 @@
 #define RV_TUNNEL_TTL 64
 
 /* Write the L4 destination port and fix the L4 checksum for a new
- * destination address and port. addr_from/addr_to are 1 or 4 words. */
+ * destination address and port, in one fold. addr_from/addr_to are 1 or 4
+ * words. */
 static __always_inline int rv_nat_l4_dst(void *data, void *data_end,
 					 const struct rv_pkt *pkt,
 					 const __be32 *addr_from,
 					 const __be32 *addr_to, __be16 port_to)
 {
+	__u16 *check;
+	__be16 *dest;
+	__u32 c;
+
 	if (pkt->proto == RV_IPPROTO_TCP) {
 		struct tcphdr *th =
 			rv_hdr(struct tcphdr, data, data_end, pkt->l4_off);
 
 		if (!th)
 			return -RV_DROP_MALFORMED_L4;
-		if (pkt->family == RV_FAMILY_V4)
-			rv_csum_replace4(&th->check, addr_from[0], addr_to[0]);
-		else
-			rv_csum_replace16(&th->check, addr_from, addr_to);
-		rv_csum_replace2(&th->check, th->dest, port_to);
-		th->dest = port_to;
+		check = &th->check;
+		dest = &th->dest;
 	} else if (pkt->proto == RV_IPPROTO_UDP) {
 		struct udphdr *uh =
 			rv_hdr(struct udphdr, data, data_end, pkt->l4_off);
 
 		if (!uh)
 			return -RV_DROP_MALFORMED_L4;
-		if (uh->check || pkt->family == RV_FAMILY_V6) {
-			if (pkt->family == RV_FAMILY_V4)
-				rv_csum_replace4(&uh->check, addr_from[0],
-						 addr_to[0]);
-			else
-				rv_csum_replace16(&uh->check, addr_from,
-						  addr_to);
-			rv_csum_replace2(&uh->check, uh->dest, port_to);
-			rv_udp_csum_fixup(&uh->check);
+		/* No checksum (IPv4 only): none to fix. */
+		if (!uh->check && pkt->family == RV_FAMILY_V4) {
+			uh->dest = port_to;
+			return 0;
 		}
-		uh->dest = port_to;
+		check = &uh->check;
+		dest = &uh->dest;
+	} else {
+		return 0;
 	}
+	c = rv_csum_open(*check);
+	if (pkt->family == RV_FAMILY_V4)
+		c = rv_csum_swap(c, addr_from[0], addr_to[0]);
+	else
+		c = rv_csum_swap16(c, addr_from, addr_to);
+	*check = rv_csum_fold(rv_csum_swap(c, *dest, port_to));
+	if (pkt->proto == RV_IPPROTO_UDP)
+		rv_udp_csum_fixup(check);
+	*dest = port_to;
 	return 0;
 }
 
@@ -337,11 +345,7 @@ rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
 	dmac = p.dmac;
 	smac = p.smac;
 send:
-	/* TTL is the high byte of its 16-bit word; protocol, the low byte,
-	 * is unchanged and left out of both sides. */
-	iph->ttl = ttl - 1;
-	rv_csum_replace2(&iph->check, bpf_htons((__u16)ttl << 8),
-			 bpf_htons((__u16)(ttl - 1) << 8));
+	rv_ip_decrease_ttl(iph, ttl);
 	return rv_send(ctx, ifindex, dmac, smac);
 }
 

@@ -624,6 +624,14 @@ pub mod fixtures {
             self
         }
 
+        /// IPv4 identification (IPv6: no such field, unchanged).
+        pub fn ip_id(mut self, n: u16) -> Self {
+            if let Net::V4 { id, .. } = &mut self.net {
+                *id = n;
+            }
+            self
+        }
+
         pub fn tcp_options(mut self, opts: &[u8]) -> Self {
             if let L4::Tcp { options, .. } = &mut self.l4 {
                 *options = opts.to_vec();
