@@ -5,7 +5,9 @@
 //! tail-calls the program under test. The floor is the same wrapper
 //! tail-calling a bare XDP_PASS, measured in the same rounds: ratios to it
 //! are what the targets are stated in. Rounds interleave the scenarios and
-//! the figure is the median of the rounds.
+//! the figure is the median of the rounds; the table also prints each
+//! key's spread over the rounds. `RIVORA_BENCH_ONLY=key,key` measures
+//! only those keys (while looking into one path).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -27,8 +29,11 @@ use rivora::dataplane::{Datapath, LoadOptions};
 
 use crate::{median, Results};
 
-const ROUNDS: usize = 7;
-const REPEAT: u32 = 1_000_000;
+/// Many short batches rather than a few long ones: this shared VM's noise
+/// comes in stretches of a fraction of a second (one batch in five or so
+/// runs 20-30% slow), and a median of 15 drops them where one of 7 did not.
+const ROUNDS: usize = 15;
+const REPEAT: u32 = 400_000;
 
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -466,7 +471,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let ns = BenchNs::new()?;
     let path = format!("/run/netns/{}", ns.0);
     // Everything runs on a thread inside the namespace.
-    let measured = std::thread::spawn(move || -> Result<Vec<(String, f64)>> {
+    let measured = std::thread::spawn(move || -> Result<Measured> {
         let f = File::open(&path).context("opening the bench netns")?;
         nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
         measure()
@@ -478,27 +483,30 @@ pub fn run(results: &mut Results) -> Result<()> {
     let get = |k: &str| {
         measured
             .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| *v)
+            .find(|(n, _, _)| n == k)
+            .map(|(_, v, _)| *v)
             .unwrap_or(f64::NAN)
     };
     let floor = get("xdp_floor_ns");
     let tc_floor = get("tc_floor_ns");
-    for (k, v) in &measured {
+    for (k, v, _) in &measured {
         if k == "tc_floor_ns" {
             continue;
         }
         results.set(k, *v);
     }
-    for (k, v) in &measured {
+    for (k, v, (lo, hi)) in &measured {
         let f = if k.starts_with("tc_") {
             tc_floor
         } else {
             floor
         };
-        if k != "xdp_floor_ns" && k != "tc_floor_ns" {
-            results.note(format!("  {k:<40} {:>6.2}x floor", v / f));
-        }
+        let times = if k != "xdp_floor_ns" && k != "tc_floor_ns" {
+            format!("{:>6.2}x floor", v / f)
+        } else {
+            String::new()
+        };
+        results.note(format!("  {k:<40} {times:>13}  rounds {lo:.0}-{hi:.0} ns"));
     }
     results.note(format!(
         "  (floor = wrapper + tail call + return: XDP {floor:.1} ns, TC {tc_floor:.1} ns)"
@@ -549,7 +557,10 @@ fn load_baseline<'a>(
     open.load().context("loading the baseline xdp_ingress")
 }
 
-fn measure() -> Result<Vec<(String, f64)>> {
+/// Per key: the median of the rounds, and their (min, max).
+type Measured = Vec<(String, f64, (f64, f64))>;
+
+fn measure() -> Result<Measured> {
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rivora-bench-{}", std::process::id()));
     let base_dir = PathBuf::from(format!(
         "/sys/fs/bpf/rivora-bench-base-{}",
@@ -771,6 +782,11 @@ fn measure() -> Result<Vec<(String, f64)>> {
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for _round in 0..ROUNDS {
         for c in &cases {
+            if let Ok(only) = std::env::var("RIVORA_BENCH_ONLY") {
+                if !only.split(',').any(|k| k == c.key) {
+                    continue;
+                }
+            }
             if matches!(c.prog, Prog::Tc) {
                 prime_flow()?;
             }
@@ -835,5 +851,14 @@ fn measure() -> Result<Vec<(String, f64)>> {
         }
     }
     drop(base);
-    Ok(samples.into_iter().map(|(k, s)| (k, median(s))).collect())
+    Ok(samples
+        .into_iter()
+        .map(|(k, s)| {
+            let spread = s
+                .iter()
+                .copied()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+            (k, median(s), spread)
+        })
+        .collect())
 }
