@@ -1156,6 +1156,35 @@ fn round_two(cli: &Cli, kube: &Kube) {
     .unwrap();
     kube.block_on(statuses.create(&PostParams::default(), &st))
         .expect("a BGPNodeStatus");
+    // `rivora status` reports each node's sessions from it: none yet,
+    // then one of two down, with the peer's state and last error.
+    let (_, st) = cli.status(ns);
+    let bgp = row(&st, "bgp", "node-a");
+    assert_eq!(bgp["ready"], false, "{st:#}");
+    assert_eq!(
+        bgp["detail"],
+        "no sessions reported yet by this node's rivorad"
+    );
+    patch_status(
+        &statuses,
+        "node-a",
+        kube,
+        json!({
+            "sessionCount": 2, "establishedCount": 1,
+            "sessions": [
+                { "name": "tor", "address": "192.0.2.1", "asn": 65000, "state": "Established",
+                  "flaps": 0, "advertised": 3 },
+                { "name": "tor-b", "address": "192.0.2.2", "asn": 65001, "state": "Active",
+                  "flaps": 2, "advertised": 0, "lastError": "connection refused" },
+            ],
+        }),
+    );
+    let (code, st) = cli.status(ns);
+    assert_eq!(code, 1, "{st:#}");
+    assert_eq!(
+        row(&st, "bgp", "node-a")["detail"],
+        "1/2 sessions established; tor-b (192.0.2.2 AS 65001) Active: connection refused"
+    );
     let out = cli.ok(ns, &["uninstall", "--keep-crds"]);
     assert!(out.contains("removed BGPNodeStatus node-a"), "{out}");
     assert!(

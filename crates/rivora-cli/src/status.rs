@@ -1,7 +1,8 @@
 //! `rivora status`: what is ready and what is not, and why, from the
 //! objects themselves: the DaemonSet's and the Deployment's rollout, each
 //! pod (a node's rivorad, its doctor init container, a controller
-//! replica), the leader Lease, and the CRDs' `Established` condition.
+//! replica), the leader Lease, the CRDs' `Established` condition, and each
+//! node's BGP sessions as its rivorad reports them (its BGPNodeStatus).
 //!
 //! [`assess`] is pure (objects in, rows out) and unit-tested; [`gather`]
 //! reads the objects.
@@ -15,6 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::Client;
+use rivora_k8s::BgpNodeStatus;
 use serde::Serialize;
 
 use crate::names;
@@ -22,7 +24,8 @@ use crate::names;
 /// One line of the table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Row {
-    /// `daemonset`, `node`, `deployment`, `replica`, `leader`, `crd`.
+    /// `daemonset`, `node`, `bgp`, `deployment`, `replica`, `leader`,
+    /// `crd`.
     pub kind: String,
     pub name: String,
     pub ready: bool,
@@ -50,6 +53,8 @@ pub struct Objects {
     /// (name, the CRD if it exists): Rivora's, then whichever Gateway
     /// API ones exist.
     pub crds: Vec<(String, Option<CustomResourceDefinition>)>,
+    /// Every node's BGPNodeStatus (none without BGP, or without the CRD).
+    pub bgp: Vec<BgpNodeStatus>,
 }
 
 fn row(kind: &str, name: &str, ready: bool, detail: String) -> Row {
@@ -320,6 +325,47 @@ pub fn crd(name: &str, c: Option<&CustomResourceDefinition>) -> Row {
     }
 }
 
+/// A node's BGP sessions, as its rivorad last wrote them: ready when every
+/// session is Established and no BGPPeer that selects the node was
+/// refused. What is not says which peer, its state and its last error.
+pub fn bgp_node(s: &BgpNodeStatus) -> Row {
+    let node = s
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| s.spec.node_name.clone());
+    let Some(st) = &s.status else {
+        return row(
+            "bgp",
+            &node,
+            false,
+            "no sessions reported yet by this node's rivorad".into(),
+        );
+    };
+    let mut detail = format!(
+        "{}/{} sessions established",
+        st.established_count, st.session_count
+    );
+    let mut ready = st.established_count == st.session_count && st.refused.is_empty();
+    let mut sessions: Vec<_> = st.sessions.iter().collect();
+    sessions.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in sessions.iter().filter(|p| p.state != "Established") {
+        ready = false;
+        let _ = write!(
+            detail,
+            "; {} ({} AS {}) {}",
+            p.name, p.address, p.asn, p.state
+        );
+        if let Some(e) = &p.last_error {
+            let _ = write!(detail, ": {e}");
+        }
+    }
+    for r in &st.refused {
+        let _ = write!(detail, "; refused {}: {}", r.name, r.reason);
+    }
+    row("bgp", &node, ready, detail)
+}
+
 /// Every row, and whether all is ready.
 pub fn assess(namespace: &str, o: &Objects, now: Timestamp) -> Status {
     let mut rows = vec![daemonset(o.daemonset.as_ref())];
@@ -334,6 +380,9 @@ pub fn assess(namespace: &str, o: &Objects, now: Timestamp) -> Status {
         let (ready, detail) = pod(p, namespace);
         rows.push(row("node", &node, ready, detail));
     }
+    let mut bgp: Vec<&BgpNodeStatus> = o.bgp.iter().collect();
+    bgp.sort_by_key(|s| s.metadata.name.clone());
+    rows.extend(bgp.into_iter().map(bgp_node));
     rows.push(deployment(o.deployment.as_ref()));
     for p in &o.controller_pods {
         let (ready, detail) = pod(p, namespace);
@@ -388,6 +437,14 @@ pub async fn gather(
         controller_pods: pods.list(&selector("controller")).await?.items,
         lease: leases.get_opt(names::CONTROLLER).await?,
         crds: Vec::new(),
+        bgp: Vec::new(),
+    };
+    let statuses: Api<BgpNodeStatus> = Api::all(client.clone());
+    o.bgp = match statuses.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        // No such CRD: no node speaks BGP.
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => return Err(e),
     };
     for n in rivora_crds {
         o.crds.push((n.clone(), crds.get_opt(n).await?));
@@ -539,6 +596,49 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(pod(&p, "ns"), (true, "rivorad-v: ready".into()));
+    }
+
+    #[test]
+    fn bgp_sessions_say_which_peer_and_why() {
+        let st = |status: serde_json::Value| -> BgpNodeStatus {
+            serde_json::from_value(json!({
+                "apiVersion": "rivora.io/v1alpha1", "kind": "BGPNodeStatus",
+                "metadata": {"name": "node-a"}, "spec": {"nodeName": "node-a"},
+                "status": status
+            }))
+            .unwrap()
+        };
+        let up = |name: &str, addr: &str| {
+            json!({"name": name, "address": addr, "asn": 65000, "state": "Established",
+                   "flaps": 0, "advertised": 2})
+        };
+        let r = bgp_node(&st(json!({"sessionCount": 2, "establishedCount": 2,
+            "sessions": [up("tor-a", "10.0.0.1"), up("tor-b", "10.0.0.2")]})));
+        assert_eq!(
+            r,
+            row("bgp", "node-a", true, "2/2 sessions established".into())
+        );
+        let r = bgp_node(&st(json!({"sessionCount": 2, "establishedCount": 1,
+            "sessions": [
+                {"name": "tor-b", "address": "10.0.0.2", "asn": 65001, "state": "Active",
+                 "flaps": 3, "advertised": 0, "lastError": "connection refused"},
+                up("tor-a", "10.0.0.1")],
+            "refused": [{"name": "tor-c", "reason": "Secret bgp-c not found"}]})));
+        assert!(!r.ready);
+        assert_eq!(
+            r.detail,
+            "1/2 sessions established; tor-b (10.0.0.2 AS 65001) Active: connection refused; \
+             refused tor-c: Secret bgp-c not found"
+        );
+        // Every session up, but a peer refused: not ready either.
+        let r = bgp_node(&st(json!({"sessionCount": 1, "establishedCount": 1,
+            "sessions": [up("tor-a", "10.0.0.1")],
+            "refused": [{"name": "tor-c", "reason": "bad asn"}]})));
+        assert!(!r.ready, "{r:?}");
+        // Written before any session: says so.
+        let mut none = st(json!({"sessionCount": 0, "establishedCount": 0}));
+        none.status = None;
+        assert!(!bgp_node(&none).ready);
     }
 
     #[test]
