@@ -1066,9 +1066,9 @@ fn nat_fib_answers_xdp_tx_with(cached: bool) {
 /// down by 0x0100, the checksum up by as much, with the end-around carry):
 /// the header checksums that carry, or sit next to it, come out as a
 /// computation from scratch makes them. The IP IDs are chosen so that the
-/// NAT'd header's checksum before the TTL changes is each of 0xfdff-0xfeff
-/// and 0xff00 (0xfeff + 0x0100 carries into negative zero, which a
-/// computed checksum never is).
+/// NAT'd header's checksum before the TTL changes is each of 0xfdff,
+/// 0xfe00, 0xfeff and 0xff00 (0xfeff + 0x0100 carries into negative zero,
+/// which a computed checksum never is).
 #[test]
 fn nat_ttl_decrement_checksum_carries() {
     let fx = Fx::new();
