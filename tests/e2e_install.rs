@@ -385,37 +385,57 @@ fn allowed(kube: &Kube, ns: &str, sa: &str, g: &Grant) -> bool {
         .is_some_and(|s| s.allowed)
 }
 
-fn check_rbac(kube: &Kube, ns: &str, bgp: bool) {
+/// Exactly what each ServiceAccount needs, and refused what it must not
+/// have. `secret_namespaces`: announce.bgp.secretNamespaces, where rivorad
+/// also gets (only gets) Secrets.
+fn check_rbac(kube: &Kube, ns: &str, bgp: bool, secret_namespaces: &[&str]) {
+    let mut rivorad_want = rivorad_needs(ns, bgp);
+    let mut rivorad_refused = Vec::new();
+    for sns in secret_namespaces {
+        rivorad_want.insert((
+            sns.to_string(),
+            String::new(),
+            "secrets".into(),
+            "get".into(),
+            "*".into(),
+        ));
+        rivorad_refused.push((*sns, "", "secrets", "list", "*"));
+        rivorad_refused.push((*sns, "", "secrets", "watch", "*"));
+    }
     for (sa, want, refused) in [
         (
             "rivorad",
-            rivorad_needs(ns, bgp),
-            vec![
-                ("default", "", "secrets", "get", "*"),
-                (ns, "", "secrets", "list", "*"),
-                (ns, "", "secrets", "watch", "*"),
-                ("*", "rivora.io", "bgppeers", "create", "*"),
-                ("*", "rivora.io", "bgppeers/status", "patch", "*"),
-                ("*", "rivora.io", "bgpnodestatuses", "delete", "*"),
-                ("*", "rivora.io", "bgpnodestatuses", "update", "*"),
-                ("*", "", "services", "update", "*"),
-                ("*", "", "services/status", "patch", "*"),
-                ("*", "", "secrets", "get", "*"),
-                ("*", "", "pods", "list", "*"),
-                ("*", "", "nodes", "patch", "*"),
-                ("*", "rivora.io", "addresspools/status", "patch", "*"),
-                ("default", "coordination.k8s.io", "leases", "create", "*"),
-                (ns, "coordination.k8s.io", "leases", "delete", "*"),
-                ("*", "rivora.io", "servicepolicies", "update", "*"),
-                (
-                    "*",
-                    "gateway.networking.k8s.io",
-                    "gateways/status",
-                    "update",
-                    "*",
-                ),
-                ("*", "events.k8s.io", "events", "delete", "*"),
-            ],
+            rivorad_want,
+            [
+                rivorad_refused,
+                vec![
+                    ("default", "", "secrets", "get", "*"),
+                    (ns, "", "secrets", "list", "*"),
+                    (ns, "", "secrets", "watch", "*"),
+                    ("*", "rivora.io", "bgppeers", "create", "*"),
+                    ("*", "rivora.io", "bgppeers/status", "patch", "*"),
+                    ("*", "rivora.io", "bgpnodestatuses", "delete", "*"),
+                    ("*", "rivora.io", "bgpnodestatuses", "update", "*"),
+                    ("*", "", "services", "update", "*"),
+                    ("*", "", "services/status", "patch", "*"),
+                    ("*", "", "secrets", "get", "*"),
+                    ("*", "", "pods", "list", "*"),
+                    ("*", "", "nodes", "patch", "*"),
+                    ("*", "rivora.io", "addresspools/status", "patch", "*"),
+                    ("default", "coordination.k8s.io", "leases", "create", "*"),
+                    (ns, "coordination.k8s.io", "leases", "delete", "*"),
+                    ("*", "rivora.io", "servicepolicies", "update", "*"),
+                    (
+                        "*",
+                        "gateway.networking.k8s.io",
+                        "gateways/status",
+                        "update",
+                        "*",
+                    ),
+                    ("*", "events.k8s.io", "events", "delete", "*"),
+                ],
+            ]
+            .concat(),
         ),
         (
             "rivora-controller",
@@ -777,7 +797,7 @@ fn round_one(cli: &Cli, kube: &Kube) {
     // No Gateway API here: no GatewayClass was attempted, and NOTES said so.
     assert!(out.contains("No GatewayClass was created"), "{out}");
 
-    check_rbac(kube, ns, false);
+    check_rbac(kube, ns, false, &[]);
 
     // Status, honestly: nothing has run.
     let (code, st) = cli.status(ns);
@@ -1097,7 +1117,7 @@ fn round_two(cli: &Cli, kube: &Kube) {
             "announce.bgp.asn=65001",
         ],
     );
-    check_rbac(kube, ns, true);
+    check_rbac(kube, ns, true, &[]);
     let text = kube
         .block_on(cms.get("rivorad-config"))
         .unwrap()
@@ -1119,6 +1139,37 @@ fn round_two(cli: &Cli, kube: &Kube) {
         dargs.contains(r#""--announce","bgp","--bgp-listen-port","179""#),
         "{dargs}"
     );
+
+    // BGPPeers' password Secrets in another namespace: rivorad may get
+    // them there once it is listed, and still nothing more.
+    let other = "rivora-two-secrets";
+    let namespaces: Api<Namespace> = Api::all(kube.client.clone());
+    let made: Namespace = serde_json::from_value(json!({ "metadata": { "name": other } })).unwrap();
+    kube.block_on(namespaces.create(&PostParams::default(), &made))
+        .expect("the Secrets' namespace");
+    let grant = |scope: &str, verb: &str| -> Grant {
+        (
+            scope.into(),
+            String::new(),
+            "secrets".into(),
+            verb.into(),
+            "*".into(),
+        )
+    };
+    assert!(!allowed(kube, ns, "rivorad", &grant(other, "get")));
+    cli.ok(
+        ns,
+        &[
+            "upgrade",
+            "--mode",
+            "bgp",
+            "--set",
+            "announce.bgp.asn=65001",
+            "--set",
+            &format!("announce.bgp.secretNamespaces={{{other}}}"),
+        ],
+    );
+    check_rbac(kube, ns, true, &[other]);
 
     // What the user keeps: the CRDs and an AddressPool in them.
     let pools: Api<DynamicObject> = Api::all_with(
@@ -1187,6 +1238,23 @@ fn round_two(cli: &Cli, kube: &Kube) {
     );
     let out = cli.ok(ns, &["uninstall", "--keep-crds"]);
     assert!(out.contains("removed BGPNodeStatus node-a"), "{out}");
+    let roles: Api<Role> = Api::namespaced(kube.client.clone(), "rivora-two-secrets");
+    let bindings: Api<RoleBinding> = Api::namespaced(kube.client.clone(), "rivora-two-secrets");
+    assert!(
+        kube.block_on(roles.list(&ListParams::default()))
+            .unwrap()
+            .items
+            .is_empty()
+            && kube
+                .block_on(bindings.list(&ListParams::default()))
+                .unwrap()
+                .items
+                .is_empty(),
+        "rivorad's Role in the Secrets' namespace left behind"
+    );
+    let namespaces: Api<Namespace> = Api::all(kube.client.clone());
+    kube.block_on(namespaces.delete("rivora-two-secrets", &DeleteParams::default()))
+        .expect("removing the Secrets' namespace");
     assert!(
         kube.block_on(statuses.list(&ListParams::default()))
             .unwrap()

@@ -13,8 +13,8 @@ every other pool L2's too.
 Mode bgp adds the file's `bgp:` section (from announce.bgp), with which
 rivorad -kubernetes also watches BGPPeers and writes its node's
 BGPNodeStatus; the rights for those and for the password Secrets in the
-release's namespace; NET_BIND_SERVICE when the listener's port is below
-1024.
+release's namespace and in announce.bgp.secretNamespaces; NET_BIND_SERVICE
+when the listener's port is below 1024.
 */}}
 
 {{/* rivorad's node settings (the file's `node`), as a dict. */}}
@@ -144,10 +144,51 @@ created, renewed and released by replace. */}}
 {{- if eq .Values.announce.mode "bgp" }}
 # The BGP speaker: the TCP MD5 passwords of BGPPeers (passwordSecretRef),
 # read by name with get (never listed or watched); so their Secrets live in
-# this namespace.
+# this namespace, or in one of announce.bgp.secretNamespaces.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+{{- end }}
+{{- end -}}
+
+{{/* Mode bgp: the same `get` on Secrets in each namespace of
+announce.bgp.secretNamespaces (other than the release's, which has it), as
+documents of their own (a Role and its RoleBinding each). */}}
+{{- define "rivora.announce.secretRoles" -}}
+{{- if eq .Values.announce.mode "bgp" -}}
+{{- $root := . -}}
+{{- range .Values.announce.bgp.secretNamespaces | default list | uniq -}}
+{{- if ne . $root.Release.Namespace }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: rivora:rivorad-bgp-secrets
+  namespace: {{ . }}
+  labels:
+    {{- include "rivora.componentLabels" (dict "root" $root "component" "rivorad") | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: rivora:rivorad-bgp-secrets
+  namespace: {{ . }}
+  labels:
+    {{- include "rivora.componentLabels" (dict "root" $root "component" "rivorad") | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: rivora:rivorad-bgp-secrets
+subjects:
+  - kind: ServiceAccount
+    name: {{ include "rivora.rivoradServiceAccount" $root }}
+    namespace: {{ $root.Release.Namespace }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
