@@ -4,9 +4,9 @@
 //! through a wrapper (bpf/bench.bpf.c) that restores the original bytes and
 //! tail-calls the program under test. The floor is the same wrapper
 //! tail-calling a bare XDP_PASS, measured in the same rounds: ratios to it
-//! are what the targets are stated in. Rounds interleave the scenarios and
-//! the figure is the median of the rounds; the table also prints each
-//! key's spread over the rounds. `RIVORA_BENCH_ONLY=key,key` measures
+//! are what the targets are stated in. Within a round the scenarios take
+//! turns in slices (see SLICES); the figure is the median of the rounds,
+//! and the table also prints each key's spread over the rounds. `RIVORA_BENCH_ONLY=key,key` measures
 //! only those keys (while looking into one path).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -29,11 +29,14 @@ use rivora::dataplane::{Datapath, LoadOptions};
 
 use crate::{median, Results};
 
-/// Many short batches rather than a few long ones: this shared VM's noise
-/// comes in stretches of a fraction of a second (one batch in five or so
-/// runs 20-30% slow), and a median of 15 drops them where one of 7 did not.
+/// This shared VM's noise comes in stretches of a fraction of a second to
+/// seconds (a batch in four or five runs 20-40% slow). A round runs each
+/// key's REPEAT in SLICES batches, the keys taking turns, so that a slow
+/// stretch falls on every key of the round alike and the ratios within a
+/// round hold; the figure is still the median of the rounds.
 const ROUNDS: usize = 15;
 const REPEAT: u32 = 400_000;
+const SLICES: u32 = 8;
 
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -779,14 +782,19 @@ fn measure() -> Result<Measured> {
     prime_flow()?;
 
     let new_fd = dp.xdp().progs.xdp_ingress.as_fd().as_raw_fd();
+    let only = std::env::var("RIVORA_BENCH_ONLY").ok();
+    let cases: Vec<&Case> = cases
+        .iter()
+        .filter(|c| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|k| k == c.key))
+        })
+        .collect();
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for _round in 0..ROUNDS {
-        for c in &cases {
-            if let Ok(only) = std::env::var("RIVORA_BENCH_ONLY") {
-                if !only.split(',').any(|k| k == c.key) {
-                    continue;
-                }
-            }
+        // Per key: the round's total ns and runs, over its slices.
+        let mut round: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for c in (0..SLICES).flat_map(|_| cases.iter().copied()) {
             if matches!(c.prog, Prog::Tc) {
                 prime_flow()?;
             }
@@ -839,15 +847,21 @@ fn measure() -> Result<Measured> {
                 if !c.ok.contains(&v) {
                     bail!("{key}: verdict {v}, expected one of {:?}", c.ok);
                 }
-                let (v, ns) = test_run(prog, &c.pkt, REPEAT, cx)?;
+                let (v, ns) = test_run(prog, &c.pkt, REPEAT / SLICES, cx)?;
                 if !c.ok.contains(&v) {
                     bail!(
-                        "{key}: verdict {v} after {REPEAT} runs, expected one of {:?}",
+                        "{key}: verdict {v} after {} runs, expected one of {:?}",
+                        REPEAT / SLICES,
                         c.ok
                     );
                 }
-                samples.entry(key).or_default().push(ns);
+                let t = round.entry(key).or_default();
+                t.0 += ns * f64::from(REPEAT / SLICES);
+                t.1 += f64::from(REPEAT / SLICES);
             }
+        }
+        for (key, (total, runs)) in round {
+            samples.entry(key).or_default().push(total / runs);
         }
     }
     drop(base);
