@@ -100,8 +100,9 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 	}
 }
 
-/* Load the backend's address, port and MAC whatever the family, and
- * point at its cached next hop (in the same map value). */
+/* Load the backend's address (not for DSR, which has no use for it), port
+ * and MAC whatever the family, and point at its cached next hop (in the
+ * same map value). */
 struct rv_be {
 	__be32 addr[4];
 	__be16 port;
@@ -109,7 +110,7 @@ struct rv_be {
 	const struct rv_nexthop *nh;
 };
 
-static __always_inline int rv_backend_get(__u8 family, __u32 id,
+static __always_inline int rv_backend_get(__u8 family, __u8 mode, __u32 id,
 					  struct rv_be *be)
 {
 	if (family == RV_FAMILY_V4) {
@@ -126,7 +127,8 @@ static __always_inline int rv_backend_get(__u8 family, __u32 id,
 
 		if (!b || rv_addr6_is_zero(b->addr))
 			return -RV_DROP_NO_BACKEND;
-		rv_addr6_copy(be->addr, b->addr);
+		if (mode != RV_MODE_DSR)
+			rv_addr6_copy(be->addr, b->addr);
 		be->port = b->port;
 		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
 		be->nh = &b->nh;
@@ -144,7 +146,7 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
 	__be16 bport;
 	int ret;
 
-	ret = rv_backend_get(pkt->family, t->backend_id, &be);
+	ret = rv_backend_get(pkt->family, svc->mode, t->backend_id, &be);
 	if (ret)
 		return ret;
 
@@ -291,7 +293,7 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 						f.proto);
 		return rv_forward_counted(ctx, pkt, svc, &t);
 	}
-	ret = rv_backend_get(f.family, t.backend_id, &be);
+	ret = rv_backend_get(f.family, RV_MODE_NAT, t.backend_id, &be);
 	if (ret)
 		return ret;
 	ret = rv_icmp_nat(data, data_end, pkt, &q, be.addr,

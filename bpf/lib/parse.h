@@ -184,6 +184,13 @@ static __always_inline int rv_parse_ipv6(void *data, void *data_end,
 
 	nh = ip6h->nexthdr;
 	off = pkt->l3_off + sizeof(*ip6h);
+	/* No extension header, as nearly every packet: nothing to walk, and
+	 * nothing the checks after the walk could refuse. */
+	if (nh == RV_IPPROTO_TCP || nh == RV_IPPROTO_UDP) {
+		pkt->proto = nh;
+		pkt->l4_off = off;
+		return 0;
+	}
 #pragma unroll
 	for (i = 0; i < RV_MAX_EXT_HDRS; i++) {
 		if (nh == RV_IPPROTO_HOPOPTS || nh == RV_IPPROTO_DSTOPTS ||
