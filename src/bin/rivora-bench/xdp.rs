@@ -6,8 +6,9 @@
 //! tail-calling a bare XDP_PASS, measured in the same rounds: ratios to it
 //! are what the targets are stated in. Within a round the scenarios take
 //! turns in slices (see SLICES); the figure is the median of the rounds,
-//! and the table also prints each key's spread over the rounds. `RIVORA_BENCH_ONLY=key,key` measures
-//! only those keys (while looking into one path).
+//! and the table also prints each key's spread over the rounds.
+//! `RIVORA_BENCH_ONLY=key,key` measures only those keys (while looking into
+//! one path).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -30,7 +31,7 @@ use rivora::dataplane::{Datapath, LoadOptions};
 use crate::{median, Results};
 
 /// This shared VM's noise comes in stretches of a fraction of a second to
-/// seconds (a batch in four or five runs 20-40% slow). A round runs each
+/// seconds (about one long batch in five ran 20-40% slow). A round runs each
 /// key's REPEAT in SLICES batches, the keys taking turns, so that a slow
 /// stretch falls on every key of the round alike and the ratios within a
 /// round hold; the figure is still the median of the rounds.
