@@ -56,11 +56,19 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 	if (!(t->pick & (RV_PICK_NEW | RV_PICK_REFRESHED)))
 		return;
 	o = rv_nat_owner_get(pkt->family, baddr, bport, pkt->proto);
-	if (o && o->svc_id == t->svc_id)
-		return;
-	if (o && (t->pick & RV_PICK_NEW))
+	/* tc_nat proves a reply by the owner's affinity entry naming the
+	 * owner's backend id, so only then may the flow record nothing. An
+	 * owner entry of this VIP naming another id is one the writer has
+	 * not rewritten yet (the backend left and came back under a new id
+	 * before the old entry was reclaimed): such a flow records its
+	 * reverse entry like any other. */
+	if (o && o->svc_id == t->svc_id) {
+		if (o->backend_id == t->backend_id)
+			return;
+	} else if (o && (t->pick & RV_PICK_NEW)) {
 		rv_nat_owner_forget(pkt->family, o, pkt->saddr, pkt->sport,
 				    pkt->proto);
+	}
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_nat_key k = {
 			.backend_addr = baddr[0],

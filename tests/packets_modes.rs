@@ -14,7 +14,7 @@ use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
-use common::fixture::{Fx, Named};
+use common::fixture::{self, Fx, Named};
 use common::fixtures::*;
 use common::netns::Netns;
 use common::*;
@@ -332,6 +332,144 @@ fn nat_two_vips_sharing_a_backend_translate_every_reply() {
             2,
             "reverse entries for the other VIP's two flows alone"
         );
+    }
+}
+
+/// A backend taken out of a NAT VIP and put back before the writer has
+/// reclaimed what the removal retired (the reconciler reclaims after a
+/// grace period, on a ticket, while it goes on applying): every reply of a
+/// flow opened from then on must be translated (issue 27, item 0: before
+/// the fix the client got the backend's own address). Three moments:
+///
+/// 1. Between the service switch and the owner rewrite: the VIP's owner
+///    entry for the backend's (address, port, proto) still names the id
+///    the backend had, and the backend is back under a new one (written
+///    here as the maps hold it in that window). xdp_ingress used to see an
+///    owner of its own VIP and record nothing, while tc_nat's owner check
+///    (the flow's affinity entry names the new id) failed with no reverse
+///    entry behind it. Now such a flow records its reverse entry.
+/// 2. After the writer's claim and before the reclaim: the owner names the
+///    new id.
+/// 3. After the reclaim of the removal: the VIP still owns the key (the
+///    removal's queued deletion used to run after the claim and take it).
+#[test]
+fn nat_backend_back_before_the_reclaim_keeps_every_reply_translated() {
+    let fx = Fx::new();
+    let t = &fx.t;
+    let ns = Netns::new(&unique("rvnatback"));
+    let _in = InNetns::enter(&ns);
+    let mac = |i: u8| [0x02, 0xbb, 0, 0, 0, i];
+    for (family, vip_addr, b1_addr, b2_addr) in [
+        ("IPv4", VIP4, "10.9.2.1", "10.9.2.2"),
+        ("IPv6", VIP6, "fd00:9:2::1", "fd00:9:2::2"),
+    ] {
+        let b1 = fixture::backend(ip(b1_addr), 8080, mac(1));
+        let b2 = fixture::backend(ip(b2_addr), 8080, mac(2));
+        let both = fixture::vip(ip(vip_addr), 82, PROTO_TCP, Mode::Nat, vec![b1, b2.clone()]);
+        let first = fx.apply(&both);
+        let svc = first.svc;
+        let old_id = first.ids[0];
+        let owner_of_b1 =
+            || nat_owner(t, ip(b1_addr), 8080, PROTO_TCP).map(|o| (o.svc_id, o.backend_id));
+        assert_eq!(
+            owner_of_b1(),
+            Some((svc, old_id)),
+            "{family}: the VIP owns b1"
+        );
+        // Out and back in, with no reclaim between or after.
+        let only_b2 = fixture::vip(ip(vip_addr), 82, PROTO_TCP, Mode::Nat, vec![b2]);
+        fx.w.borrow_mut().upsert_vip(&only_b2).expect("b1 out");
+        fx.w.borrow_mut().upsert_vip(&both).expect("b1 back");
+        let back = fx.placed(&both);
+        assert_ne!(back.ids[0], old_id, "{family}: b1 is back under a new id");
+        assert_eq!(
+            owner_of_b1(),
+            Some((svc, back.ids[0])),
+            "{family}: the VIP took its key back under the new id"
+        );
+        let b1_be = Be {
+            id: back.ids[0],
+            addr: ip(b1_addr),
+            port: 8080,
+            mac: mac(1),
+        };
+        // Moment 1: the owner entry as it was before the writer's claim.
+        let set_owner_id = |id: u32| {
+            let mut o = nat_owner(t, ip(b1_addr), 8080, PROTO_TCP).expect("b1's owner entry");
+            o.backend_id = id;
+            match ip(b1_addr) {
+                IpAddr::V4(a) => t.maps.nat_owner_map.put(
+                    &rv_nat_owner_key {
+                        backend_addr: be32(a),
+                        backend_port: be16(8080),
+                        proto: PROTO_TCP,
+                        pad: 0,
+                    },
+                    &o,
+                ),
+                IpAddr::V6(a) => t.maps.nat_owner_map6.put(
+                    &rv_nat_owner6_key {
+                        backend_addr: be32x4(a),
+                        backend_port: be16(8080),
+                        proto: PROTO_TCP,
+                        pad: 0,
+                    },
+                    &o,
+                ),
+            }
+            .expect("writing b1's owner entry")
+        };
+        set_owner_id(old_id);
+        let client = if vip_addr == VIP4 { CLIENT4 } else { CLIENT6 };
+        let flows: Vec<u16> = (41000u16..43000)
+            .filter(|sport| fx.pick_flow(svc, ip(client), *sport, 82, PROTO_TCP) == Some(b1_be.id))
+            .take(9)
+            .collect();
+        assert_eq!(flows.len(), 9, "{family}: nine flows to b1");
+        for (i, sport) in flows.into_iter().enumerate() {
+            let moment = i / 3 + 1;
+            if i == 3 {
+                set_owner_id(b1_be.id);
+            }
+            if i == 6 {
+                fx.w.borrow_mut().reclaim().expect("reclaim");
+                assert_eq!(
+                    owner_of_b1(),
+                    Some((svc, b1_be.id)),
+                    "{family}: after the reclaim the VIP still owns b1 under the new id"
+                );
+            }
+            let f = if vip_addr == VIP4 {
+                Frame::tcp4(client, sport, vip_addr, 82)
+            } else {
+                Frame::tcp6(client, sport, vip_addr, 82)
+            };
+            let desc = format!("{family}, moment {moment}, client port {sport}");
+            run_case(
+                t,
+                &Case {
+                    desc: desc.clone(),
+                    input: f.build(),
+                    want: nat_of(&f, &b1_be).build(),
+                    verdict: XDP_PASS,
+                    drop: None,
+                },
+            );
+            assert_eq!(
+                has_nat_reverse(t, &f, b1_be.addr, 8080),
+                moment == 1,
+                "{desc}: a reverse entry only while the owner names another id"
+            );
+            let reply = nat_of(&f, &b1_be).reply();
+            let (v, out) = t.run_tc(&reply.build());
+            assert_eq!(v, TCX_PASS, "{desc}: reply verdict");
+            assert_bytes(
+                &format!("{desc}, reply"),
+                &out,
+                &reply.from(f.dst_ip(), f.dport()).build(),
+            );
+        }
+        fx.remove(&both);
     }
 }
 

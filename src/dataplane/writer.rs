@@ -434,8 +434,14 @@ impl<S: MapStore> Writer<S> {
             if keep.contains(&k) {
                 continue;
             }
-            let mine = owned.contains(&k);
-            if !mine && self.nat_owners.contains_key(&k) {
+            // A key this VIP let go of in an earlier apply and whose
+            // deletion still waits for its grace period is still its own:
+            // taken back (and spared by that cleanup, which skips keys a
+            // VIP holds), or the VIP would lose its backend's key for good
+            // to a deletion that runs after this claim.
+            let held = self.nat_owners.get(&k).map(|o| o.svc_id);
+            let mine = owned.contains(&k) || held == Some(svc);
+            if !mine && held.is_some() {
                 continue;
             }
             let o = NatOwner {
@@ -603,7 +609,12 @@ impl<S: MapStore> Writer<S> {
                 Cleanup::NatOwners(keys) => {
                     let mut r = Ok(());
                     for k in keys {
-                        if !self.nat_owners.contains_key(k) {
+                        let taken_back = self.nat_owners.get(k).is_some_and(|o| {
+                            self.vips
+                                .get(&o.svc_id)
+                                .is_some_and(|v| v.nat_owned.contains(k))
+                        });
+                        if !self.nat_owners.contains_key(k) || taken_back {
                             continue;
                         }
                         r = self.store.put_nat_owner(k, None);
