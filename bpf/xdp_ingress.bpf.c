@@ -7,6 +7,7 @@
 #include "lib/btf_enums.h"
 #include "lib/common.h"
 #include "lib/csum.h"
+#include "lib/fullnat.h"
 #include "lib/fwd.h"
 #include "lib/hash.h"
 #include "lib/icmp.h"
@@ -27,16 +28,6 @@ static __always_inline __u64 rv_xdp_len(struct xdp_md *ctx)
 
 	return data_end - data;
 }
-
-/* What a forward step needs beyond the packet. */
-struct rv_target {
-	__u32 svc_id;
-	__u32 backend_id;
-	/* The flow label of an IPv6 L3 DSR tunnel: only computed for those. */
-	__u32 label;
-	__u8 pick; /* RV_PICK_* */
-	__u8 pad[3];
-};
 
 /*
  * Record what tc_nat needs to translate the flow's replies. A VIP that
@@ -108,17 +99,12 @@ static __always_inline void rv_nat_record(const struct rv_pkt *pkt,
 	}
 }
 
-/* Load the backend's address (not for DSR, which has no use for it), port
- * and MAC whatever the family, and point at its cached next hop (in the
- * same map value). */
-struct rv_be {
-	__be32 addr[4];
-	__be16 port;
-	__u8 mac[6];
-	const struct rv_nexthop *nh;
-};
-
-static __always_inline int rv_backend_get(__u8 family, __u8 mode, __u32 id,
+/* Load backend `id` into `be` (its address not for DSR, which has no use
+ * for it), with the port it is sent to (`dport`, the VIP's, when the
+ * backend keeps it) and how it is reached. */
+static __always_inline int rv_backend_get(__u8 family,
+					  const struct rv_service *svc,
+					  __u32 id, __be16 dport,
 					  struct rv_be *be)
 {
 	if (family == RV_FAMILY_V4) {
@@ -129,55 +115,76 @@ static __always_inline int rv_backend_get(__u8 family, __u8 mode, __u32 id,
 		be->addr[0] = b->addr;
 		be->port = b->port;
 		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
-		be->nh = &b->nh;
+		be->nh = b->nh;
 	} else {
 		struct rv_backend6 *b = bpf_map_lookup_elem(&backend_map6, &id);
 
 		if (!b || rv_addr6_is_zero(b->addr))
 			return -RV_DROP_NO_BACKEND;
-		if (mode != RV_MODE_DSR)
+		if (svc->mode != RV_MODE_DSR || b->nh.mode)
 			rv_addr6_copy(be->addr, b->addr);
 		be->port = b->port;
 		__builtin_memcpy(be->mac, b->mac, RV_ETH_ALEN);
-		be->nh = &b->nh;
+		be->nh = b->nh;
 	}
+	if (!be->port)
+		be->port = dport;
+	be->mode = be->nh.mode ? be->nh.mode : svc->mode;
 	return 0;
 }
 
-static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
-				      const struct rv_service *svc,
-				      const struct rv_target *t)
+/*
+ * Send the packet to `be` the way it is reached. A global function,
+ * verified once rather than inlined at each of the three paths that
+ * forward (a new or established flow, a later fragment, an ICMP error),
+ * with a frame of its own. Full NAT's source is in t->fnat_addr and
+ * t->fnat_port (rv_fullnat_prepare()).
+ */
+__noinline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
+			  struct rv_target *t, const struct rv_be *be)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct rv_be be = {};
-	__be16 bport;
 	int ret;
 
-	ret = rv_backend_get(pkt->family, svc->mode, t->backend_id, &be);
-	if (ret)
-		return ret;
-
-	switch (svc->mode) {
+	if (!pkt || !t || !be)
+		return -RV_DROP_NO_BACKEND;
+	switch (be->mode) {
 	case RV_MODE_NAT:
-		bport = be.port ? be.port : pkt->dport;
-		ret = rv_nat_forward(data, data_end, pkt, be.addr, bport);
+		ret = rv_nat_forward(data, data_end, pkt, be->addr, be->port);
 		if (ret)
 			return ret;
 		if (!(pkt->flags & RV_PKT_LATER_FRAG))
-			rv_nat_record(pkt, be.addr, bport, t);
+			rv_nat_record(pkt, be->addr, be->port, t);
 		if (pkt->family == RV_FAMILY_V4)
-			return rv_nat_route_v4(ctx, pkt, be.addr[0], bport,
-					       be.nh, t->backend_id);
-		return rv_nat_route_v6(ctx, pkt, be.addr, bport, be.nh,
-				       t->backend_id);
+			return rv_nat_route_v4(ctx, pkt, pkt->saddr[0],
+					       be->addr[0], be->port, &be->nh,
+					       t->backend_id);
+		return rv_nat_route_v6(ctx, pkt, pkt->saddr, be->addr, be->port,
+				       &be->nh, t->backend_id);
+	case RV_MODE_FULLNAT:
+		/* An ICMP error comes translated (rv_fullnat_icmp_to_backend):
+		 * it only needs sending. */
+		if (!(pkt->flags & RV_PKT_ICMP_ERR)) {
+			ret = rv_rewrite_tuple(data, data_end, pkt,
+					       t->fnat_addr, be->addr,
+					       t->fnat_port, be->port);
+			if (ret)
+				return ret;
+		}
+		if (pkt->family == RV_FAMILY_V4)
+			return rv_nat_route_v4(ctx, pkt, t->fnat_addr[0],
+					       be->addr[0], be->port, &be->nh,
+					       t->backend_id);
+		return rv_nat_route_v6(ctx, pkt, t->fnat_addr, be->addr,
+				       be->port, &be->nh, t->backend_id);
 	case RV_MODE_DSR:
-		return rv_dsr_forward(ctx, be.mac, be.nh);
+		return rv_dsr_forward(ctx, be->mac, &be->nh);
 	case RV_MODE_L3DSR:
 		if (pkt->family == RV_FAMILY_V4)
-			return rv_l3dsr_v4(ctx, pkt, be.addr[0], be.nh,
+			return rv_l3dsr_v4(ctx, pkt, be->addr[0], &be->nh,
 					   t->backend_id);
-		return rv_l3dsr_v6(ctx, pkt, be.addr, t->label, be.nh,
+		return rv_l3dsr_v6(ctx, pkt, be->addr, t->label, &be->nh,
 				   t->backend_id);
 	default:
 		return -RV_DROP_NO_SERVICE;
@@ -188,11 +195,11 @@ static __always_inline int rv_forward(struct xdp_md *ctx, struct rv_pkt *pkt,
  * packet dropped on the way is counted under its drop reason alone. */
 static __always_inline int rv_forward_counted(struct xdp_md *ctx,
 					      struct rv_pkt *pkt,
-					      const struct rv_service *svc,
-					      const struct rv_target *t)
+					      struct rv_target *t,
+					      const struct rv_be *be)
 {
 	__u64 len = rv_xdp_len(ctx);
-	int ret = rv_forward(ctx, pkt, svc, t);
+	int ret = rv_forward(ctx, pkt, t, be);
 
 	if (ret >= 0)
 		rv_count_vip(t->svc_id, len);
@@ -200,12 +207,16 @@ static __always_inline int rv_forward_counted(struct xdp_md *ctx,
 }
 
 /* A fragment without ports follows the choice its first fragment made. */
-static __always_inline int rv_later_fragment(struct xdp_md *ctx,
-					     struct rv_pkt *pkt)
+__noinline int rv_later_fragment(struct xdp_md *ctx, struct rv_pkt *pkt)
 {
 	struct rv_target t = {};
 	struct rv_frag_value *fv;
 	struct rv_service *svc;
+	struct rv_be be = {};
+	int ret;
+
+	if (!pkt)
+		return RV_XDP_PASS;
 
 	if (pkt->family == RV_FAMILY_V4) {
 		struct rv_frag_key k = {
@@ -225,6 +236,9 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 		fv = bpf_map_lookup_elem(&frag_map6, &k);
 	}
 	if (!fv) {
+		ret = rv_fullnat_reply_later_frag(ctx, pkt);
+		if (ret != RV_FULLNAT_NOT_OURS)
+			return ret;
 		rv_count_drop(RV_DROP_FRAG_NO_FIRST);
 		return RV_XDP_PASS;
 	}
@@ -233,9 +247,19 @@ static __always_inline int rv_later_fragment(struct xdp_md *ctx,
 		return -RV_DROP_NO_SERVICE;
 	t.svc_id = fv->svc_id;
 	t.backend_id = fv->backend_id;
-	if (svc->mode == RV_MODE_L3DSR && pkt->family == RV_FAMILY_V6)
+	ret = rv_backend_get(pkt->family, svc, t.backend_id, 0, &be);
+	if (ret)
+		return ret;
+	/* Full NAT: no port to rewrite, only the source address. */
+	if (be.mode == RV_MODE_FULLNAT) {
+		ret = rv_fullnat_src(pkt->family, be.nh.fullnat_src,
+				     t.fnat_addr);
+		if (ret)
+			return ret;
+	}
+	if (be.mode == RV_MODE_L3DSR && pkt->family == RV_FAMILY_V6)
 		t.label = rv_flow_label(pkt->saddr, 0, 0, 0);
-	return rv_forward_counted(ctx, pkt, svc, &t);
+	return rv_forward_counted(ctx, pkt, &t, &be);
 }
 
 static __always_inline void rv_frag_record(const struct rv_pkt *pkt,
@@ -271,18 +295,19 @@ static __always_inline void rv_count_vip_no_backend(__u32 svc_id)
 		s->no_backend++;
 }
 
-static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
+__noinline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	struct rv_icmp_quote q = {};
 	struct rv_flow f = {};
 	struct rv_target t = {};
 	struct rv_service *svc;
 	struct rv_be be = {};
-	int pick, ret;
+	int ret;
 
-	if (rv_icmp_quote(data, data_end, pkt, &f, &q))
+	if (!pkt)
+		return RV_XDP_PASS;
+	if (rv_icmp_quote((void *)(long)ctx->data, (void *)(long)ctx->data_end,
+			  pkt, &f, &q))
 		return RV_XDP_PASS;
 	t.svc_id = rv_vip_lookup(f.family, q.vip, f.vport, f.proto);
 	if (!t.svc_id)
@@ -290,62 +315,70 @@ static __always_inline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 	svc = rv_service_get(t.svc_id, f.family);
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
-	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 0, &pick);
+	rv_pick(svc, &f, &t);
+	/* An error creates no state: nothing is remembered. */
+	t.pick = 0;
 	if (!t.backend_id) {
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
-	if (svc->mode != RV_MODE_NAT) {
-		if (svc->mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
-			t.label = rv_flow_label(f.caddr, f.cport, f.vport,
-						f.proto);
-		return rv_forward_counted(ctx, pkt, svc, &t);
+	ret = rv_backend_get(f.family, svc, t.backend_id, f.vport, &be);
+	if (ret)
+		return ret;
+	if (be.mode == RV_MODE_NAT) {
+		ret = rv_icmp_nat(ctx, pkt, &q, &f, be.addr, be.port);
+		if (ret)
+			return ret;
+		rv_count_vip(t.svc_id, rv_xdp_len(ctx));
+		/* Unlike a request, the translated error is left to the
+		 * kernel to forward: errors come a few per path change or
+		 * lost peer, not one per packet, so the saving that pays for
+		 * a FIB lookup on the request path is not there to have. */
+		return RV_XDP_PASS;
 	}
-	ret = rv_backend_get(f.family, RV_MODE_NAT, t.backend_id, &be);
-	if (ret)
-		return ret;
-	ret = rv_icmp_nat(data, data_end, pkt, &q, be.addr,
-			  be.port ? be.port : f.vport);
-	if (ret)
-		return ret;
-	rv_count_vip(t.svc_id, rv_xdp_len(ctx));
-	/* Unlike a request, the translated error is left to the kernel to
-	 * forward: errors come a few per path change or lost peer, not one
-	 * per packet, so the saving that pays for a FIB lookup on the
-	 * request path is not there to have. */
-	return RV_XDP_PASS;
+	if (be.mode == RV_MODE_FULLNAT) {
+		/* The backend sent the quoted reply to this node's source and
+		 * the flow's port. A flow with no port yet is no flow of
+		 * ours. Sent, not left to the kernel: its source is this
+		 * node's own address, which IPv4 forwarding refuses from
+		 * outside. */
+		if (!t.fnat_port)
+			return RV_XDP_PASS;
+		ret = rv_fullnat_src(f.family, t.fnat_src, t.fnat_addr);
+		if (ret)
+			return ret;
+		ret = rv_fullnat_icmp_to_backend(ctx, pkt, &q, t.fnat_addr,
+						 be.addr, be.port, t.fnat_port);
+		if (ret)
+			return ret;
+		return rv_forward_counted(ctx, pkt, &t, &be);
+	}
+	if (be.mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
+		t.label = rv_flow_label(f.caddr, f.cport, f.vport, f.proto);
+	return rv_forward_counted(ctx, pkt, &t, &be);
 }
 
-static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
+/*
+ * A TCP or UDP packet to a VIP's address: match, rate-limit, pick,
+ * forward.
+ *
+ * This, the later fragment and the ICMP error are global functions, each
+ * verified once on its own and each with a stack frame of its own:
+ * xdp_ingress and the functions it calls share 512 bytes of stack, and
+ * inlined into one frame these three and what they call left no room for
+ * full NAT's. The packet descriptor is plain memory to them; the offsets
+ * they read from it are bounded where they are used (rv_hdr).
+ */
+__noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	struct rv_target t = {};
 	struct rv_service *svc;
 	struct rv_flow f = {};
-	int ret, pick;
+	struct rv_be be = {};
+	int ret;
 
-	ret = rv_parse_l3(data, data_end, pkt, 1);
-	if (ret < 0)
-		return ret;
-	if (ret == RV_PARSE_PASS)
+	if (!pkt)
 		return RV_XDP_PASS;
-	/* Not addressed to any VIP: the kernel's, whatever its L4 header
-	 * holds (a truncated one included: not ours to judge). */
-	if (!rv_vip_filter_may_match(pkt->family, pkt->daddr))
-		return RV_XDP_PASS;
-	ret = rv_parse_l4(data, data_end, pkt);
-	if (ret < 0)
-		return ret;
-	if (ret == RV_PARSE_PASS)
-		return RV_XDP_PASS;
-	if (pkt->flags & RV_PKT_LATER_FRAG)
-		return rv_later_fragment(ctx, pkt);
-	if (pkt->flags & RV_PKT_ICMP_ERR)
-		return rv_icmp_error(ctx, pkt);
-	if (pkt->proto != RV_IPPROTO_TCP && pkt->proto != RV_IPPROTO_UDP)
-		return RV_XDP_PASS;
-
 	t.svc_id =
 		rv_vip_lookup(pkt->family, pkt->daddr, pkt->dport, pkt->proto);
 	if (!t.svc_id)
@@ -371,17 +404,76 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	f.vport = pkt->dport;
 	f.proto = pkt->proto;
 	f.family = pkt->family;
-	t.backend_id = rv_pick_backend(t.svc_id, svc, &f, 1, &pick);
+	rv_pick(svc, &f, &t);
 	if (!t.backend_id) {
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
 	}
-	t.pick = pick;
-	if (svc->mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
+	ret = rv_backend_get(pkt->family, svc, t.backend_id, pkt->dport, &be);
+	if (ret)
+		return ret;
+	if (be.mode == RV_MODE_FULLNAT) {
+		struct rv_fullnat_to to = { .port = be.port,
+					    .src = be.nh.fullnat_src };
+
+		rv_addr6_copy(to.addr, be.addr);
+		ret = rv_fullnat_prepare(ctx, pkt, svc, &t, &to);
+		if (ret)
+			return ret;
+	}
+	/* What the pick chose is written once the flow has all it holds
+	 * (full NAT's port); the packet leaves when the program returns. */
+	if (t.pick & (RV_PICK_NEW | RV_PICK_FLOW_NEW))
+		rv_remember(svc, &f, &t);
+	if (be.mode == RV_MODE_L3DSR && f.family == RV_FAMILY_V6)
 		t.label = rv_flow_label(f.caddr, f.cport, f.vport, f.proto);
 	if (pkt->flags & RV_PKT_FRAG)
 		rv_frag_record(pkt, &t);
-	return rv_forward_counted(ctx, pkt, svc, &t);
+	return rv_forward_counted(ctx, pkt, &t, &be);
+}
+
+static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	int ret;
+
+	ret = rv_parse_l3(data, data_end, pkt, 1);
+	if (ret < 0)
+		return ret;
+	if (ret == RV_PARSE_PASS)
+		return RV_XDP_PASS;
+	/* Not addressed to any VIP: the kernel's, whatever its L4 header
+	 * holds (a truncated one included: not ours to judge). */
+	if (!rv_vip_filter_may_match(pkt->family, pkt->daddr))
+		return RV_XDP_PASS;
+	ret = rv_parse_l4(data, data_end, pkt);
+	if (ret < 0)
+		return ret;
+	if (ret == RV_PARSE_PASS)
+		return RV_XDP_PASS;
+	if (pkt->flags & RV_PKT_LATER_FRAG)
+		return rv_later_fragment(ctx, pkt);
+	if (pkt->flags & RV_PKT_ICMP_ERR) {
+		/* About a request full NAT sent from this node: for its
+		 * client. Else about a VIP's reply, for its backend. */
+		ret = rv_fullnat_icmp(ctx, pkt);
+		if (ret != RV_FULLNAT_NOT_OURS)
+			return ret;
+		return rv_icmp_error(ctx, pkt);
+	}
+	if (pkt->proto != RV_IPPROTO_TCP && pkt->proto != RV_IPPROTO_UDP)
+		return RV_XDP_PASS;
+	/* A backend's reply to one of full NAT's sources, before the VIP
+	 * match: the source address may be a VIP's too. */
+	if (rv_fullnat_may_be_src(rv_fullnat_cfg(), pkt->family, pkt->daddr,
+				  pkt->dport)) {
+		ret = rv_fullnat_reply(ctx, pkt);
+		if (ret != RV_FULLNAT_NOT_OURS)
+			return ret;
+	}
+
+	return rv_vip_path(ctx, pkt);
 }
 
 SEC("xdp")

@@ -7,12 +7,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub use crate::bpf::xdp_ingress::types::{
     rv_affinity, rv_affinity_value, rv_backend, rv_backend6, rv_backend_health, rv_drop_reason,
     rv_drop_stats, rv_family, rv_flow6_key, rv_flow_key, rv_frag6_key, rv_frag_key,
-    rv_frag_rev6_value, rv_frag_rev_value, rv_frag_value, rv_health, rv_iface_mac, rv_limits,
-    rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner,
-    rv_nat_owner6_key, rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss,
-    rv_rl6_key, rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags,
-    rv_tunnel_config, rv_vip6_key, rv_vip_filter, rv_vip_key, rv_vip_range6_key, rv_vip_range_key,
-    rv_vip_stats, rv_vip_value,
+    rv_frag_rev6_value, rv_frag_rev_value, rv_frag_value, rv_fullnat6_key, rv_fullnat_config,
+    rv_fullnat_cursor, rv_fullnat_flags, rv_fullnat_flow, rv_fullnat_frag, rv_fullnat_key,
+    rv_fullnat_src, rv_fullnat_stats, rv_health, rv_iface_mac, rv_limits, rv_maglev_slot, rv_meta,
+    rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner, rv_nat_owner6_key,
+    rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss, rv_rl6_key,
+    rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags, rv_tunnel_config,
+    rv_vip6_key, rv_vip_filter, rv_vip_key, rv_vip_range6_key, rv_vip_range_key, rv_vip_stats,
+    rv_vip_value,
 };
 
 /// Layout version of the pinned maps (`RV_ABI_VERSION`).
@@ -104,6 +106,9 @@ pub const DROP_REASONS: &[rv_drop_reason] = &[
     rv_drop_reason::RV_DROP_HEADROOM,
     rv_drop_reason::RV_DROP_NO_IFACE_MAC,
     rv_drop_reason::RV_DROP_NO_TUNNEL_SRC,
+    rv_drop_reason::RV_DROP_FULLNAT_PORTS_EXHAUSTED,
+    rv_drop_reason::RV_DROP_FULLNAT_TABLE_FULL,
+    rv_drop_reason::RV_DROP_NO_FULLNAT_SRC,
 ];
 
 /// The metric label of a drop reason. Exhaustive over the C enum: a
@@ -124,6 +129,9 @@ pub fn drop_reason_label(r: rv_drop_reason) -> Option<&'static str> {
         rv_drop_reason::RV_DROP_HEADROOM => "headroom",
         rv_drop_reason::RV_DROP_NO_IFACE_MAC => "no_iface_mac",
         rv_drop_reason::RV_DROP_NO_TUNNEL_SRC => "no_tunnel_src",
+        rv_drop_reason::RV_DROP_FULLNAT_PORTS_EXHAUSTED => "fullnat_ports_exhausted",
+        rv_drop_reason::RV_DROP_FULLNAT_TABLE_FULL => "fullnat_table_full",
+        rv_drop_reason::RV_DROP_NO_FULLNAT_SRC => "no_fullnat_src",
         _ => return None,
     })
 }

@@ -102,6 +102,8 @@ fn snapshot() -> String {
             dmac,
             smac,
             flags,
+            mode,
+            fullnat_src,
             pad
         }
     );
@@ -180,6 +182,8 @@ fn snapshot() -> String {
         s,
         rv_affinity_value {
             backend_id,
+            fullnat_port,
+            fullnat_src,
             pad,
             last_seen_ns
         }
@@ -282,6 +286,72 @@ fn snapshot() -> String {
         rv_meta {
             abi_version,
             maglev_size
+        }
+    );
+    layout!(
+        s,
+        rv_fullnat_config {
+            port_min,
+            port_max,
+            tcp_timeout_ms,
+            tcp_closing_timeout_ms,
+            udp_timeout_ms,
+            src_filter
+        }
+    );
+    layout!(s, rv_fullnat_src { addr });
+    layout!(
+        s,
+        rv_fullnat_key {
+            backend_addr,
+            src_addr,
+            backend_port,
+            src_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_fullnat6_key {
+            backend_addr,
+            src_addr,
+            backend_port,
+            src_port,
+            proto,
+            pad
+        }
+    );
+    layout!(
+        s,
+        rv_fullnat_flow {
+            client_addr,
+            vip_addr,
+            client_port,
+            vip_port,
+            svc_id,
+            backend_id,
+            ifindex,
+            dmac,
+            smac,
+            flags,
+            pad,
+            last_seen_ns
+        }
+    );
+    layout!(s, rv_fullnat_cursor { next });
+    layout!(
+        s,
+        rv_fullnat_stats {
+            ports_exhausted,
+            table_full
+        }
+    );
+    layout!(
+        s,
+        rv_fullnat_frag {
+            client_addr,
+            vip_addr
         }
     );
     s

@@ -733,6 +733,8 @@ fn client_ip_affinity_and_its_timeout() {
             0,
             rv_affinity_value {
                 backend_id: id1,
+                fullnat_port: 0,
+                fullnat_src: 0,
                 pad: 0,
                 last_seen_ns: now - 20_000_000_000,
             },
@@ -756,6 +758,8 @@ fn client_ip_affinity_and_its_timeout() {
             0,
             rv_affinity_value {
                 backend_id: id1,
+                fullnat_port: 0,
+                fullnat_src: 0,
                 pad: 0,
                 last_seen_ns: now - 31_000_000_000,
             },
@@ -796,6 +800,8 @@ fn client_ip_affinity_and_its_timeout() {
         0,
         rv_affinity_value {
             backend_id: id1,
+            fullnat_port: 0,
+            fullnat_src: 0,
             pad: 0,
             last_seen_ns: old,
         },

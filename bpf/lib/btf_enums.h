@@ -20,6 +20,7 @@ struct rv_btf_enums {
 	enum rv_service_flags service_flags;
 	enum rv_drop_reason drop_reason;
 	enum rv_nexthop_flags nexthop_flags;
+	enum rv_fullnat_flags fullnat_flags;
 };
 
 const volatile struct rv_btf_enums rv_btf_enums = {};

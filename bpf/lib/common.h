@@ -51,12 +51,20 @@
 #define rv_likely(x) __builtin_expect(!!(x), 1)
 #define rv_unlikely(x) __builtin_expect(!!(x), 0)
 
+/* Offsets into a frame stay below this: an XDP frame's linear part is
+ * at most a page or two. */
+#define RV_MAX_PKT_OFF 0x3fff
+
 /* Bounds check for a header of type T at offset off; the verifier needs
- * to see the comparison against data_end in the same function. */
-#define rv_hdr(T, data, data_end, off)                                   \
-	({                                                               \
-		T *__h = (T *)((void *)(data) + (off));                  \
-		((void *)(__h + 1) > (void *)(data_end)) ? (T *)0 : __h; \
+ * to see the comparison against data_end in the same function. The mask
+ * changes no offset a frame can have; it bounds one the verifier reads
+ * back from the stack as any 32-bit value (a packet descriptor's field
+ * spilled and reloaded), which it would not add to a packet pointer. */
+#define rv_hdr(T, data, data_end, off)                                         \
+	({                                                                     \
+		T *__h =                                                       \
+			(T *)((void *)(data) + ((__u32)(off)&RV_MAX_PKT_OFF)); \
+		((void *)(__h + 1) > (void *)(data_end)) ? (T *)0 : __h;       \
 	})
 
 /* ctx->data and ctx->data_end read by an instruction of our own: where

@@ -11,6 +11,28 @@
 #define RV_AF_INET6 10
 #define RV_TUNNEL_TTL 64
 
+/* bpf_fib_lookup's 64 bytes of parameters, in a per-CPU scratch entry
+ * rather than on the stack: xdp_ingress and the functions it calls share
+ * 512 bytes, and inlined, each way out kept a copy of its own. Only asking
+ * the FIB (no cached next hop) touches it. Holds nothing between runs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bpf_fib_lookup);
+} fib_scratch_map SEC(".maps");
+
+/* The scratch parameters, zeroed; NULL only if the map cannot be read. */
+static __always_inline struct bpf_fib_lookup *rv_fib_params(void)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *p = bpf_map_lookup_elem(&fib_scratch_map, &zero);
+
+	if (p)
+		__builtin_memset(p, 0, sizeof(*p));
+	return p;
+}
+
 /* Write the L4 destination port and fix the L4 checksum for a new
  * destination address and port, in one fold. addr_from/addr_to are 1 or 4
  * words. */
@@ -274,7 +296,7 @@ static __always_inline int rv_l3dsr_route(struct xdp_md *ctx, int use,
 		out->smac = nh->smac;
 		return 1;
 	}
-	if (!rv_fib_can_send(ctx, rc, p))
+	if (!p || !rv_fib_can_send(ctx, rc, p))
 		return rv_fib_says_unreachable(rc) ? -RV_DROP_FIB_UNREACHABLE
 						   : 0;
 	out->ifindex = p->ifindex;
@@ -292,16 +314,19 @@ static __always_inline int rv_l3dsr_route(struct xdp_md *ctx, int use,
  * and counts. A TTL that would expire is checked before the lookup, which
  * it would make useless. The ports are the rewritten ones, so policy
  * routing and multipath hashing see the flow the backend will see. VLAN
- * tags stay as they arrived, as with L3 DSR.
+ * tags stay as they arrived, as with L3 DSR. `src` is the source the packet
+ * leaves with (the client's under NAT, this node's under full NAT).
  */
-static __always_inline int
-rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
-		__be16 bport, const struct rv_nexthop *nh, __u32 backend_id)
+static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
+					   const struct rv_pkt *pkt, __be32 src,
+					   __be32 backend, __be16 bport,
+					   const struct rv_nexthop *nh,
+					   __u32 backend_id)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *iph = rv_hdr(struct iphdr, data, data_end, pkt->l3_off);
-	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
+	struct bpf_fib_lookup *p;
 	const __u8 *dmac, *smac;
 	__u32 ifindex;
 	__u8 ttl;
@@ -326,40 +351,41 @@ rv_nat_route_v4(struct xdp_md *ctx, const struct rv_pkt *pkt, __be32 backend,
 		smac = nh->smac;
 		goto send;
 	}
-	__builtin_memset(&p, 0, sizeof(p));
-	p.family = RV_AF_INET;
-	p.tos = iph->tos;
-	p.l4_protocol = pkt->proto;
-	rv_fib_ports(&p, pkt, bport);
+	p = rv_fib_params();
+	if (!p)
+		return RV_XDP_PASS;
+	p->family = RV_AF_INET;
+	p->tos = iph->tos;
+	p->l4_protocol = pkt->proto;
+	rv_fib_ports(p, pkt, bport);
 	/* Set, so that the lookup checks the egress MTU: the device's, or
 	 * the route's only when locked (`mtu lock`). A plain route MTU,
 	 * which the kernel's forwarding honours, goes unseen here. */
-	p.tot_len = pkt->ip_len;
-	p.ipv4_src = pkt->saddr[0];
-	p.ipv4_dst = backend;
-	p.ifindex = ctx->ingress_ifindex;
-	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (!rv_fib_can_send(ctx, rc, &p))
+	p->tot_len = pkt->ip_len;
+	p->ipv4_src = src;
+	p->ipv4_dst = backend;
+	p->ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
+	if (!rv_fib_can_send(ctx, rc, p))
 		return RV_XDP_PASS;
-	ifindex = p.ifindex;
-	dmac = p.dmac;
-	smac = p.smac;
+	ifindex = p->ifindex;
+	dmac = p->dmac;
+	smac = p->smac;
 send:
 	rv_ip_decrease_ttl(iph, ttl);
 	return rv_send(ctx, ifindex, dmac, smac);
 }
 
-static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
-					   const struct rv_pkt *pkt,
-					   const __be32 *backend, __be16 bport,
-					   const struct rv_nexthop *nh,
-					   __u32 backend_id)
+static __always_inline int
+rv_nat_route_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *src,
+		const __be32 *backend, __be16 bport,
+		const struct rv_nexthop *nh, __u32 backend_id)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ipv6hdr *ip6h =
 		rv_hdr(struct ipv6hdr, data, data_end, pkt->l3_off);
-	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
+	struct bpf_fib_lookup *p;
 	const __u8 *dmac, *smac;
 	__u32 ifindex;
 	int rc, use;
@@ -378,23 +404,25 @@ static __always_inline int rv_nat_route_v6(struct xdp_md *ctx,
 		smac = nh->smac;
 		goto send;
 	}
-	__builtin_memset(&p, 0, sizeof(p));
-	p.family = RV_AF_INET6;
+	p = rv_fib_params();
+	if (!p)
+		return RV_XDP_PASS;
+	p->family = RV_AF_INET6;
 	/* Traffic class and flow label: what the kernel's own route lookup
 	 * for a forwarded packet keys on. */
-	p.flowinfo = *(__be32 *)ip6h & bpf_htonl(0x0fffffff);
-	p.l4_protocol = pkt->proto;
-	rv_fib_ports(&p, pkt, bport);
-	p.tot_len = pkt->ip_len;
-	rv_addr6_copy(p.ipv6_src, pkt->saddr);
-	rv_addr6_copy(p.ipv6_dst, backend);
-	p.ifindex = ctx->ingress_ifindex;
-	rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
-	if (!rv_fib_can_send(ctx, rc, &p))
+	p->flowinfo = *(__be32 *)ip6h & bpf_htonl(0x0fffffff);
+	p->l4_protocol = pkt->proto;
+	rv_fib_ports(p, pkt, bport);
+	p->tot_len = pkt->ip_len;
+	rv_addr6_copy(p->ipv6_src, src);
+	rv_addr6_copy(p->ipv6_dst, backend);
+	p->ifindex = ctx->ingress_ifindex;
+	rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
+	if (!rv_fib_can_send(ctx, rc, p))
 		return RV_XDP_PASS;
-	ifindex = p.ifindex;
-	dmac = p.dmac;
-	smac = p.smac;
+	ifindex = p->ifindex;
+	dmac = p->dmac;
+	smac = p->smac;
 send:
 	ip6h->hop_limit--;
 	return rv_send(ctx, ifindex, dmac, smac);
@@ -423,9 +451,9 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 				       const struct rv_nexthop *nh,
 				       __u32 backend_id)
 {
-	/* Zeroed only when the FIB is asked: the cached next hop's path has
-	 * no use for it. */
-	struct bpf_fib_lookup p;
+	/* Only when the FIB is asked: the cached next hop's path has no use
+	 * for it. */
+	struct bpf_fib_lookup *p = 0;
 	struct rv_l3dsr_out out = {};
 	struct rv_tunnel_config *tc;
 	struct iphdr *outer, *inner;
@@ -450,20 +478,22 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 
 	use = rv_nh_use(nh, backend_id);
 	if (use == RV_NH_ASK) {
-		__builtin_memset(&p, 0, sizeof(p));
-		p.family = RV_AF_INET;
-		p.tos = tos;
-		p.l4_protocol = RV_IPPROTO_IPIP;
-		p.tot_len = tot_len;
-		p.ipv4_src = tc->src4;
-		p.ipv4_dst = backend;
-		p.ifindex = ctx->ingress_ifindex;
-		rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+		p = rv_fib_params();
+		if (!p)
+			return RV_XDP_PASS;
+		p->family = RV_AF_INET;
+		p->tos = tos;
+		p->l4_protocol = RV_IPPROTO_IPIP;
+		p->tot_len = tot_len;
+		p->ipv4_src = tc->src4;
+		p->ipv4_dst = backend;
+		p->ifindex = ctx->ingress_ifindex;
+		rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
 		if (rv_fib_says_unreachable(rc))
 			return -RV_DROP_FIB_UNREACHABLE;
 	}
 
-	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, &p, &out);
+	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, p, &out);
 	if (send < 0)
 		return send;
 	ret = rv_push_room(ctx, sizeof(struct iphdr), !send, pkt->l2_len,
@@ -501,7 +531,7 @@ static __always_inline int
 rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 	    __u32 label, const struct rv_nexthop *nh, __u32 backend_id)
 {
-	struct bpf_fib_lookup p; /* zeroed when the FIB is asked */
+	struct bpf_fib_lookup *p = 0; /* only when the FIB is asked */
 	struct rv_l3dsr_out out = {};
 	struct rv_tunnel_config *tc;
 	struct ipv6hdr *outer, *inner;
@@ -520,19 +550,21 @@ rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 
 	use = rv_nh_use(nh, backend_id);
 	if (use == RV_NH_ASK) {
-		__builtin_memset(&p, 0, sizeof(p));
-		p.family = RV_AF_INET6;
-		p.l4_protocol = RV_IPPROTO_IPV6;
-		p.tot_len = tot_len;
-		rv_addr6_copy(p.ipv6_src, tc->src6);
-		rv_addr6_copy(p.ipv6_dst, backend);
-		p.ifindex = ctx->ingress_ifindex;
-		rc = bpf_fib_lookup(ctx, &p, sizeof(p), 0);
+		p = rv_fib_params();
+		if (!p)
+			return RV_XDP_PASS;
+		p->family = RV_AF_INET6;
+		p->l4_protocol = RV_IPPROTO_IPV6;
+		p->tot_len = tot_len;
+		rv_addr6_copy(p->ipv6_src, tc->src6);
+		rv_addr6_copy(p->ipv6_dst, backend);
+		p->ifindex = ctx->ingress_ifindex;
+		rc = bpf_fib_lookup(ctx, p, sizeof(*p), 0);
 		if (rv_fib_says_unreachable(rc))
 			return -RV_DROP_FIB_UNREACHABLE;
 	}
 
-	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, &p, &out);
+	send = rv_l3dsr_route(ctx, use, nh, tot_len, rc, p, &out);
 	if (send < 0)
 		return send;
 	ret = rv_push_room(ctx, sizeof(struct ipv6hdr), !send, pkt->l2_len,

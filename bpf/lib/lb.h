@@ -146,12 +146,11 @@ __noinline __u32 rv_maglev_pick(__u32 slice_start, __u32 slice_len, __u32 hash)
 }
 
 static __always_inline void rv_flow_key4(struct rv_flow_key *k, __u32 svc_id,
-					 const struct rv_service *svc,
-					 const struct rv_flow *f)
+					 int addr_only, const struct rv_flow *f)
 {
 	k->svc_id = svc_id;
 	k->saddr = f->caddr[0];
-	if (svc->affinity != RV_AFFINITY_CLIENT_IP) {
+	if (!addr_only) {
 		k->sport = f->cport;
 		k->dport = f->vport;
 		k->proto = f->proto;
@@ -159,31 +158,73 @@ static __always_inline void rv_flow_key4(struct rv_flow_key *k, __u32 svc_id,
 }
 
 static __always_inline void rv_flow_key6(struct rv_flow6_key *k, __u32 svc_id,
-					 const struct rv_service *svc,
-					 const struct rv_flow *f)
+					 int addr_only, const struct rv_flow *f)
 {
 	k->svc_id = svc_id;
 	rv_addr6_copy(k->saddr, f->caddr);
-	if (svc->affinity != RV_AFFINITY_CLIENT_IP) {
+	if (!addr_only) {
 		k->sport = f->cport;
 		k->dport = f->vport;
 		k->proto = f->proto;
 	}
 }
 
-/* rv_pick_backend() outcome flags. */
-#define RV_PICK_NEW 0x1	      /* a new choice was made and remembered */
+/* rv_target.pick flags. */
+#define RV_PICK_NEW 0x1	      /* the affinity entry is to be written */
 #define RV_PICK_REFRESHED 0x2 /* a remembered choice had its time refreshed */
+/* clientIP affinity with full NAT: the flow's own entry (its source port)
+ * is to be written beside the client's. */
+#define RV_PICK_FLOW_NEW 0x4
+
+/* What a forward step needs beyond the packet: the choice, and what
+ * remembering it takes. */
+struct rv_target {
+	__u64 now; /* bpf_ktime_get_coarse_ns() at the pick */
+	__u32 svc_id;
+	__u32 backend_id;
+	/* The flow label of an IPv6 L3 DSR tunnel: only computed for those. */
+	__u32 label;
+	/* Full NAT: the flow's source port (0: none yet), address index and,
+	 * once rv_fullnat_prepare() has run, the address. */
+	__be16 fnat_port;
+	__u8 fnat_src;
+	__u8 pick; /* RV_PICK_* */
+	__be32 fnat_addr[4];
+};
+
+/* A backend as the forward step sees it: a copy of its entry, the port
+ * it is sent to (the VIP's when the backend keeps it) and how it is
+ * reached (its own mode, else its service's). No pointer: it is handed to
+ * a global function, to which it is plain memory. */
+struct rv_be {
+	__be32 addr[4];
+	__be16 port;
+	__u8 mac[6];
+	struct rv_nexthop nh;
+	__u8 mode;
+	__u8 pad[7];
+};
+
+/* The backend as full NAT sends to it: its address, the port (the VIP's
+ * when the backend keeps it) and the index of the source towards it.
+ * Free of pointers, so that handing it to a global function (which the
+ * verifier assumes may write it) costs the caller no pointer it spilled. */
+struct rv_fullnat_to {
+	__be32 addr[4];
+	__be16 port;
+	__u8 src;
+	__u8 pad;
+};
 
 /*
  * Is a remembered choice still good? A down backend never is; a draining
- * one keeps the flows it has. ClientIP affinity also expires. Returns 0
- * when unusable, else 1, or 1 | RV_PICK_REFRESHED when the entry's time
- * was refreshed (at most once a second per flow).
+ * one keeps the flows it has. ClientIP affinity also expires (`expires`).
+ * Returns 0 when unusable, else 1, or 1 | RV_PICK_REFRESHED when the
+ * entry's time was refreshed (at most once a second per flow).
  */
 static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 					      const struct rv_service *svc,
-					      __u64 now)
+					      int expires, __u64 now)
 {
 	/* Another CPU may have stamped the entry a tick later than our
 	 * coarse clock reads: that is age 0, not an underflow. */
@@ -191,7 +232,7 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 
 	if (rv_backend_state(a->backend_id) == RV_HEALTH_DOWN)
 		return 0;
-	if (svc->affinity == RV_AFFINITY_CLIENT_IP && svc->affinity_timeout_s &&
+	if (expires && svc->affinity_timeout_s &&
 	    age > (__u64)svc->affinity_timeout_s * RV_NSEC_PER_SEC)
 		return 0;
 	if (age > RV_AFFINITY_TOUCH_NS) {
@@ -203,70 +244,128 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 
 /*
  * The backend for a flow: its remembered one if still usable, else the
- * Maglev choice, remembered when `record` is set (ICMP errors look up
- * but never create state). *pick gets RV_PICK_* flags: whether a new
- * choice was made, or an old one refreshed. Returns a backend id, or 0
- * when nothing healthy is left.
+ * Maglev choice. Nothing is written here: a new choice sets RV_PICK_NEW
+ * and rv_remember() writes it once the forward step has what the entry
+ * holds (full NAT's port); ICMP errors look up and never remember. Fills
+ * t->backend_id (0 when nothing healthy is left), t->pick, t->now and,
+ * for a full-NAT flow, the port and source it has.
+ *
+ * With clientIP affinity and full-NAT backends, a flow keeps its source
+ * port in an entry keyed by the whole flow, looked up first: the
+ * client's entry names a backend, not a flow.
+ *
+ * One body per family (the key types and maps differ), each branch taken
+ * once: helpers that each test the family again make the verifier walk
+ * every mix of the two.
  */
-static __always_inline __u32 rv_pick_backend(__u32 svc_id,
-					     const struct rv_service *svc,
-					     const struct rv_flow *f,
-					     int record, int *pick)
+#define RV_PICK_BODY(KEY, MAP, FILL)                                           \
+	{                                                                      \
+		struct rv_affinity_value *a;                                   \
+		KEY k = {};                                                    \
+		int usable;                                                    \
+                                                                               \
+		if (addr_only && (svc->flags & RV_SVC_F_FULLNAT)) {            \
+			FILL(&k, t->svc_id, 0, f);                             \
+			a = bpf_map_lookup_elem(&MAP, &k);                     \
+			usable = a && a->fullnat_port                          \
+					 ? rv_affinity_usable(a, svc, 0,       \
+							      t->now)          \
+					 : 0;                                  \
+			if (usable) {                                          \
+				t->pick = usable & RV_PICK_REFRESHED;          \
+				t->backend_id = a->backend_id;                 \
+				t->fnat_port = a->fullnat_port;                \
+				t->fnat_src = a->fullnat_src;                  \
+				return;                                        \
+			}                                                      \
+			__builtin_memset(&k, 0, sizeof(k));                    \
+		}                                                              \
+		FILL(&k, t->svc_id, addr_only, f);                             \
+		a = bpf_map_lookup_elem(&MAP, &k);                             \
+		usable =                                                       \
+			a ? rv_affinity_usable(a, svc, addr_only, t->now) : 0; \
+		if (usable) {                                                  \
+			t->pick = usable & RV_PICK_REFRESHED;                  \
+			t->backend_id = a->backend_id;                         \
+			if (!addr_only) {                                      \
+				t->fnat_port = a->fullnat_port;                \
+				t->fnat_src = a->fullnat_src;                  \
+			}                                                      \
+			return;                                                \
+		}                                                              \
+	}
+
+static __always_inline void rv_pick_backend(const struct rv_service *svc,
+					    const struct rv_flow *f,
+					    struct rv_target *t)
 {
-	struct rv_affinity_value *a, fresh = {};
+	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
+
 	/* The coarse clock (a tick's resolution) is enough for second-scale
 	 * affinity times and costs a fraction of bpf_ktime_get_ns() on the
 	 * established path. */
-	__u64 now = bpf_ktime_get_coarse_ns();
-	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
-	__u32 backend_id;
+	t->now = bpf_ktime_get_coarse_ns();
+	t->pick = 0;
+	if (f->family == RV_FAMILY_V4)
+		RV_PICK_BODY(struct rv_flow_key, connection_affinity_map,
+			     rv_flow_key4)
+	else
+		RV_PICK_BODY(struct rv_flow6_key, connection_affinity_map6,
+			     rv_flow_key6)
+	t->backend_id =
+		rv_maglev_pick(svc->slice_start, svc->slice_len,
+			       rv_flow_hash(f->caddr, f->family, f->cport,
+					    f->vport, f->proto, addr_only));
+	t->pick = RV_PICK_NEW;
+}
 
-	int usable;
+/* rv_pick_backend() as a global function: verified once, and its keys on
+ * a frame of their own rather than on its callers'. */
+__noinline int rv_pick(const struct rv_service *svc, const struct rv_flow *f,
+		       struct rv_target *t)
+{
+	if (!svc || !f || !t)
+		return 0;
+	rv_pick_backend(svc, f, t);
+	return 0;
+}
 
-	*pick = 0;
-	if (f->family == RV_FAMILY_V4) {
-		struct rv_flow_key k = {};
-
-		rv_flow_key4(&k, svc_id, svc, f);
-		a = bpf_map_lookup_elem(&connection_affinity_map, &k);
-		usable = a ? rv_affinity_usable(a, svc, now) : 0;
-		if (usable) {
-			*pick = usable & RV_PICK_REFRESHED;
-			return a->backend_id;
-		}
-		backend_id = rv_maglev_pick(svc->slice_start, svc->slice_len,
-					    rv_flow_hash(f->caddr, f->family,
-							 f->cport, f->vport,
-							 f->proto, addr_only));
-		if (!backend_id || !record)
-			return backend_id;
-		fresh.backend_id = backend_id;
-		fresh.last_seen_ns = now;
-		bpf_map_update_elem(&connection_affinity_map, &k, &fresh,
-				    BPF_ANY);
-	} else {
-		struct rv_flow6_key k = {};
-
-		rv_flow_key6(&k, svc_id, svc, f);
-		a = bpf_map_lookup_elem(&connection_affinity_map6, &k);
-		usable = a ? rv_affinity_usable(a, svc, now) : 0;
-		if (usable) {
-			*pick = usable & RV_PICK_REFRESHED;
-			return a->backend_id;
-		}
-		backend_id = rv_maglev_pick(svc->slice_start, svc->slice_len,
-					    rv_flow_hash(f->caddr, f->family,
-							 f->cport, f->vport,
-							 f->proto, addr_only));
-		if (!backend_id || !record)
-			return backend_id;
-		fresh.backend_id = backend_id;
-		fresh.last_seen_ns = now;
-		bpf_map_update_elem(&connection_affinity_map6, &k, &fresh,
-				    BPF_ANY);
+#define RV_REMEMBER_BODY(KEY, MAP, FILL)                            \
+	{                                                           \
+		KEY k = {};                                         \
+                                                                    \
+		if (t->pick & RV_PICK_NEW) {                        \
+			FILL(&k, t->svc_id, addr_only, f);          \
+			bpf_map_update_elem(&MAP, &k, &v, BPF_ANY); \
+		}                                                   \
+		if (t->pick & RV_PICK_FLOW_NEW) {                   \
+			__builtin_memset(&k, 0, sizeof(k));         \
+			v.fullnat_port = t->fnat_port;              \
+			v.fullnat_src = t->fnat_src;                \
+			FILL(&k, t->svc_id, 0, f);                  \
+			bpf_map_update_elem(&MAP, &k, &v, BPF_ANY); \
+		}                                                   \
 	}
-	*pick = RV_PICK_NEW;
-	return backend_id;
+
+/* Write what the pick chose (rv_target.pick says which entries). */
+static __always_inline void rv_remember(const struct rv_service *svc,
+					const struct rv_flow *f,
+					const struct rv_target *t)
+{
+	struct rv_affinity_value v = { .backend_id = t->backend_id,
+				       .last_seen_ns = t->now };
+	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
+
+	if (!addr_only) {
+		v.fullnat_port = t->fnat_port;
+		v.fullnat_src = t->fnat_src;
+	}
+	if (f->family == RV_FAMILY_V4)
+		RV_REMEMBER_BODY(struct rv_flow_key, connection_affinity_map,
+				 rv_flow_key4)
+	else
+		RV_REMEMBER_BODY(struct rv_flow6_key, connection_affinity_map6,
+				 rv_flow_key6)
 }
 
 static __always_inline void rv_count_vip(__u32 svc_id, __u64 bytes)

@@ -181,7 +181,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, RV_DROP_MAX);
+	__uint(max_entries, RV_DROP_STATS_SLOTS);
 	__type(key, __u32);
 	__type(value, struct rv_drop_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -268,6 +268,81 @@ struct {
 	__type(value, struct rv_vip_filter);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vip_filter_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_fullnat_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RV_FULLNAT_SRCS);
+	__type(key, __u32);
+	__type(value, struct rv_fullnat_src);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_src_map SEC(".maps");
+
+/*
+ * Full NAT's port allocations, one per live flow. A plain hash, not an
+ * LRU: an entry evicted under pressure would free a port its flow still
+ * sends from, and the next flow given it would share the flow's tuple.
+ * Entries go when their flow has been idle past its timeout (reclaimed by
+ * the next allocation that meets them, and swept by rivorad); a full map
+ * drops new flows (RV_DROP_FULLNAT_TABLE_FULL). Sized with the flow
+ * tables (the loader resizes these two with them).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
+	__type(key, struct rv_fullnat_key);
+	__type(value, struct rv_fullnat_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_rev_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_FLOW_TABLE_DEFAULT_SIZE);
+	__type(key, struct rv_fullnat6_key);
+	__type(value, struct rv_fullnat_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_rev_map6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rv_fullnat_cursor);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_cursor_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RV_SVC_ID_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rv_fullnat_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__type(key, struct rv_frag_key);
+	__type(value, struct rv_fullnat_frag);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_frag_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RV_MAX_FRAGS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__type(key, struct rv_frag6_key);
+	__type(value, struct rv_fullnat_frag);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fullnat_frag_map6 SEC(".maps");
 
 static __always_inline void rv_count_drop(__u32 reason)
 {

@@ -14,10 +14,11 @@
 #define RV_PARSE_PASS 1
 
 /* rv_pkt.flags */
-#define RV_PKT_FRAG 0x01       /* part of a fragmented datagram */
-#define RV_PKT_LATER_FRAG 0x02 /* a fragment with no L4 header */
-#define RV_PKT_ICMP_ERR 0x04   /* an ICMP error we may steer */
-#define RV_PKT_TCP_SYN 0x08    /* SYN without ACK */
+#define RV_PKT_FRAG 0x01	/* part of a fragmented datagram */
+#define RV_PKT_LATER_FRAG 0x02	/* a fragment with no L4 header */
+#define RV_PKT_ICMP_ERR 0x04	/* an ICMP error we may steer */
+#define RV_PKT_TCP_SYN 0x08	/* SYN without ACK */
+#define RV_PKT_TCP_FIN_RST 0x10 /* FIN or RST: the flow is closing */
 
 struct rv_pkt {
 	__u32 l2_len; /* Ethernet plus VLAN tags */
@@ -86,6 +87,8 @@ static __always_inline int rv_parse_l4(void *data, void *data_end,
 		pkt->dport = th->dest;
 		if (th->syn && !th->ack)
 			pkt->flags |= RV_PKT_TCP_SYN;
+		if (th->fin || th->rst)
+			pkt->flags |= RV_PKT_TCP_FIN_RST;
 		return 0;
 	}
 	if (pkt->proto == RV_IPPROTO_UDP) {

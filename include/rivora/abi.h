@@ -19,8 +19,11 @@
  * exhaustiveness against the C side.
  */
 enum rv_abi {
-	/* Layout version of the pinned maps; stored in rv_meta. */
-	RV_ABI_VERSION = 2,
+	/* Layout version of the pinned maps; stored in rv_meta. Version 2
+	 * pins are upgraded in place (README, "Map layout versions"): 3
+	 * only adds maps, names two pad fields, and re-creates
+	 * drop_stats_map larger (counters only). */
+	RV_ABI_VERSION = 3,
 };
 
 enum rv_limits {
@@ -58,6 +61,15 @@ enum rv_limits {
 	 * packet whose destination's bit is clear is no VIP's. */
 	RV_VIP_FILTER_BITS = 4096,
 	RV_VIP_FILTER_WORDS = RV_VIP_FILTER_BITS / 64,
+	/* drop_stats_map's entries: room for reasons added later, so that
+	 * a new reason is not a change of the pinned map's size. */
+	RV_DROP_STATS_SLOTS = 64,
+	/* fullnat_src_map: the node addresses full NAT takes as sources,
+	 * by index (0: none). */
+	RV_FULLNAT_SRCS = 64,
+	/* Ports a new full-NAT flow tries (from its CPU's cursor) before
+	 * it is dropped as exhausted. */
+	RV_FULLNAT_PROBES = 32,
 };
 
 enum rv_mode {
@@ -65,6 +77,10 @@ enum rv_mode {
 	RV_MODE_NAT = 1,
 	RV_MODE_DSR = 2,
 	RV_MODE_L3DSR = 3,
+	/* Source and destination rewritten: the source becomes an address
+	 * of this node and a port of fullnat_config_map's range, so the
+	 * reply comes back here wherever the backend is. */
+	RV_MODE_FULLNAT = 4,
 	RV_MODE_MAX,
 };
 
@@ -92,6 +108,10 @@ enum rv_service_flags {
 	RV_SVC_F_ACTIVE = 1 << 0,
 	RV_SVC_F_RATE_LIMIT = 1 << 1,
 	RV_SVC_F_PORT_RANGE = 1 << 2,
+	/* Some backend is reached by full NAT (its own mode or the
+	 * service's): with clientIP affinity, each flow then keeps its
+	 * source port in an affinity entry of its own. */
+	RV_SVC_F_FULLNAT = 1 << 3,
 };
 
 /*
@@ -117,6 +137,13 @@ enum rv_drop_reason {
 	RV_DROP_HEADROOM = 11,
 	RV_DROP_NO_IFACE_MAC = 12,
 	RV_DROP_NO_TUNNEL_SRC = 13,
+	/* Full NAT: every port tried for a new flow's (source, backend)
+	 * is held by a live flow. */
+	RV_DROP_FULLNAT_PORTS_EXHAUSTED = 14,
+	/* Full NAT: fullnat_rev_map{,6} is full. */
+	RV_DROP_FULLNAT_TABLE_FULL = 15,
+	/* Full NAT: no source address for the backend (fullnat_src_map). */
+	RV_DROP_NO_FULLNAT_SRC = 16,
 	RV_DROP_MAX,
 };
 
@@ -205,7 +232,14 @@ struct rv_nexthop {
 	__u8 dmac[6];
 	__u8 smac[6];
 	__u8 flags; /* enum rv_nexthop_flags */
-	__u8 pad[3];
+	/* How the backend is reached when not by its service's mode
+	 * (enum rv_mode; RV_MODE_NONE: the service's). Here because the
+	 * backend's entry had no other room: a pad byte in layout 2. */
+	__u8 mode;
+	/* Full NAT's source address towards the backend: an index into
+	 * fullnat_src_map (0: none). Also a pad byte in layout 2. */
+	__u8 fullnat_src;
+	__u8 pad;
 };
 
 struct rv_backend {
@@ -257,7 +291,11 @@ struct rv_flow6_key {
 
 struct rv_affinity_value {
 	__u32 backend_id;
-	__u32 pad;
+	/* Full NAT: the flow's source port and address index (0: none);
+	 * the pad word of layout 2. */
+	__be16 fullnat_port;
+	__u8 fullnat_src;
+	__u8 pad;
 	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
 };
 
@@ -417,6 +455,93 @@ struct rv_iface_mac {
 struct rv_tunnel_config {
 	__be32 src4;
 	__be32 src6[4];
+};
+
+/* fullnat_config_map: one entry, written by rivorad. */
+struct rv_fullnat_config {
+	/* The source ports full NAT gives out, host order, inclusive; both
+	 * 0: none (full NAT drops every new flow as exhausted). */
+	__u16 port_min;
+	__u16 port_max;
+	/* Idle times after which a flow's ports may be given again. */
+	__u32 tcp_timeout_ms;
+	__u32 tcp_closing_timeout_ms; /* once a FIN or RST was seen */
+	__u32 udp_timeout_ms;
+	/* Bit rv_fullnat_src_bit(addr) is set for every address of
+	 * fullnat_src_map: a packet to another address is no reply. */
+	__u64 src_filter;
+};
+
+/* fullnat_src_map: by index (1..RV_FULLNAT_SRCS-1). IPv4 uses [0]. */
+struct rv_fullnat_src {
+	__be32 addr[4];
+};
+
+/*
+ * fullnat_rev_map{,6}: keyed by the reply as the backend sends it (backend
+ * to this node's source address and port). The entry is the port's
+ * allocation: inserted with BPF_NOEXIST, so a tuple has one flow, and
+ * given again only once the flow has been idle past its timeout.
+ */
+struct rv_fullnat_key {
+	__be32 backend_addr;
+	__be32 src_addr;
+	__be16 backend_port;
+	__be16 src_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rv_fullnat6_key {
+	__be32 backend_addr[4];
+	__be32 src_addr[4];
+	__be16 backend_port;
+	__be16 src_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* rv_fullnat_flow.flags */
+enum rv_fullnat_flags {
+	/* ifindex and the MACs are the way the request came in: the reply
+	 * leaves by it (an untagged frame on an attached interface). */
+	RV_FULLNAT_F_RETURN_PATH = 1 << 0,
+	/* A FIN or RST was seen: the closing timeout applies. */
+	RV_FULLNAT_F_CLOSING = 1 << 1,
+};
+
+struct rv_fullnat_flow {
+	__be32 client_addr[4]; /* IPv4 uses [0] */
+	__be32 vip_addr[4];
+	__be16 client_port;
+	__be16 vip_port;
+	__u32 svc_id;
+	__u32 backend_id;
+	__u32 ifindex;
+	__u8 dmac[6]; /* the request's source MAC */
+	__u8 smac[6]; /* the request's destination MAC */
+	__u8 flags;   /* enum rv_fullnat_flags */
+	__u8 pad[3];
+	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns() */
+};
+
+/* fullnat_cursor_map (per-CPU): where this CPU tries its next port, as an
+ * offset into the range. */
+struct rv_fullnat_cursor {
+	__u32 next;
+};
+
+/* fullnat_stats_map (per-CPU): by service id. */
+struct rv_fullnat_stats {
+	__u64 ports_exhausted;
+	__u64 table_full;
+};
+
+/* fullnat_frag_map{,6}: a reply datagram's later fragments by (backend,
+ * this node's source address, id, proto): where the first one went. */
+struct rv_fullnat_frag {
+	__be32 client_addr[4];
+	__be32 vip_addr[4];
 };
 
 /* meta_map: what wrote the pinned maps, read back on adoption. */
