@@ -476,6 +476,26 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 	return rv_vip_path(ctx, pkt);
 }
 
+/*
+ * Full NAT's sweep, run by rivorad (BPF_PROG_TEST_RUN, any packet) every
+ * few seconds: the entries of flows idle past their timeout, retired and
+ * deleted (lib/fullnat.h says why here and not from user space, which
+ * has no compare-and-swap to retire an entry before its delete). Returns
+ * how many went.
+ */
+SEC("xdp")
+int fullnat_sweep(struct xdp_md *ctx)
+{
+	struct rv_fullnat_sweep sw = { .now = bpf_ktime_get_coarse_ns() };
+
+	sw.cfg = rv_fullnat_cfg();
+	if (!sw.cfg || !sw.cfg->port_max)
+		return 0;
+	bpf_for_each_map_elem(&fullnat_rev_map, rv_fullnat_sweep4, &sw, 0);
+	bpf_for_each_map_elem(&fullnat_rev_map6, rv_fullnat_sweep6, &sw, 0);
+	return sw.removed;
+}
+
 SEC("xdp")
 int xdp_ingress(struct xdp_md *ctx)
 {

@@ -34,6 +34,8 @@ pub const FLOW_TABLE_DEFAULT_SIZE: u32 = rv_limits::RV_FLOW_TABLE_DEFAULT_SIZE.0
 pub const MAX_NAT_OWNERS: u32 = rv_limits::RV_MAX_NAT_OWNERS.0;
 pub const VIP_FILTER_BITS: u32 = rv_limits::RV_VIP_FILTER_BITS.0;
 pub const VIP_FILTER_WORDS: usize = rv_limits::RV_VIP_FILTER_WORDS.0 as usize;
+/// Entries of fullnat_src_map (index 0 means none).
+pub const FULLNAT_SRCS: u32 = rv_limits::RV_FULLNAT_SRCS.0;
 
 /// The bit of `vip_filter_map` an address sets: `rv_vip_filter_bit` in
 /// `bpf/lib/lb.h`, on the address words as the kernel holds them.
@@ -46,6 +48,20 @@ pub fn vip_filter_bit(addr: IpAddr) -> u32 {
         }
     };
     x.wrapping_mul(0x9E37_79B1) >> (32 - VIP_FILTER_BITS.trailing_zeros())
+}
+
+/// The bit of `rv_fullnat_config.src_filter` an address sets:
+/// `rv_fullnat_src_bit` in `bpf/lib/fullnat.h` (the VIP filter's hash,
+/// its top six bits).
+pub fn fullnat_src_bit(addr: IpAddr) -> u32 {
+    let x = match addr {
+        IpAddr::V4(a) => be32(a),
+        IpAddr::V6(a) => {
+            let w = be32x4(a);
+            w[0] ^ w[1] ^ w[2] ^ w[3]
+        }
+    };
+    x.wrapping_mul(0x9E37_79B1) >> (32 - 6)
 }
 
 /// Network-order 32-bit word from an IPv4 address, as the kernel stores

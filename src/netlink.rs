@@ -114,6 +114,8 @@ pub struct Route {
     pub prefsrc: Option<IpAddr>,
     /// A unicast route (not blackhole, unreachable, prohibit, local...).
     pub unicast: bool,
+    /// A local route: the destination is an address of this host.
+    pub local: bool,
     /// The route's MTU when locked (`mtu lock N`): the one
     /// bpf_fib_lookup checks instead of the device's.
     pub locked_mtu: Option<u32>,
@@ -127,6 +129,7 @@ impl Route {
             gateway: None,
             prefsrc: None,
             unicast: false,
+            local: false,
             locked_mtu: None,
         }
     }
@@ -487,6 +490,7 @@ fn route_from(msg: &RouteMessage, destination: IpAddr) -> Route {
     };
     let mut route = Route {
         unicast: msg.header.kind == RouteType::Unicast,
+        local: msg.header.kind == RouteType::Local,
         ..Route::empty(destination)
     };
     let (mut mtu, mut lock) = (None, 0u32);

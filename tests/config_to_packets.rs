@@ -68,6 +68,7 @@ fn mode_no(m: Mode) -> u8 {
         Mode::Nat => 1,
         Mode::Dsr => 2,
         Mode::L3Dsr => 3,
+        Mode::FullNat => 4,
     }
 }
 
@@ -76,6 +77,7 @@ fn mode_yaml(m: Mode) -> &'static str {
         Mode::Nat => "nat",
         Mode::Dsr => "dsr",
         Mode::L3Dsr => "l3dsr",
+        Mode::FullNat => "fullnat",
     }
 }
 
@@ -209,6 +211,7 @@ impl VipSpec {
             }
             Mode::Dsr => f.clone().macs(VETH_MAC, self.backend_mac(host)).build(),
             Mode::L3Dsr => encapsulated(f, b),
+            Mode::FullNat => panic!("full NAT is not among MODES yet"),
         }
     }
 }

@@ -109,6 +109,7 @@ fn mode_no(mode: Mode) -> u8 {
         Mode::Nat => 1,
         Mode::Dsr => 2,
         Mode::L3Dsr => 3,
+        Mode::FullNat => 4,
     }
 }
 
@@ -1272,6 +1273,7 @@ fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
                 Mode::Nat => (XDP_PASS, request(c.proto, client, cport, b.addr, b.port)),
                 Mode::Dsr => (XDP_TX, dsr(&data, b.mac)),
                 Mode::L3Dsr => (XDP_PASS, encap(&data, b.addr, label, &out)),
+                Mode::FullNat => panic!("full NAT's errors are packets_fullnat's"),
             };
             assert_eq!((v, out), want, "{what}: the flow's own packet");
             let aff = affinity(t, s.id, client, cport, s.port, c.proto).expect("affinity recorded");
@@ -1299,6 +1301,7 @@ fn icmp_steered(fx: &Fx, fam: Fam, cases: &[IcmpCase]) {
                 }
                 Mode::Dsr => (XDP_TX, dsr(&err, b.mac)),
                 Mode::L3Dsr => (XDP_PASS, encap(&err, b.addr, label, &out)),
+                Mode::FullNat => panic!("full NAT's errors are packets_fullnat's"),
             };
             assert_eq!((v, &out), (want.0, &want.1), "{what}: the error");
             if mode == NAT {

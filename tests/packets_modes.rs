@@ -1593,6 +1593,7 @@ fn status_of(
                 health: Health::Healthy,
                 drained: false,
                 probe: ProbeStatus::Disabled,
+                mode: b.mode_in(v.mode),
             })
             .collect(),
     }

@@ -62,11 +62,15 @@ fn nat(addr: &str, port: u16, backends: Vec<Backend>) -> Vip {
 }
 
 /// What the maps hold with no VIP: an active VIP filter with no bits.
+/// Maps a writer has opened and holds no VIP in: the VIP filter active
+/// and empty, full NAT's default ports and timeouts.
 fn empty_image() -> MapImage {
-    MapImage {
+    let mut img = MapImage {
         vip_filter: Some([0; rivora::abi::VIP_FILTER_WORDS]),
         ..Default::default()
-    }
+    };
+    img.node.fullnat = render::FullNatConfig::new(&Default::default(), &Default::default());
+    img
 }
 
 fn check(w: &mut Writer<Maps>) -> MapImage {
@@ -75,9 +79,11 @@ fn check(w: &mut Writer<Maps>) -> MapImage {
     let want = render::render(
         &w.specs(),
         w.node(),
+        w.fullnat_srcs(),
         &w.allocations(),
         &|t| w.health(t).unwrap_or(Health::Healthy),
         &|a| w.next_hop(a),
+        &|a| w.fullnat_src_index(a),
     );
     assert_eq!(
         live,
@@ -478,7 +484,7 @@ fn write_old_rule<S: MapStore>(store: &mut S, vips: &[Vip]) {
             };
             mine.push(id);
             store
-                .put_backends(&[(id, render::backend_entry(b, Default::default()))])
+                .put_backends(&[(id, render::backend_entry(b, Default::default(), 0))])
                 .unwrap();
             store.put_health(&[(id, Health::Healthy)]).unwrap();
         }
@@ -580,9 +586,11 @@ fn adopting_maps_of_the_old_rule_keeps_forwarding() {
     let want = render::render(
         &w.specs(),
         w.node(),
+        w.fullnat_srcs(),
         &w.allocations(),
         &|t| w.health(t).unwrap_or(Health::Healthy),
         &|a| w.next_hop(a),
+        &|a| w.fullnat_src_index(a),
     );
     assert_eq!(
         img,

@@ -18,15 +18,29 @@
  *
  * Ports. The reverse entry is the port's allocation: it is inserted with
  * BPF_NOEXIST, so of any number of CPUs offering the same tuple one wins,
- * and a tuple is never given to two live flows. Each CPU walks the range
- * from a cursor of its own (fullnat_cursor_map, per-CPU): no shared cache
- * line is written per new flow (an atomic cursor would bounce one between
- * CPUs on every SYN of a flood), and a port is offered again only after
- * the cursor has been round the whole range, the longest possible rest
- * for a tuple the backend may still hold in TIME_WAIT. Ranges split per
- * CPU would leave one CPU exhausted while another has ports to spare:
- * RSS rarely spreads evenly. A port whose holder has been idle past its
- * timeout is taken back by the first allocation that meets it.
+ * and a tuple is never given to two live flows. Where to try comes from
+ * one cursor for all CPUs, moved by an atomic add: every allocation tries
+ * ports no other is trying, so a range of N free ports takes exactly its
+ * first N flows whatever the CPUs, and a port is offered again only after
+ * the cursor has gone round the whole range: the longest rest a tuple the
+ * backend may still hold in TIME_WAIT can get. A cursor per CPU (tried
+ * first: no shared cache line written per new flow) had the CPUs walk the
+ * same ports behind each other, and a flow was refused after its probes
+ * met another CPU's run of held ports while ports were free elsewhere;
+ * ranges split per CPU leave one CPU exhausted while another has ports to
+ * spare, as RSS rarely spreads evenly. The add costs a new flow a shared
+ * cache line, a few tens of nanoseconds when CPUs contend; established
+ * flows never touch it.
+ *
+ * An entry's last_seen_ns is also its claim: an allocation that meets a
+ * port whose flow has been idle past its timeout takes the entry over in
+ * place by a compare-and-swap of that time (and only then writes its own
+ * flow in), a flow that refreshes its time does so by one too, and the
+ * sweep (fullnat_sweep, run by rivorad) deletes an idle entry only after
+ * swapping its time for RV_FULLNAT_RETIRED. So two CPUs never both take
+ * an entry, and a delete never removes an entry another CPU has just
+ * claimed or revived: a delete after a plain "is it idle?" read did,
+ * seen by the two-CPU property test (tests/packets_fullnat.rs).
  *
  * An established flow's entry is checked (and its time refreshed) when
  * its affinity time is refreshed (once a second), on a SYN and on a FIN
@@ -48,6 +62,10 @@
 
 /* Not a verdict: the packet is not a full-NAT reply, go on. */
 #define RV_FULLNAT_NOT_OURS 0x100
+
+/* last_seen_ns of an entry the sweep is about to delete: no flow's, and
+ * never idle past a timeout (nothing takes it over). */
+#define RV_FULLNAT_RETIRED (~0ULL)
 
 static __always_inline struct rv_fullnat_config *rv_fullnat_cfg(void)
 {
@@ -95,13 +113,47 @@ rv_fullnat_timeout_ns(const struct rv_fullnat_config *c, __u8 proto, __u8 flags)
 	return (__u64)ms * RV_NSEC_PER_MSEC;
 }
 
+/* Whether a flow last seen at `seen` (its entry's flags `flags`) is idle
+ * past its timeout at `now`. A time a CPU stamped a tick ahead of this
+ * one's coarse clock is no underflow; a retired entry is never idle. */
 static __always_inline int rv_fullnat_expired(const struct rv_fullnat_config *c,
-					      const struct rv_fullnat_flow *e,
+					      __u64 seen, __u8 flags,
 					      __u8 proto, __u64 now)
 {
-	return now > e->last_seen_ns &&
-	       now - e->last_seen_ns >
-		       rv_fullnat_timeout_ns(c, proto, e->flags);
+	return now > seen &&
+	       now - seen > rv_fullnat_timeout_ns(c, proto, flags);
+}
+
+/* Take over the entry of a flow idle since `seen`: whoever swaps its time
+ * first owns it; then the new flow is written in. */
+static __always_inline int rv_fullnat_claim(struct rv_fullnat_flow *e,
+					    __u64 seen,
+					    const struct rv_fullnat_flow *v)
+{
+	if (__sync_val_compare_and_swap(&e->last_seen_ns, seen,
+					v->last_seen_ns) != seen)
+		return 0;
+	rv_addr6_copy(e->client_addr, v->client_addr);
+	rv_addr6_copy(e->vip_addr, v->vip_addr);
+	e->client_port = v->client_port;
+	e->vip_port = v->vip_port;
+	e->svc_id = v->svc_id;
+	e->backend_id = v->backend_id;
+	e->ifindex = v->ifindex;
+	__builtin_memcpy(e->dmac, v->dmac, RV_ETH_ALEN);
+	__builtin_memcpy(e->smac, v->smac, RV_ETH_ALEN);
+	e->flags = v->flags;
+	return 1;
+}
+
+/* A live flow's time, moved on from `seen` to `now`; 0 when the entry is
+ * no longer the flow's (taken over, or retired by the sweep). */
+static __always_inline int rv_fullnat_touch(struct rv_fullnat_flow *e,
+					    __u64 seen, __u64 now)
+{
+	if (seen == RV_FULLNAT_RETIRED)
+		return 0;
+	return __sync_val_compare_and_swap(&e->last_seen_ns, seen, now) == seen;
 }
 
 /* Either family's reverse key; the packet's family says which. */
@@ -205,57 +257,58 @@ static __always_inline void rv_fullnat_count(__u32 svc_id, int reason)
  * probes' paths took it past its million instructions). Its pointers are
  * plain memory to it, checked.
  */
-#define RV_FULLNAT_ALLOC(NAME, MAP, KEY)                                      \
-	static __always_inline int NAME(                                      \
-		const struct rv_fullnat_config *c, KEY *k,                    \
-		const struct rv_fullnat_flow *v, __u32 proto, __u64 now)      \
-	{                                                                     \
-		struct rv_fullnat_cursor *cur;                                \
-		struct rv_fullnat_flow *e;                                    \
-		__u32 zero = 0, range, start;                                 \
-		int i, full = 0;                                              \
-		__be16 port = 0;                                              \
-                                                                              \
-		if (!c || !k || !v || !c->port_max ||                         \
-		    c->port_max < c->port_min)                                \
-			return -RV_DROP_FULLNAT_PORTS_EXHAUSTED;              \
-		cur = bpf_map_lookup_elem(&fullnat_cursor_map, &zero);        \
-		if (!cur)                                                     \
-			return -RV_DROP_FULLNAT_PORTS_EXHAUSTED;              \
-		range = (__u32)c->port_max - c->port_min + 1;                 \
-		start = cur->next;                                            \
-		/* The offset is taken modulo the range, not wrapped by a     \
-		 * comparison: a branch on it would give the verifier two     \
-		 * states of the range's bounds per probe. */                 \
-		for (i = 0; i < RV_FULLNAT_PROBES; i++) {                     \
-			if (i >= range)                                       \
-				break;                                        \
-			port = bpf_htons(c->port_min + (start + i) % range);  \
-			k->src_port = port;                                   \
-			if (!bpf_map_update_elem(&MAP, k, v, BPF_NOEXIST))    \
-				goto done;                                    \
-			/* Idle past its timeout: taken back. Another CPU may \
-			 * take it at the same time; the delete does no harm  \
-			 * twice, and of the two inserts one wins. */         \
-			e = bpf_map_lookup_elem(&MAP, k);                     \
-			if (!e) {                                             \
-				/* Not there, yet not inserted: the map is    \
-				 * full. */                                   \
-				full = 1;                                     \
-				continue;                                     \
-			}                                                     \
-			if (!rv_fullnat_expired(c, e, proto, now))            \
-				continue;                                     \
-			bpf_map_delete_elem(&MAP, k);                         \
-			if (!bpf_map_update_elem(&MAP, k, v, BPF_NOEXIST))    \
-				goto done;                                    \
-		}                                                             \
-		cur->next = (start + i) % range;                              \
-		return full ? -RV_DROP_FULLNAT_TABLE_FULL                     \
-			    : -RV_DROP_FULLNAT_PORTS_EXHAUSTED;               \
-	done:                                                                 \
-		cur->next = (start + i + 1) % range;                          \
-		return port;                                                  \
+#define RV_FULLNAT_ALLOC(NAME, MAP, KEY)                                       \
+	static __always_inline int NAME(                                       \
+		const struct rv_fullnat_config *c, KEY *k,                     \
+		const struct rv_fullnat_flow *v, __u32 proto, __u64 now)       \
+	{                                                                      \
+		struct rv_fullnat_cursor *cur;                                 \
+		struct rv_fullnat_flow *e;                                     \
+		__u32 zero = 0, range, start;                                  \
+		int i, full = 0;                                               \
+		__be16 port = 0;                                               \
+		__u64 seen;                                                    \
+                                                                               \
+		if (!c || !k || !v || !c->port_max ||                          \
+		    c->port_max < c->port_min)                                 \
+			return -RV_DROP_FULLNAT_PORTS_EXHAUSTED;               \
+		cur = bpf_map_lookup_elem(&fullnat_cursor_map, &zero);         \
+		if (!cur)                                                      \
+			return -RV_DROP_FULLNAT_PORTS_EXHAUSTED;               \
+		range = (__u32)c->port_max - c->port_min + 1;                  \
+		/* One port first (nearly every allocation takes it), then     \
+		 * the rest of the probes as one window. The offset is taken   \
+		 * modulo the range, not wrapped by a comparison: a branch on  \
+		 * it would give the verifier two states of the range's        \
+		 * bounds per probe. */                                        \
+		start = __sync_fetch_and_add(&cur->next, 1);                   \
+		for (i = 0; i < RV_FULLNAT_PROBES; i++) {                      \
+			if (i >= range)                                        \
+				break;                                         \
+			if (i == 1)                                            \
+				start = __sync_fetch_and_add(                  \
+						&cur->next,                    \
+						RV_FULLNAT_PROBES - 1) -       \
+					1;                                     \
+			port = bpf_htons(c->port_min + (start + i) % range);   \
+			k->src_port = port;                                    \
+			if (!bpf_map_update_elem(&MAP, k, v, BPF_NOEXIST))     \
+				return port;                                   \
+			e = bpf_map_lookup_elem(&MAP, k);                      \
+			if (!e) {                                              \
+				/* Not there, yet not inserted: the map is     \
+				 * full (or the sweep deleted it just now). */ \
+				full = 1;                                      \
+				continue;                                      \
+			}                                                      \
+			seen = e->last_seen_ns;                                \
+			if (rv_fullnat_expired(c, seen, e->flags, proto,       \
+					       now) &&                         \
+			    rv_fullnat_claim(e, seen, v))                      \
+				return port;                                   \
+		}                                                              \
+		return full ? -RV_DROP_FULLNAT_TABLE_FULL                      \
+			    : -RV_DROP_FULLNAT_PORTS_EXHAUSTED;                \
 	}
 
 RV_FULLNAT_ALLOC(rv_fullnat_alloc4, fullnat_rev_map, struct rv_fullnat_key)
@@ -319,8 +372,8 @@ __noinline int rv_fullnat_prepare(struct xdp_md *ctx, const struct rv_pkt *pkt,
 		rv_fullnat_key(&s->k, pkt->family, to->addr, t->fnat_addr,
 			       bport, t->fnat_port, pkt->proto);
 		e = rv_fullnat_rev_get(pkt->family, &s->k);
-		if (e && rv_fullnat_owns(e, t->svc_id, pkt)) {
-			e->last_seen_ns = t->now;
+		if (e && rv_fullnat_owns(e, t->svc_id, pkt) &&
+		    rv_fullnat_touch(e, e->last_seen_ns, t->now)) {
 			/* A SYN opens the client's tuple again (a reused
 			 * port after a close): no longer closing. */
 			if (pkt->flags & RV_PKT_TCP_SYN)
@@ -530,7 +583,7 @@ __noinline int rv_fullnat_reply(struct xdp_md *ctx, const struct rv_pkt *pkt)
 {
 	struct rv_fullnat_keys k = {};
 	struct rv_fullnat_flow *e;
-	__u64 now;
+	__u64 now, seen;
 	int ret;
 
 	if (!pkt)
@@ -540,13 +593,18 @@ __noinline int rv_fullnat_reply(struct xdp_md *ctx, const struct rv_pkt *pkt)
 	e = rv_fullnat_rev_get(pkt->family, &k);
 	if (!e)
 		return RV_FULLNAT_NOT_OURS;
+	seen = e->last_seen_ns;
+	if (seen == RV_FULLNAT_RETIRED)
+		return RV_FULLNAT_NOT_OURS;
 	now = bpf_ktime_get_coarse_ns();
-	if (now > e->last_seen_ns + RV_AFFINITY_TOUCH_NS)
-		e->last_seen_ns = now;
-	if ((pkt->flags & RV_PKT_TCP_FIN_RST) &&
-	    !(e->flags & RV_FULLNAT_F_CLOSING)) {
-		e->flags |= RV_FULLNAT_F_CLOSING;
-		e->last_seen_ns = now;
+	/* At most once a second, as the affinity time: a lost race to
+	 * another refresh loses nothing. */
+	if (now > seen + RV_AFFINITY_TOUCH_NS ||
+	    ((pkt->flags & RV_PKT_TCP_FIN_RST) &&
+	     !(e->flags & RV_FULLNAT_F_CLOSING))) {
+		rv_fullnat_touch(e, seen, now);
+		if (pkt->flags & RV_PKT_TCP_FIN_RST)
+			e->flags |= RV_FULLNAT_F_CLOSING;
 	}
 	if (pkt->flags & RV_PKT_FRAG)
 		rv_fullnat_frag_record(pkt, e);
@@ -661,6 +719,48 @@ rv_fullnat_icmp_to_backend(struct xdp_md *ctx, const struct rv_pkt *pkt,
 	rv_addr6_copy(x->in_src, baddr);
 	rv_addr6_copy(x->in_dst, src);
 	return rv_icmp_translate(ctx, pkt, q, x);
+}
+
+/* What one sweep of fullnat_rev_map{,6} needs and counts. */
+struct rv_fullnat_sweep {
+	__u64 now;
+	struct rv_fullnat_config *cfg;
+	__u32 removed;
+	__u32 pad;
+};
+
+/* One entry of the sweep: an idle one is retired (its time swapped, so
+ * nothing claims or revives it meanwhile), then deleted. */
+static __always_inline void rv_fullnat_sweep_one(void *map, void *key,
+						 struct rv_fullnat_flow *e,
+						 __u8 proto,
+						 struct rv_fullnat_sweep *sw)
+{
+	__u64 seen = e->last_seen_ns;
+
+	if (!rv_fullnat_expired(sw->cfg, seen, e->flags, proto, sw->now))
+		return;
+	if (__sync_val_compare_and_swap(&e->last_seen_ns, seen,
+					RV_FULLNAT_RETIRED) != seen)
+		return;
+	if (!bpf_map_delete_elem(map, key))
+		sw->removed++;
+}
+
+static long rv_fullnat_sweep4(void *map, struct rv_fullnat_key *k,
+			      struct rv_fullnat_flow *e,
+			      struct rv_fullnat_sweep *sw)
+{
+	rv_fullnat_sweep_one(map, k, e, k->proto, sw);
+	return 0;
+}
+
+static long rv_fullnat_sweep6(void *map, struct rv_fullnat6_key *k,
+			      struct rv_fullnat_flow *e,
+			      struct rv_fullnat_sweep *sw)
+{
+	rv_fullnat_sweep_one(map, k, e, k->proto, sw);
+	return 0;
 }
 
 #endif /* RV_FULLNAT_H */

@@ -310,8 +310,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fullnat_rev_map6 SEC(".maps");
 
+/* One cursor for every CPU, moved with an atomic add (bpf/lib/fullnat.h
+ * says why not one per CPU). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct rv_fullnat_cursor);

@@ -525,8 +525,8 @@ struct rv_fullnat_flow {
 	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns() */
 };
 
-/* fullnat_cursor_map (per-CPU): where this CPU tries its next port, as an
- * offset into the range. */
+/* fullnat_cursor_map: where the next port is tried, as a count the range
+ * is taken modulo of; moved by an atomic add. */
 struct rv_fullnat_cursor {
 	__u32 next;
 };

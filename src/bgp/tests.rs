@@ -37,6 +37,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)]) -> VipStatus {
                 health: *health,
                 drained: false,
                 probe: ProbeStatus::Disabled,
+                mode: Mode::Nat,
             })
             .collect(),
     }

@@ -178,11 +178,13 @@ fn main() -> Result<()> {
     if args.check {
         let capacity = rivora::model::Capacity {
             maglev_size: args.maglev_size,
+            flow_table_size: args.flow_table_size,
         };
         let c = rivora::config::load_with(&config, &capacity)?;
         if args.kubernetes {
             rivora::sources::file::check_node_only(&c)?;
         }
+        rivora::sources::file::check_host(&c)?;
         println!("{}", rivora::config::summary(&c));
         for w in &c.warnings {
             println!("warning: {w}");

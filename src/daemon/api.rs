@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
-use crate::abi::{self, rv_drop_stats, rv_vip_stats};
+use crate::abi::{self, rv_drop_stats, rv_fullnat_stats, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
     InterfaceStatus, L2Group, L2Info, Ports as ApiPorts, ProbeState, Proto, ReloadResult,
@@ -153,12 +153,29 @@ impl DaemonApi {
         })
     }
 
+    /// A VIP's full-NAT drops, summed over the CPUs.
+    fn fullnat_stats(&self, svc_id: u32) -> rv_fullnat_stats {
+        let per_cpu: Vec<rv_fullnat_stats> = self
+            .maps
+            .fullnat_stats_map
+            .get_percpu(&svc_id)
+            .unwrap_or_default();
+        per_cpu
+            .iter()
+            .fold(rv_fullnat_stats::default(), |mut a, s| {
+                a.ports_exhausted += s.ports_exhausted;
+                a.table_full += s.table_full;
+                a
+            })
+    }
+
     fn vip_infos(&self, st: &DataplaneStatus) -> Vec<VipInfo> {
         st.vips
             .iter()
             .map(|v| {
                 let key = v.key;
                 let c = self.vip_stats(v.svc_id);
+                let f = self.fullnat_stats(v.svc_id);
                 let (first, last) = key.ports.bounds();
                 VipInfo {
                     vip: key.to_string(),
@@ -168,11 +185,7 @@ impl DaemonApi {
                         Protocol::Tcp => Proto::Tcp,
                         Protocol::Udp => Proto::Udp,
                     },
-                    mode: match v.mode {
-                        Mode::Nat => VipMode::Nat,
-                        Mode::Dsr => VipMode::Dsr,
-                        Mode::L3Dsr => VipMode::L3dsr,
-                    },
+                    mode: vip_mode(v.mode),
                     affinity: match v.affinity {
                         Affinity::None => ApiAffinity::None,
                         Affinity::ClientIp { .. } => ApiAffinity::ClientIp,
@@ -189,12 +202,15 @@ impl DaemonApi {
                             weight: b.weight,
                             health: health_of(b.health),
                             drained: b.drained,
+                            mode: Some(vip_mode(b.mode)),
                         })
                         .collect(),
                     packets: c.packets,
                     bytes: c.bytes,
                     rate_limited: c.rate_limited,
                     no_backend: c.no_backend,
+                    fullnat_ports_exhausted: f.ports_exhausted,
+                    fullnat_table_full: f.table_full,
                     source: source_of(v.owner.as_ref()),
                     slice_precision: v.slice_need.map_or_else(Default::default, |n| {
                         SlicePrecision {
@@ -509,5 +525,14 @@ pub fn bgp_peer_info(p: &rivora_bgp::PeerStatus) -> crate::api::BgpPeerInfo {
         bfd_state: p.bfd.map(|b| b.state.as_str().to_string()),
         bfd_detect_ms: p.bfd.map(|b| b.detect_ms).unwrap_or(0),
         last_error: p.last_error.clone(),
+    }
+}
+
+fn vip_mode(m: Mode) -> VipMode {
+    match m {
+        Mode::Nat => VipMode::Nat,
+        Mode::Dsr => VipMode::Dsr,
+        Mode::L3Dsr => VipMode::L3dsr,
+        Mode::FullNat => VipMode::Fullnat,
     }
 }

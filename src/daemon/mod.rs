@@ -26,6 +26,10 @@ use crate::reconciler::{Command, KernelFacts, Reconciler};
 use crate::sources::file::{self as file_source, FileSource};
 use state::{DrainStore, Drains, StateError};
 
+/// How often full NAT's idle flows are swept: often against the shortest
+/// timeout (2 s) would only cost reads of maps that rarely fill.
+const FULLNAT_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub use crate::reconciler::ProbeKey;
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +117,7 @@ impl Daemon {
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
         let capacity = config::Capacity {
             maglev_size: opts.maglev_size,
+            flow_table_size: opts.flow_table_size,
         };
         // A restart spends most of its time in the verifier (xdp_ingress),
         // so over existing pins, once the preflight has shown they fit
@@ -130,11 +135,16 @@ impl Daemon {
             if opts.kubernetes {
                 file_source::check_node_only(cfg)?;
             }
+            file_source::check_host(cfg)?;
             let _in = runtime.enter();
             preflight::check(&cfg.node_settings())
         };
+        // A layout the load upgrades in place gains maps the writer opens:
+        // it waits for the load then.
+        let upgrading = crate::dataplane::loader::pinned_abi_version(&opts.pin_dir)?
+            == Some(crate::dataplane::loader::UPGRADABLE_ABI_VERSION);
         let (cfg, reserved, config_ms, dp, load_ms, writer, adopt_ms) =
-            if opts.pin_dir.join("meta_map").exists() {
+            if opts.pin_dir.join("meta_map").exists() && !upgrading {
                 Datapath::preflight(&load_opts)?;
                 std::thread::scope(|s| -> Result<_, DaemonError> {
                     let loader = s.spawn(|| {
@@ -301,6 +311,24 @@ impl Daemon {
         }
         .spawn()
         .map_err(DaemonError::Thread)?;
+        // Full NAT's ports of flows long idle, taken back.
+        {
+            use std::os::fd::AsFd;
+            let prog =
+                d.dp.xdp()
+                    .progs
+                    .fullnat_sweep
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(DaemonError::Thread)?;
+            crate::dataplane::sweep::Sweeper {
+                prog,
+                status: d.status.clone(),
+                every: FULLNAT_SWEEP_EVERY,
+            }
+            .spawn()
+            .map_err(DaemonError::Thread)?;
+        }
         // Probe verdicts go to the reconciler like everything else.
         runtime.spawn(async move {
             while let Some(ev) = events.recv().await {

@@ -27,6 +27,14 @@ pub enum NetError {
         "neighbour {addr}: no MAC after {waited_ms} ms (is it on a directly connected segment?)"
     )]
     Unresolved { addr: IpAddr, waited_ms: u128 },
+    #[error("route to {addr}: {source}")]
+    Route {
+        addr: IpAddr,
+        #[source]
+        source: NetlinkError,
+    },
+    #[error("route to {addr}: {why}")]
+    NoSource { addr: IpAddr, why: &'static str },
 }
 
 /// An interface's ifindex and MAC, asked of the kernel over netlink (not
@@ -61,6 +69,37 @@ pub fn resolve_mac(addr: IpAddr, wait: Duration) -> Result<Mac, NetError> {
             addr,
             waited_ms: start.elapsed().as_millis(),
         })
+}
+
+/// The source address the node's route to `addr` prefers (`ip route get`'s
+/// `src`): full NAT's source towards a backend when the node configures
+/// none, as MASQUERADE picks it.
+pub fn route_source(addr: IpAddr) -> Result<IpAddr, NetError> {
+    let route = Netlink::open()
+        .and_then(|mut nl| nl.route_get(addr))
+        .map_err(|source| NetError::Route { addr, source })?
+        .ok_or(NetError::NoSource {
+            addr,
+            why: "no route",
+        })?;
+    if !route.unicast {
+        return Err(NetError::NoSource {
+            addr,
+            why: "the route is not a unicast one (blackhole, unreachable, local...)",
+        });
+    }
+    route.prefsrc.ok_or(NetError::NoSource {
+        addr,
+        why: "the route names no source address (does the egress interface have one?)",
+    })
+}
+
+/// Whether `addr` is an address of this node (its route is a local one).
+pub fn is_local(addr: IpAddr) -> Result<bool, NetError> {
+    Ok(Netlink::open()
+        .and_then(|mut nl| nl.route_get(addr))
+        .map_err(|source| NetError::Route { addr, source })?
+        .is_some_and(|r| r.local))
 }
 
 /// Write a sysctl under /proc/sys given as path parts (an interface name

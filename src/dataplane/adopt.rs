@@ -10,11 +10,10 @@
 //! caller prunes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 use crate::abi;
 use crate::dataplane::alloc::Slice;
-use crate::dataplane::render::{Health, MapImage, MatchKey, NodeImage, VipImage};
+use crate::dataplane::render::{BackendEntry, Health, MapImage, MatchKey, NodeImage, VipImage};
 use crate::model::{BackendKey, Mac, Ports, Protocol, VipKey};
 
 /// One VIP as the maps hold it.
@@ -97,11 +96,12 @@ pub fn key_from_matches(ms: &[MatchKey]) -> Option<VipKey> {
     }
 }
 
-fn backend_key(addr: IpAddr, port: u16, mac: [u8; 6]) -> BackendKey {
+fn backend_key(b: &BackendEntry) -> BackendKey {
     BackendKey {
-        addr,
-        port,
-        mac: (mac != [0; 6]).then_some(Mac(mac)),
+        addr: b.addr,
+        port: b.port,
+        mac: (b.mac != [0; 6]).then_some(Mac(b.mac)),
+        mode: b.mode,
     }
 }
 
@@ -113,8 +113,7 @@ pub fn adopt(img: &MapImage, table_size: u32) -> Adopted {
     };
     for (id, b) in &img.backends {
         let h = img.health.get(id).copied().unwrap_or(Health::Down);
-        out.backends
-            .push((*id, backend_key(b.addr, b.port, b.mac), h));
+        out.backends.push((*id, backend_key(b), h));
     }
     for (id, h) in &img.health {
         if !img.backends.contains_key(id) && *h != Health::Down {

@@ -611,6 +611,7 @@ mod tests {
             addr: "10.0.0.1".parse().unwrap(),
             port: 80,
             mac: None,
+            mode: None,
         };
         let mut r = BackendRegistry::new(2);
         assert_eq!(r.acquire(&key), Ok((1, true)));

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, OpenObject};
+use libbpf_rs::{AsRawLibbpf, MapCore, OpenObject};
 
 use crate::abi;
 use crate::bpf::tc_nat::{TcNatSkel, TcNatSkelBuilder};
@@ -19,13 +19,38 @@ use crate::dataplane::DataplaneError;
 /// Where rivorad pins everything by default.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/rivora-lb";
 
-/// The per-flow tables, all four sized by [`LoadOptions::flow_table_size`].
-pub const FLOW_TABLES: [&str; 4] = [
+/// The per-flow tables, all sized by [`LoadOptions::flow_table_size`]:
+/// affinity (and full NAT's forward state), NAT's reverse entries, full
+/// NAT's port allocations.
+pub const FLOW_TABLES: [&str; 6] = [
     "connection_affinity_map",
     "connection_affinity_map6",
     "nat_reverse_map",
     "nat_reverse_map6",
+    "fullnat_rev_map",
+    "fullnat_rev_map6",
 ];
+
+/// The layout version whose pinned maps this binary upgrades in place.
+pub const UPGRADABLE_ABI_VERSION: u32 = 2;
+/// Maps layout 3 added to layout 2's pinned set: created empty when a
+/// layout 2 set is upgraded in place (they hold full NAT's state, which
+/// layout 2 had none of). Everything else keeps its layout: two pad
+/// fields got names, a zero in them meaning what layout 2 did.
+pub const ADDED_IN_V3: [&str; 8] = [
+    "fullnat_config_map",
+    "fullnat_src_map",
+    "fullnat_rev_map",
+    "fullnat_rev_map6",
+    "fullnat_cursor_map",
+    "fullnat_stats_map",
+    "fullnat_frag_map",
+    "fullnat_frag_map6",
+];
+/// Maps layout 3 made larger: drop_stats_map, for drop reasons added
+/// later without another change of size. Counters only: a layout 2 one is
+/// replaced, and the counts start again from zero.
+pub const REPLACED_IN_V3: [&str; 1] = ["drop_stats_map"];
 
 /// The smallest flow table size accepted. A fixed floor rather than one per
 /// possible CPU: the lists are per CPU (BPF_F_NO_COMMON_LRU), but a floor of
@@ -169,8 +194,10 @@ fn pin_maps<'a>(
     let cpus = possible_cpus()?;
     for mut map in maps {
         let name = map.name().to_string_lossy().into_owned();
-        // .rodata and friends belong to one object and are not shared.
-        if name.contains('.') {
+        // .rodata and friends belong to one object and are not shared,
+        // nor are maps declared without pinning (per-CPU scratch, which
+        // holds nothing between program runs).
+        if name.contains('.') || !declared_pinned(&map) {
             continue;
         }
         let resize = |map: &mut libbpf_rs::OpenMapMut<'_>, n: u32| {
@@ -195,6 +222,14 @@ fn pin_maps<'a>(
             .map_err(|e| DataplaneError::load(format!("pin path for {name}: {e}")))?;
     }
     Ok(())
+}
+
+/// Whether the object declares the map pinned by name (libbpf gives such
+/// a map its pin path when it opens the object).
+fn declared_pinned(map: &libbpf_rs::OpenMapMut<'_>) -> bool {
+    // SAFETY: the pointer is the open object's live map; libbpf returns a
+    // string it owns or NULL, and nothing is kept.
+    !unsafe { libbpf_sys::bpf_map__pin_path(map.as_libbpf_object().as_ptr()) }.is_null()
 }
 
 /// A map's definition as the kernel compares it when libbpf reuses a pin.
@@ -269,8 +304,11 @@ fn check_pinned_def(
         max_entries: map.max_entries(),
         flags: map.map_flags(),
     };
+    let upgrading = pinned_version == Some(UPGRADABLE_ABI_VERSION);
     let Some(have) = pinned_def(pin)? else {
-        if pinned_version.is_some() {
+        let created_by_upgrade =
+            upgrading && (ADDED_IN_V3.contains(&name) || REPLACED_IN_V3.contains(&name));
+        if pinned_version.is_some() && !created_by_upgrade {
             return Err(DataplaneError::PinnedMapMissing {
                 map: name.to_string(),
                 pin_dir: pin.parent().unwrap_or(pin).display().to_string(),
@@ -278,6 +316,9 @@ fn check_pinned_def(
         }
         return Ok(());
     };
+    if upgrading && REPLACED_IN_V3.contains(&name) && have != want {
+        return Ok(());
+    }
     let fields = [
         ("type", have.map_type, want.map_type),
         ("key size", have.key_size, want.key_size),
@@ -346,6 +387,42 @@ pub fn pinned_abi_version(pin_dir: &Path) -> Result<Option<u32>, DataplaneError>
     Ok((v != 0).then_some(v))
 }
 
+/// This binary's layout, or the one it upgrades in place; anything else is
+/// refused before anything is touched.
+fn check_version(pinned: Option<u32>) -> Result<(), DataplaneError> {
+    match pinned {
+        Some(v) if v != abi::ABI_VERSION && v != UPGRADABLE_ABI_VERSION => {
+            Err(DataplaneError::AbiMismatch {
+                pinned: v,
+                binary: abi::ABI_VERSION,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Layout 2 to 3, in place: the maps 3 made larger and which hold counters
+/// only are unpinned, so that the load creates them anew (programs still
+/// running from the old ones keep theirs until the swap); the maps 3
+/// added are created by the load; meta_map is rewritten after it. Every
+/// map that holds flows or VIPs keeps its pin and its entries.
+fn upgrade_in_place(pin_dir: &Path) -> Result<(), DataplaneError> {
+    for name in REPLACED_IN_V3 {
+        let pin = pin_dir.join(name);
+        match fs::remove_file(&pin) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(DataplaneError::load(format!(
+                    "unpinning {} to upgrade it: {e}",
+                    pin.display()
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Mount bpffs at /sys/fs/bpf if nothing is mounted there yet.
 pub fn ensure_bpffs() -> Result<(), DataplaneError> {
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
@@ -380,14 +457,7 @@ impl Datapath {
     pub fn preflight(opts: &LoadOptions) -> Result<(), DataplaneError> {
         check_flow_table_size(u64::from(opts.flow_table_size))?;
         let pinned_version = pinned_abi_version(&opts.pin_dir)?;
-        if let Some(v) = pinned_version {
-            if v != abi::ABI_VERSION {
-                return Err(DataplaneError::AbiMismatch {
-                    pinned: v,
-                    binary: abi::ABI_VERSION,
-                });
-            }
-        }
+        check_version(pinned_version)?;
         let mut storage = MaybeUninit::uninit();
         let mut open = XdpIngressSkelBuilder::default()
             .open(&mut storage)
@@ -414,13 +484,12 @@ impl Datapath {
         // The layout version first: a binary that cannot use the pinned
         // maps stops here, before libbpf creates, pins or writes anything.
         let pinned_version = pinned_abi_version(&opts.pin_dir)?;
-        if let Some(v) = pinned_version {
-            if v != abi::ABI_VERSION {
-                return Err(DataplaneError::AbiMismatch {
-                    pinned: v,
-                    binary: abi::ABI_VERSION,
-                });
-            }
+        check_version(pinned_version)?;
+        if pinned_version == Some(UPGRADABLE_ABI_VERSION) {
+            // Every pin checked first (a map of another size, a missing
+            // one), so that a set this binary cannot take is left whole.
+            Self::preflight(opts)?;
+            upgrade_in_place(&opts.pin_dir)?;
         }
 
         let xdp = Owned::load(|storage| {
@@ -469,6 +538,15 @@ impl Datapath {
             let mut v = Vec::with_capacity(8);
             v.extend_from_slice(&abi::ABI_VERSION.to_ne_bytes());
             v.extend_from_slice(&opts.maglev_size.to_ne_bytes());
+            meta.update(&key, &v, libbpf_rs::MapFlags::ANY)
+                .map_err(|e| DataplaneError::load(format!("writing meta_map: {e}")))?;
+            return Ok(());
+        }
+        if m.abi_version == UPGRADABLE_ABI_VERSION {
+            // Upgraded in place: the new maps exist and are pinned now.
+            let mut v = Vec::with_capacity(8);
+            v.extend_from_slice(&abi::ABI_VERSION.to_ne_bytes());
+            v.extend_from_slice(&m.maglev_size.to_ne_bytes());
             meta.update(&key, &v, libbpf_rs::MapFlags::ANY)
                 .map_err(|e| DataplaneError::load(format!("writing meta_map: {e}")))?;
             return Ok(());

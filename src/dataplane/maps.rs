@@ -64,6 +64,14 @@ pod!(
     rv_nat_owner6_key,
     rv_nat_owner,
     rv_vip_filter,
+    rv_fullnat_config,
+    rv_fullnat_src,
+    rv_fullnat_key,
+    rv_fullnat6_key,
+    rv_fullnat_flow,
+    rv_fullnat_cursor,
+    rv_fullnat_stats,
+    rv_fullnat_frag,
 );
 
 pub fn bytes_of<T: Pod>(v: &T) -> &[u8] {
@@ -336,4 +344,12 @@ maps!(
     nat_owner_map,
     nat_owner_map6,
     vip_filter_map,
+    fullnat_config_map,
+    fullnat_src_map,
+    fullnat_rev_map,
+    fullnat_rev_map6,
+    fullnat_cursor_map,
+    fullnat_stats_map,
+    fullnat_frag_map,
+    fullnat_frag_map6,
 );

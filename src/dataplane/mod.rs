@@ -8,6 +8,7 @@ pub mod loader;
 pub mod maps;
 pub mod render;
 pub mod store;
+pub mod sweep;
 pub mod writer;
 
 #[cfg(test)]
@@ -65,6 +66,11 @@ pub enum DataplaneError {
     ServiceIdsExhausted { vip: VipKey, capacity: u32 },
     #[error("VIP {vip}: all {capacity} backend ids are in use")]
     BackendIdsExhausted { vip: VipKey, capacity: u32 },
+    #[error("full NAT's source {src} needs an entry of fullnat_src_map, whose {capacity} are all in use (one per source address the node sends full NAT from)")]
+    FullNatSourcesFull {
+        src: std::net::IpAddr,
+        capacity: u32,
+    },
     #[error("VIP {vip}: no room for a {needed}-slot Maglev slice ({free} slots free, largest run {largest}, even after moving slices)")]
     MaglevTableFull {
         vip: VipKey,

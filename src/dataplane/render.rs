@@ -11,7 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::abi;
 use crate::maglev;
 use crate::model::{
-    Affinity, BackendTarget, Mac, Mode, NodeSettings, Ports, RateLimit, Vip, VipKey,
+    Affinity, BackendTarget, FullNatSettings, Mac, Mode, NodeSettings, Ports, RateLimit, Vip,
+    VipKey,
 };
 
 /// backend_health_map states.
@@ -183,6 +184,7 @@ pub fn mode_raw(m: Mode) -> u8 {
         Mode::Nat => abi::rv_mode::RV_MODE_NAT,
         Mode::Dsr => abi::rv_mode::RV_MODE_DSR,
         Mode::L3Dsr => abi::rv_mode::RV_MODE_L3DSR,
+        Mode::FullNat => abi::rv_mode::RV_MODE_FULLNAT,
     })
     .0 as u8
 }
@@ -192,6 +194,7 @@ pub fn mode_from_raw(v: u8) -> Option<Mode> {
         x if x == abi::rv_mode::RV_MODE_NAT.0 => Some(Mode::Nat),
         x if x == abi::rv_mode::RV_MODE_DSR.0 => Some(Mode::Dsr),
         x if x == abi::rv_mode::RV_MODE_L3DSR.0 => Some(Mode::L3Dsr),
+        x if x == abi::rv_mode::RV_MODE_FULLNAT.0 => Some(Mode::FullNat),
         _ => None,
     }
 }
@@ -246,6 +249,8 @@ impl NextHop {
         self.flags == 0
     }
 
+    /// The next hop's own fields (the two bytes the backend's mode and
+    /// full-NAT source share with it are [`BackendEntry::nexthop_abi`]'s).
     pub fn to_abi(&self) -> abi::rv_nexthop {
         abi::rv_nexthop {
             ifindex: self.ifindex,
@@ -278,6 +283,23 @@ pub struct BackendEntry {
     /// Written beside the backend; the writer keeps it current
     /// ([`crate::dataplane::Writer::set_next_hops`]).
     pub nexthop: NextHop,
+    /// Its own mode, when not its VIP's (`rv_nexthop.mode`).
+    pub mode: Option<Mode>,
+    /// Full NAT's source towards it: an index of fullnat_src_map, 0 for
+    /// none (`rv_nexthop.fullnat_src`).
+    pub fullnat_src: u8,
+}
+
+impl BackendEntry {
+    /// The next hop as the map holds it, with the two bytes it shares
+    /// with the backend's mode and full-NAT source.
+    pub fn nexthop_abi(&self) -> abi::rv_nexthop {
+        abi::rv_nexthop {
+            mode: self.mode.map_or(0, mode_raw),
+            fullnat_src: self.fullnat_src,
+            ..self.nexthop.to_abi()
+        }
+    }
 }
 
 /// nat_owner_map{,6} key: a backend's address, the port a NAT VIP sends
@@ -307,7 +329,7 @@ pub fn nat_owner_key(vip: &Vip, b: &crate::model::Backend) -> Option<NatOwnerKey
     let Ports::One(vport) = vip.ports else {
         return None;
     };
-    if vip.mode != Mode::Nat || vip.affinity != Affinity::None {
+    if b.mode_in(vip.mode) != Mode::Nat || vip.affinity != Affinity::None {
         return None;
     }
     Some(NatOwnerKey {
@@ -327,6 +349,70 @@ pub fn vip_filter(addrs: impl IntoIterator<Item = IpAddr>) -> [u64; abi::VIP_FIL
     w
 }
 
+/// fullnat_config_map's entry: the ports and timeouts of the node's
+/// settings, and the filter of the sources in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FullNatConfig {
+    pub port_min: u16,
+    pub port_max: u16,
+    pub tcp_timeout_ms: u32,
+    pub tcp_closing_timeout_ms: u32,
+    pub udp_timeout_ms: u32,
+    pub src_filter: u64,
+}
+
+impl FullNatConfig {
+    /// The settings' entry, with the filter of `srcs`.
+    pub fn new(f: &FullNatSettings, srcs: &BTreeMap<u8, IpAddr>) -> Self {
+        Self {
+            port_min: f.port_min,
+            port_max: f.port_max,
+            tcp_timeout_ms: f.tcp_timeout_ms,
+            tcp_closing_timeout_ms: f.tcp_closing_timeout_ms,
+            udp_timeout_ms: f.udp_timeout_ms,
+            src_filter: srcs
+                .values()
+                .fold(0, |bits, a| bits | 1 << abi::fullnat_src_bit(*a)),
+        }
+    }
+
+    pub fn to_abi(&self) -> abi::rv_fullnat_config {
+        abi::rv_fullnat_config {
+            port_min: self.port_min,
+            port_max: self.port_max,
+            tcp_timeout_ms: self.tcp_timeout_ms,
+            tcp_closing_timeout_ms: self.tcp_closing_timeout_ms,
+            udp_timeout_ms: self.udp_timeout_ms,
+            src_filter: self.src_filter,
+        }
+    }
+
+    pub fn from_abi(c: &abi::rv_fullnat_config) -> Self {
+        Self {
+            port_min: c.port_min,
+            port_max: c.port_max,
+            tcp_timeout_ms: c.tcp_timeout_ms,
+            tcp_closing_timeout_ms: c.tcp_closing_timeout_ms,
+            udp_timeout_ms: c.udp_timeout_ms,
+            src_filter: c.src_filter,
+        }
+    }
+
+    /// The settings these ports and timeouts stand for (the sources are
+    /// fullnat_src_map's, not settings).
+    pub fn settings(&self) -> FullNatSettings {
+        FullNatSettings {
+            src4: None,
+            src6: None,
+            port_min: self.port_min,
+            port_max: self.port_max,
+            tcp_timeout_ms: self.tcp_timeout_ms,
+            tcp_closing_timeout_ms: self.tcp_closing_timeout_ms,
+            udp_timeout_ms: self.udp_timeout_ms,
+        }
+    }
+}
+
 /// Node-wide map contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeImage {
@@ -334,15 +420,21 @@ pub struct NodeImage {
     pub tunnel_src4: Option<Ipv4Addr>,
     pub tunnel_src6: Option<Ipv6Addr>,
     pub interface_macs: BTreeMap<u32, Mac>,
+    pub fullnat: FullNatConfig,
+    /// fullnat_src_map: the sources full NAT sends from, by index.
+    pub fullnat_srcs: BTreeMap<u8, IpAddr>,
 }
 
 impl NodeImage {
-    pub fn from_settings(n: &NodeSettings) -> Self {
+    /// The settings' image with full NAT's sources `srcs`.
+    pub fn from_settings(n: &NodeSettings, srcs: &BTreeMap<u8, IpAddr>) -> Self {
         Self {
             syn_rate_limit: n.syn_rate_limit,
             tunnel_src4: n.tunnel_src4,
             tunnel_src6: n.tunnel_src6,
             interface_macs: n.interface_macs.clone(),
+            fullnat: FullNatConfig::new(&n.fullnat, srcs),
+            fullnat_srcs: srcs.clone(),
         }
     }
 }
@@ -411,6 +503,14 @@ pub fn service_entry(vip: &Vip, slice_start: u32, slice_len: u32) -> ServiceEntr
     if vip.rate_limit.is_some() {
         flags |= abi::rv_service_flags::RV_SVC_F_RATE_LIMIT.0;
     }
+    if vip
+        .backends
+        .iter()
+        .any(|b| b.mode_in(vip.mode) == Mode::FullNat)
+        || vip.mode == Mode::FullNat
+    {
+        flags |= abi::rv_service_flags::RV_SVC_F_FULLNAT.0;
+    }
     if matches!(vip.ports, Ports::Range { .. }) {
         flags |= abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0;
     }
@@ -448,12 +548,16 @@ pub fn vip_image(vip: &Vip, slice_start: u32, slots: Vec<u32>) -> VipImage {
     }
 }
 
-pub fn backend_entry(b: &crate::model::Backend, nexthop: NextHop) -> BackendEntry {
+/// A backend's entry; `fullnat_src` is the index of full NAT's source
+/// towards it (0: none).
+pub fn backend_entry(b: &crate::model::Backend, nexthop: NextHop, fullnat_src: u8) -> BackendEntry {
     BackendEntry {
         addr: b.addr,
         port: b.port,
         mac: b.mac.map_or([0; 6], |m| m.0),
         nexthop,
+        mode: b.mode,
+        fullnat_src,
     }
 }
 
@@ -471,18 +575,21 @@ pub struct Allocation {
 }
 
 /// The whole image for `vips` placed by `alloc`; `health` gives each
-/// backend target's state, `nexthop` each backend address's next hop. VIPs
+/// backend target's state, `nexthop` each backend address's next hop,
+/// `fullnat_src` its full-NAT source's index in `srcs` (0: none). VIPs
 /// without an allocation are skipped (the caller's allocations decide
 /// what exists).
 pub fn render(
     vips: &[Vip],
     node: &NodeSettings,
+    srcs: &BTreeMap<u8, IpAddr>,
     alloc: &BTreeMap<VipKey, Allocation>,
     health: &dyn Fn(&BackendTarget) -> Health,
     nexthop: &dyn Fn(IpAddr) -> NextHop,
+    fullnat_src: &dyn Fn(IpAddr) -> u8,
 ) -> MapImage {
     let mut img = MapImage {
-        node: NodeImage::from_settings(node),
+        node: NodeImage::from_settings(node, srcs),
         ..Default::default()
     };
     for vip in vips {
@@ -503,7 +610,8 @@ pub fn render(
             img.svc_rate_limits.insert(a.svc_id, rl);
         }
         for (b, id) in vip.backends.iter().zip(&a.backend_ids) {
-            img.backends.insert(*id, backend_entry(b, nexthop(b.addr)));
+            img.backends
+                .insert(*id, backend_entry(b, nexthop(b.addr), fullnat_src(b.addr)));
             img.health.insert(*id, health(&b.key().target()));
             if let Some(k) = nat_owner_key(vip, b).filter(|k| a.nat_owned.contains(k)) {
                 img.nat_owners.insert(

@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::abi::{self, *};
 use crate::dataplane::maps::Maps;
 use crate::dataplane::render::{
-    BackendEntry, Health, MapImage, MatchKey, NatOwner, NatOwnerKey, NextHop, NodeImage,
-    ServiceEntry,
+    self, BackendEntry, FullNatConfig, Health, MapImage, MatchKey, NatOwner, NatOwnerKey, NextHop,
+    NodeImage, ServiceEntry,
 };
 use crate::dataplane::DataplaneError;
 use crate::model::{Mac, RateLimit};
@@ -67,6 +67,26 @@ pub trait MapStore {
 fn synchronize_rcu() -> Result<(), DataplaneError> {
     rustix::thread::membarrier(rustix::thread::MembarrierCommand::Global)
         .map_err(|e| DataplaneError::GracePeriod(e.into()))
+}
+
+fn fullnat_src(addr: IpAddr) -> rv_fullnat_src {
+    rv_fullnat_src {
+        addr: match addr {
+            IpAddr::V4(a) => [abi::be32(a), 0, 0, 0],
+            IpAddr::V6(a) => abi::be32x4(a),
+        },
+    }
+}
+
+/// A fullnat_src_map entry's address: IPv4 when only its first word is
+/// set (an IPv6 address with three zero words after its first is no
+/// unicast address a node would hold), None when empty.
+fn fullnat_src_addr(s: &rv_fullnat_src) -> Option<IpAddr> {
+    match s.addr {
+        [0, 0, 0, 0] => None,
+        [a, 0, 0, 0] => Some(IpAddr::V4(abi::ipv4_from_be32(a))),
+        w => Some(IpAddr::V6(abi::ipv6_from_be32x4(w))),
+    }
 }
 
 fn rl_config(rl: Option<RateLimit>) -> rv_rl_config {
@@ -138,7 +158,7 @@ impl MapStore for Maps {
                         addr: abi::be32(a),
                         port: abi::be16(b.port),
                         mac: b.mac,
-                        nh: b.nexthop.to_abi(),
+                        nh: b.nexthop_abi(),
                     });
                 }
                 IpAddr::V6(a) => {
@@ -147,7 +167,7 @@ impl MapStore for Maps {
                         addr: abi::be32x4(a),
                         port: abi::be16(b.port),
                         mac: b.mac,
-                        nh: b.nexthop.to_abi(),
+                        nh: b.nexthop_abi(),
                     });
                 }
             }
@@ -315,6 +335,12 @@ impl MapStore for Maps {
             .remove_where::<rv_frag_key, rv_frag_rev_value>(|_, v| by_key(v.svc_id))?;
         self.frag_rev_map6
             .remove_where::<rv_frag6_key, rv_frag_rev6_value>(|_, v| by_key(v.svc_id))?;
+        // Full NAT's ports go with their flows: a reused id must not find
+        // them held, and they are free for other flows at once.
+        self.fullnat_rev_map
+            .remove_where::<rv_fullnat_key, rv_fullnat_flow>(|_, v| by_key(v.svc_id))?;
+        self.fullnat_rev_map6
+            .remove_where::<rv_fullnat6_key, rv_fullnat_flow>(|_, v| by_key(v.svc_id))?;
         // A reused service id must not inherit a SYN flood's empty buckets.
         self.rl_buckets_map
             .remove_where::<rv_rl_key, rv_rl_bucket>(|k, _| by_key(k.svc_id))?;
@@ -345,6 +371,20 @@ impl MapStore for Maps {
         for ifindex in previous.interface_macs.keys() {
             if !node.interface_macs.contains_key(ifindex) {
                 self.iface_mac_map.remove(ifindex)?;
+            }
+        }
+        // Sources before the filter that lets replies to them through.
+        for (idx, addr) in &node.fullnat_srcs {
+            if previous.fullnat_srcs.get(idx) != Some(addr) {
+                self.fullnat_src_map
+                    .put(&u32::from(*idx), &fullnat_src(*addr))?;
+            }
+        }
+        self.fullnat_config_map.put(&0u32, &node.fullnat.to_abi())?;
+        for idx in previous.fullnat_srcs.keys() {
+            if !node.fullnat_srcs.contains_key(idx) {
+                self.fullnat_src_map
+                    .put(&u32::from(*idx), &rv_fullnat_src::default())?;
             }
         }
         Ok(())
@@ -424,6 +464,8 @@ impl MapStore for Maps {
                         port: abi::port_from_be16(b.port),
                         mac: b.mac,
                         nexthop: NextHop::from_abi(&b.nh),
+                        mode: render::mode_from_raw(b.nh.mode),
+                        fullnat_src: b.nh.fullnat_src,
                     },
                 );
             }
@@ -437,6 +479,8 @@ impl MapStore for Maps {
                         port: abi::port_from_be16(b.port),
                         mac: b.mac,
                         nexthop: NextHop::from_abi(&b.nh),
+                        mode: render::mode_from_raw(b.nh.mode),
+                        fullnat_src: b.nh.fullnat_src,
                     },
                 );
             }
@@ -464,6 +508,14 @@ impl MapStore for Maps {
         }
         for (ifindex, m) in self.iface_mac_map.entries::<u32, rv_iface_mac>()? {
             img.node.interface_macs.insert(ifindex, Mac(m.mac));
+        }
+        if let Some(c) = self.fullnat_config_map.get::<u32, rv_fullnat_config>(&0)? {
+            img.node.fullnat = FullNatConfig::from_abi(&c);
+        }
+        for (idx, s) in self.fullnat_src_map.entries::<u32, rv_fullnat_src>()? {
+            if let (Ok(idx), Some(addr)) = (u8::try_from(idx), fullnat_src_addr(&s)) {
+                img.node.fullnat_srcs.insert(idx, addr);
+            }
         }
         for (k, v) in self
             .nat_owner_map

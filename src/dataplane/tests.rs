@@ -22,6 +22,7 @@ fn be(addr: &str, port: u16, weight: u32) -> Backend {
         port,
         weight,
         mac: None,
+        mode: None,
     }
 }
 
@@ -38,11 +39,16 @@ fn vip(addr: &str, ports: Ports, backends: Vec<Backend>) -> Vip {
 }
 
 /// What the maps hold with no VIP: an active VIP filter with no bits.
+/// What a writer leaves in fresh maps before any VIP: the VIP filter
+/// active and empty, full NAT's default ports and timeouts.
 fn empty_image() -> MapImage {
-    MapImage {
+    let mut img = MapImage {
         vip_filter: Some([0; crate::abi::VIP_FILTER_WORDS]),
         ..Default::default()
-    }
+    };
+    img.node.fullnat =
+        render::FullNatConfig::new(&Default::default(), &std::collections::BTreeMap::new());
+    img
 }
 
 /// The maps equal the rendering of the writer's VIPs; slices, service
@@ -60,9 +66,11 @@ fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
     let want = render::render(
         &w.specs(),
         w.node(),
+        w.fullnat_srcs(),
         &w.allocations(),
         &|t| w.health(t).unwrap_or(Health::Healthy),
         &|a| w.next_hop(a),
+        &|a| w.fullnat_src_index(a),
     );
     assert_eq!(
         live,
@@ -190,6 +198,7 @@ fn golden_dump() {
             tunnel_src4: Some("192.0.2.1".parse().unwrap()),
             tunnel_src6: None,
             interface_macs: BTreeMap::from([(2, "02:00:00:00:00:ff".parse().unwrap())]),
+            fullnat: Default::default(),
         },
         vips: vec![
             vip(
@@ -632,7 +641,10 @@ fn batch_and_single_upserts_agree_with_the_validator() {
         vips: vips.clone(),
     };
     let plan = desired
-        .maglev_sizes(&Capacity { maglev_size: table })
+        .maglev_sizes(&Capacity {
+            maglev_size: table,
+            ..Capacity::default()
+        })
         .expect("fits");
     let slices = |w: &Writer<MemStore>| {
         let img = w.read_maps().unwrap();
@@ -809,7 +821,7 @@ pub fn write_old_rule<S: MapStore>(store: &mut S, vips: &[Vip]) {
             let id = *ids.entry(b.key()).or_insert(next);
             mine.push(id);
             store
-                .put_backends(&[(id, render::backend_entry(b, Default::default()))])
+                .put_backends(&[(id, render::backend_entry(b, Default::default(), 0))])
                 .unwrap();
             store.put_health(&[(id, Health::Healthy)]).unwrap();
         }
@@ -884,9 +896,11 @@ fn adopting_old_rule_maps_converges_without_a_gap() {
     let want = render::render(
         &w.specs(),
         w.node(),
+        w.fullnat_srcs(),
         &w.allocations(),
         &|t| w.health(t).unwrap_or(Health::Healthy),
         &|a| w.next_hop(a),
+        &|a| w.fullnat_src_index(a),
     );
     assert_eq!(img, want);
 }
@@ -960,7 +974,7 @@ proptest! {
                     let (addr, ports, v6) = vip_shape(i);
                     let backends: Vec<Backend> = (0..8)
                         .filter(|b| members & (1 << b) != 0)
-                        .map(|b| Backend { addr: pool(b, v6), port: 0, weight: u32::from(weights[b] % 4), mac: None })
+                        .map(|b| Backend { addr: pool(b, v6), port: 0, weight: u32::from(weights[b] % 4), mac: None, mode: None })
                         .collect();
                     let mut v = vip("10.0.0.1", ports, backends);
                     v.addr = addr;

@@ -183,6 +183,12 @@ pub struct Writer<S: MapStore = Maps> {
     next_hops: HashMap<IpAddr, NextHop>,
     /// The next hop each backend id's entry holds.
     nh_written: HashMap<u32, NextHop>,
+    /// Full NAT's source towards each backend address, as last given
+    /// ([`Writer::set_fullnat_source`]: the route's preferred source); the
+    /// node's configured source of the family wins over it.
+    fullnat_routes: HashMap<IpAddr, IpAddr>,
+    /// The full-NAT source index each backend id's entry holds.
+    src_written: HashMap<u32, u8>,
     /// nat_owner_map: each key's owner as written.
     nat_owners: HashMap<NatOwnerKey, NatOwner>,
     /// vip_filter_map: match entries per filter bit, and the bits written.
@@ -247,12 +253,23 @@ impl<S: MapStore> Writer<S> {
             store.put_health(&down)?;
         }
 
+        // Fresh maps (or maps of layout 2, upgraded) hold no full-NAT
+        // config: the defaults', written now, so that the maps say what
+        // the writer holds from the start.
+        let node = settings_from_image(&a.node);
+        let node_image = if a.node.fullnat.port_max == 0 {
+            let img = NodeImage::from_settings(&node, &a.node.fullnat_srcs);
+            store.put_node(&img, &a.node)?;
+            img
+        } else {
+            a.node.clone()
+        };
         let mut w = Self {
             svc_ids: IdAllocator::resume(MAX_SVC_ID, a.vips.iter().map(|v| v.svc_id)),
             backends,
             slices: SliceAllocator::new(table),
-            node: settings_from_image(&a.node),
-            node_image: a.node.clone(),
+            node,
+            node_image,
             vips: BTreeMap::new(),
             by_key: HashMap::new(),
             pending: Vec::new(),
@@ -262,6 +279,12 @@ impl<S: MapStore> Writer<S> {
                 .backends
                 .iter()
                 .map(|(id, b)| (*id, b.nexthop))
+                .collect(),
+            fullnat_routes: HashMap::new(),
+            src_written: img
+                .backends
+                .iter()
+                .map(|(id, b)| (*id, b.fullnat_src))
                 .collect(),
             nat_owners: HashMap::new(),
             filter_counts: HashMap::new(),
@@ -283,12 +306,14 @@ impl<S: MapStore> Writer<S> {
                 None => w.store.put_nat_owner(k, None)?,
             }
         }
-        // The filter from what the maps match now, active from here on.
-        let matches: Vec<MatchKey> = w
+        // The filter from what the maps match now, and full NAT's sources
+        // (replies come to them), active from here on.
+        let mut matches: Vec<MatchKey> = w
             .vips
             .values()
             .flat_map(|v| v.image.matches.clone())
             .collect();
+        matches.extend(w.node_image.fullnat_srcs.values().map(|a| src_match(*a)));
         w.filter_count(&matches, 1);
         w.store.put_vip_filter(&w.filter_bits)?;
         Ok(w)
@@ -367,6 +392,8 @@ impl<S: MapStore> Writer<S> {
                         port: rec.key.port,
                         mac: rec.key.mac.map_or([0; 6], |m| m.0),
                         nexthop: want,
+                        mode: rec.key.mode,
+                        fullnat_src: self.src_written.get(&id).copied().unwrap_or(0),
                     },
                 ));
             }
@@ -522,15 +549,131 @@ impl<S: MapStore> Writer<S> {
         &self.node
     }
 
-    /// Write the node-wide settings (SYN limit, tunnel sources, MACs).
+    /// Write the node-wide settings (SYN limit, tunnel sources, MACs,
+    /// full NAT's ports, timeouts and sources).
     pub fn set_node(&mut self, node: &NodeSettings) -> Result<(), DataplaneError> {
         node.validate()?;
-        let img = NodeImage::from_settings(node);
+        let img = NodeImage::from_settings(node, &self.node_image.fullnat_srcs);
         if img != self.node_image {
             self.store.put_node(&img, &self.node_image)?;
             self.node_image = img;
         }
         self.node = node.clone();
+        self.refresh_fullnat_srcs()
+    }
+
+    /// Full NAT's source towards the backend at `addr`: the node's
+    /// configured source of its family, else the one last given.
+    pub fn fullnat_source(&self, addr: IpAddr) -> Option<IpAddr> {
+        self.node
+            .fullnat
+            .src_for(addr.is_ipv6())
+            .or_else(|| self.fullnat_routes.get(&addr).copied())
+    }
+
+    /// Record the source the node's route to `backend` prefers, full NAT's
+    /// source towards it unless the node configures one for its family,
+    /// and rewrite the entries of backends at that address whose source
+    /// changes. A flow keeps the source it was given (its affinity entry
+    /// holds the index), so a change moves new flows only.
+    pub fn set_fullnat_source(
+        &mut self,
+        backend: IpAddr,
+        src: IpAddr,
+    ) -> Result<(), DataplaneError> {
+        if self.fullnat_routes.get(&backend) == Some(&src) {
+            return Ok(());
+        }
+        self.fullnat_routes.insert(backend, src);
+        self.refresh_fullnat_srcs()
+    }
+
+    /// fullnat_src_map as written: the sources full NAT sends from.
+    pub fn fullnat_srcs(&self) -> &BTreeMap<u8, IpAddr> {
+        &self.node_image.fullnat_srcs
+    }
+
+    /// The index of full NAT's source towards a backend at `addr`, as the
+    /// maps hold it (0: none).
+    pub fn fullnat_src_index(&self, addr: IpAddr) -> u8 {
+        self.fullnat_source(addr)
+            .and_then(|src| {
+                self.node_image
+                    .fullnat_srcs
+                    .iter()
+                    .find(|(_, a)| **a == src)
+                    .map(|(i, _)| *i)
+            })
+            .unwrap_or(0)
+    }
+
+    /// The index of full NAT's source `src`, given one if it has none:
+    /// its fullnat_src_map entry, the config's source filter and the VIP
+    /// filter's bit are written before anything can send from it.
+    /// Indices are not given back while the writer lives: an
+    /// established flow holds its index in its affinity entry.
+    fn src_index(&mut self, src: IpAddr) -> Result<u8, DataplaneError> {
+        if let Some((idx, _)) = self
+            .node_image
+            .fullnat_srcs
+            .iter()
+            .find(|(_, a)| **a == src)
+        {
+            return Ok(*idx);
+        }
+        let idx = (1..abi::FULLNAT_SRCS)
+            .filter_map(|i| u8::try_from(i).ok())
+            .find(|i| !self.node_image.fullnat_srcs.contains_key(i))
+            .ok_or(DataplaneError::FullNatSourcesFull {
+                src,
+                capacity: abi::FULLNAT_SRCS - 1,
+            })?;
+        let mut srcs = self.node_image.fullnat_srcs.clone();
+        srcs.insert(idx, src);
+        let img = NodeImage::from_settings(&self.node, &srcs);
+        self.filter_add(&[src_match(src)])?;
+        self.store.put_node(&img, &self.node_image)?;
+        self.node_image = img;
+        Ok(idx)
+    }
+
+    /// The full-NAT source index a backend at `addr` gets (0: none known).
+    fn src_index_for(&mut self, addr: IpAddr) -> Result<u8, DataplaneError> {
+        match self.fullnat_source(addr) {
+            Some(src) => self.src_index(src),
+            None => Ok(0),
+        }
+    }
+
+    /// Rewrite the entries whose full-NAT source is not the one they
+    /// should hold now.
+    fn refresh_fullnat_srcs(&mut self) -> Result<(), DataplaneError> {
+        let records: Vec<(u32, crate::model::BackendKey)> =
+            self.backends.records().map(|(id, r)| (id, r.key)).collect();
+        let mut out = Vec::new();
+        for (id, key) in records {
+            let want = self.src_index_for(key.addr)?;
+            if self.src_written.get(&id).copied().unwrap_or(0) != want {
+                out.push((
+                    id,
+                    render::BackendEntry {
+                        addr: key.addr,
+                        port: key.port,
+                        mac: key.mac.map_or([0; 6], |m| m.0),
+                        nexthop: self.nh_written.get(&id).copied().unwrap_or_default(),
+                        mode: key.mode,
+                        fullnat_src: want,
+                    },
+                ));
+            }
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.store.put_backends(&out)?;
+        for (id, b) in &out {
+            self.src_written.insert(*id, b.fullnat_src);
+        }
         Ok(())
     }
 
@@ -1201,11 +1344,18 @@ impl<S: MapStore> Writer<S> {
         let mut ids = Vec::with_capacity(vip.backends.len());
         let mut fresh: Vec<(u32, render::BackendEntry)> = Vec::new();
         for b in &vip.backends {
+            let src = match self.src_index_for(b.addr) {
+                Ok(i) => i,
+                Err(e) => {
+                    self.release_backends(&ids, false);
+                    return Err(e);
+                }
+            };
             match self.backends.acquire(&b.key()) {
                 Ok((id, new)) => {
                     ids.push(id);
                     if new {
-                        fresh.push((id, render::backend_entry(b, self.next_hop(b.addr))));
+                        fresh.push((id, render::backend_entry(b, self.next_hop(b.addr), src)));
                     }
                 }
                 Err(e) => {
@@ -1234,6 +1384,7 @@ impl<S: MapStore> Writer<S> {
         }
         for (id, b) in &fresh {
             self.nh_written.insert(*id, b.nexthop);
+            self.src_written.insert(*id, b.fullnat_src);
         }
         Ok(ids)
     }
@@ -1261,6 +1412,7 @@ impl<S: MapStore> Writer<S> {
         self.store.clear_backends(ids)?;
         for id in ids {
             self.nh_written.remove(id);
+            self.src_written.remove(id);
         }
         Ok(())
     }
@@ -1644,6 +1796,23 @@ fn settings_from_image(n: &NodeImage) -> NodeSettings {
         tunnel_src4: n.tunnel_src4,
         tunnel_src6: n.tunnel_src6,
         interface_macs: n.interface_macs.clone(),
+        // The maps say which sources are in use, not which the node
+        // configured: none until the node's settings are given.
+        fullnat: if n.fullnat.port_max == 0 {
+            crate::model::FullNatSettings::default()
+        } else {
+            n.fullnat.settings()
+        },
+    }
+}
+
+/// The VIP filter counts addresses through match keys: a full-NAT
+/// source's stands for the replies sent to it.
+fn src_match(addr: IpAddr) -> MatchKey {
+    MatchKey::Exact {
+        addr,
+        port: 0,
+        proto: 0,
     }
 }
 

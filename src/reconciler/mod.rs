@@ -61,6 +61,8 @@ pub struct NodeConf {
     pub syn_rate_limit: Option<RateLimit>,
     pub tunnel_src4: Option<std::net::Ipv4Addr>,
     pub tunnel_src6: Option<std::net::Ipv6Addr>,
+    /// Full NAT's sources, ports and timeouts.
+    pub fullnat: crate::model::FullNatSettings,
 }
 
 /// What a source's update came to.
@@ -151,8 +153,11 @@ pub type Sender = mpsc::Sender<Command>;
 pub trait NodeFacts: Send {
     fn interface(&self, name: &str) -> Result<(u32, Mac), NetError>;
     fn resolve_mac(&self, addr: IpAddr, wait: Duration) -> Result<Mac, NetError>;
-    /// Host settings L3 DSR relies on, for these interfaces.
-    fn prepare_l3dsr(&self, interfaces: &[String]);
+    /// The source the node's route to `addr` prefers: full NAT's source
+    /// towards a backend when the node configures none.
+    fn route_source(&self, addr: IpAddr) -> Result<IpAddr, NetError>;
+    /// Host settings L3 DSR and full NAT rely on, for these interfaces.
+    fn prepare_local_source(&self, interfaces: &[String]);
 }
 
 /// The running kernel's interfaces and neighbour tables.
@@ -167,13 +172,18 @@ impl NodeFacts for KernelFacts {
         net::resolve_mac(addr, wait)
     }
 
-    fn prepare_l3dsr(&self, interfaces: &[String]) {
-        // A tunnelled packet the FIB cannot send yet (no neighbour entry)
-        // goes to the kernel with our own address as source: accept_local
-        // keeps it from being dropped as martian.
+    fn route_source(&self, addr: IpAddr) -> Result<IpAddr, NetError> {
+        net::route_source(addr)
+    }
+
+    fn prepare_local_source(&self, interfaces: &[String]) {
+        // A tunnelled or full-NAT packet the FIB cannot send yet (no
+        // neighbour entry, an egress rivorad is not attached to) goes to
+        // the kernel with our own address as source: accept_local keeps
+        // it from being dropped as martian.
         for name in interfaces {
             if let Err(e) = net::sysctl(&["net", "ipv4", "conf", name, "accept_local"], "1") {
-                warn!(interface = %name, error = %e, "cannot set accept_local for L3 DSR");
+                warn!(interface = %name, error = %e, "cannot set accept_local for L3 DSR and full NAT");
             }
         }
     }
@@ -584,6 +594,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             tunnel_src4: self.node.tunnel_src4,
             tunnel_src6: self.node.tunnel_src6,
             interface_macs: BTreeMap::new(),
+            fullnat: self.node.fullnat,
         };
         for name in &self.node.interfaces {
             let (ifindex, mac) = self.facts.interface(name)?;
@@ -676,9 +687,15 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
 
         let (mut created, mut updated) = (0, 0);
         let mut resolved: BTreeMap<IpAddr, Result<Mac, String>> = BTreeMap::new();
-        let mut l3dsr = false;
+        let mut sources: BTreeMap<IpAddr, Result<IpAddr, String>> = BTreeMap::new();
+        let mut local_source = false;
         for (key, (owner, d)) in &merged.vips {
-            l3dsr |= d.vip.mode == Mode::L3Dsr;
+            local_source |= d.vip.mode == Mode::L3Dsr
+                || d.vip.mode == Mode::FullNat
+                || d.vip
+                    .backends
+                    .iter()
+                    .any(|b| matches!(b.mode, Some(Mode::L3Dsr) | Some(Mode::FullNat)));
             let drained = self.drained(d);
             let effective = drained.as_ref().unwrap_or(&d.vip);
             if let Some(w) = self.written.get_mut(key) {
@@ -694,23 +711,44 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             let _s = info_span!("vip", vip = %key, owner = %owner).entered();
             let mut vip = effective.clone();
             let mut unresolved = None;
-            if vip.mode == Mode::Dsr {
-                for b in &mut vip.backends {
-                    if b.mac.is_some() {
-                        continue;
+            let vip_mode = vip.mode;
+            for b in &mut vip.backends {
+                match b.mode_in(vip_mode) {
+                    Mode::Dsr if b.mac.is_none() => {
+                        let r = resolved.entry(b.addr).or_insert_with(|| {
+                            self.facts
+                                .resolve_mac(b.addr, RESOLVE_WAIT)
+                                .map_err(|e| e.to_string())
+                        });
+                        match r {
+                            Ok(mac) => b.mac = Some(*mac),
+                            Err(e) => {
+                                unresolved = Some(e.clone());
+                                break;
+                            }
+                        }
                     }
-                    let r = resolved.entry(b.addr).or_insert_with(|| {
-                        self.facts
-                            .resolve_mac(b.addr, RESOLVE_WAIT)
-                            .map_err(|e| e.to_string())
-                    });
-                    match r {
-                        Ok(mac) => b.mac = Some(*mac),
-                        Err(e) => {
-                            unresolved = Some(e.clone());
+                    // Full NAT's source towards the backend, when the
+                    // node configures none for its family: the route's.
+                    Mode::FullNat if self.node.fullnat.src_for(b.addr.is_ipv6()).is_none() => {
+                        let r = sources.entry(b.addr).or_insert_with(|| {
+                            self.facts
+                                .route_source(b.addr)
+                                .map_err(|e| format!("no full-NAT source address: {e}"))
+                        });
+                        let set = match r {
+                            Ok(src) => self
+                                .writer
+                                .set_fullnat_source(b.addr, *src)
+                                .map_err(|e| e.to_string()),
+                            Err(e) => Err(e.clone()),
+                        };
+                        if let Err(e) = set {
+                            unresolved = Some(e);
                             break;
                         }
                     }
+                    _ => {}
                 }
             }
             if let Some(e) = unresolved {
@@ -739,8 +777,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 }
             }
         }
-        if l3dsr {
-            self.facts.prepare_l3dsr(&self.node.interfaces);
+        if local_source {
+            self.facts.prepare_local_source(&self.node.interfaces);
         }
         self.close_batch();
         if self.store.all_synced() {
@@ -992,6 +1030,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                     let t = b.target();
                     BackendStatus {
                         target: t,
+                        mode: b.mode_in(vip.mode),
                         service_port: b.service_port(&key.ports),
                         backend_id: *id,
                         weight: b.weight,
@@ -1046,6 +1085,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 let t = b.target();
                 BackendStatus {
                     target: t,
+                    mode: b.mode.or(u.mode).unwrap_or(Mode::Nat),
                     service_port: if b.port != 0 {
                         b.port
                     } else {

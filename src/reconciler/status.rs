@@ -41,6 +41,8 @@ pub struct BackendStatus {
     /// An operator drain, for every VIP or this one.
     pub drained: bool,
     pub probe: ProbeStatus,
+    /// How it is reached: its own mode, else its VIP's.
+    pub mode: Mode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -38,7 +38,14 @@ impl NodeFacts for FixedFacts {
         }
     }
 
-    fn prepare_l3dsr(&self, _interfaces: &[String]) {}
+    fn route_source(&self, addr: IpAddr) -> Result<IpAddr, NetError> {
+        match addr {
+            IpAddr::V4(_) => Ok(IpAddr::V4([10, 0, 0, 254].into())),
+            IpAddr::V6(_) => Ok("fd00::254".parse().expect("address")),
+        }
+    }
+
+    fn prepare_local_source(&self, _interfaces: &[String]) {}
 }
 
 struct Harness {

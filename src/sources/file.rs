@@ -50,6 +50,40 @@ pub fn check_node_only(cfg: &Config) -> Result<(), NotNodeOnly> {
     }
 }
 
+/// What the file says that only the host can check: full NAT's sources
+/// must be addresses of this node (replies come back to them; one the
+/// node does not hold would be answered by nobody, or by its real owner).
+/// Refused like an invalid file, at start and on reload: nothing changes.
+pub fn check_host(cfg: &Config) -> Result<(), ConfigError> {
+    let snat = &cfg.file.node.snat;
+    let wanted = [
+        ("node.snat.ipv4", snat.ipv4.map(std::net::IpAddr::V4)),
+        ("node.snat.ipv6", snat.ipv6.map(std::net::IpAddr::V6)),
+    ];
+    for (field, addr) in wanted {
+        let Some(addr) = addr else { continue };
+        match crate::daemon::net::is_local(addr) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(cfg.error_at(
+                    field,
+                    format!(
+                        "{addr} is not an address of this node: full NAT's replies come back \
+                         to its source, so it must be one the node holds"
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(cfg.error_at(
+                    field,
+                    format!("cannot tell whether {addr} is this node's: {e}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The node's part of a configuration.
 pub fn node_conf(cfg: &Config) -> NodeConf {
     NodeConf {
@@ -57,6 +91,7 @@ pub fn node_conf(cfg: &Config) -> NodeConf {
         syn_rate_limit: cfg.desired.node.syn_rate_limit,
         tunnel_src4: cfg.desired.node.tunnel_src4,
         tunnel_src6: cfg.desired.node.tunnel_src6,
+        fullnat: cfg.desired.node.fullnat,
     }
 }
 
@@ -259,6 +294,7 @@ impl FileSource {
             if self.node_only {
                 check_node_only(&c)?;
             }
+            check_host(&c)?;
             Ok(c)
         });
         let cfg = match checked {

@@ -40,6 +40,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)], policy: TrafficPolicy)
                 health: *health,
                 drained: false,
                 probe: ProbeStatus::Disabled,
+                mode: VipMode::Nat,
             })
             .collect(),
         slice_need: None,

@@ -94,6 +94,7 @@ impl Fake {
                 weight,
                 health,
                 drained: false,
+                mode: None,
             }
         };
         let mut v4 = VipInfo {
@@ -117,6 +118,8 @@ impl Fake {
             bytes: 96000 + steps * STEP_BYTES,
             rate_limited: 4,
             no_backend: 0,
+            fullnat_ports_exhausted: 0,
+            fullnat_table_full: 0,
             source: "service shop/web".into(),
             slice_precision: SlicePrecision {
                 needed: 12,
@@ -142,6 +145,8 @@ impl Fake {
             bytes: 1600,
             rate_limited: 0,
             no_backend: 2,
+            fullnat_ports_exhausted: 0,
+            fullnat_table_full: 0,
             // Adopted from the maps on a restart, not claimed yet.
             source: "unclaimed".into(),
             slice_precision: SlicePrecision::default(),

@@ -349,6 +349,7 @@ pub fn backend(addr: IpAddr, port: u16, mac: [u8; 6]) -> Backend {
         port,
         weight: 1,
         mac: Some(Mac(mac)),
+        mode: None,
     }
 }
 

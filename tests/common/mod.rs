@@ -482,6 +482,8 @@ pub mod fixtures {
             dport: u16,
             syn: bool,
             ack: Option<u32>,
+            fin: bool,
+            rst: bool,
             /// Raw TCP options, a multiple of 4 bytes.
             options: Vec<u8>,
         },
@@ -555,6 +557,8 @@ pub mod fixtures {
                 dport,
                 syn: true,
                 ack: None,
+                fin: false,
+                rst: false,
                 options: Vec::new(),
             }
         }
@@ -644,6 +648,25 @@ pub mod fixtures {
             if let L4::Tcp { syn, ack, .. } = &mut self.l4 {
                 *syn = false;
                 *ack = Some(ack_no);
+            }
+            self
+        }
+
+        /// A TCP segment with FIN (and ACK) set, SYN clear.
+        pub fn fin(mut self) -> Self {
+            if let L4::Tcp { syn, ack, fin, .. } = &mut self.l4 {
+                *syn = false;
+                *fin = true;
+                ack.get_or_insert(1);
+            }
+            self
+        }
+
+        /// A TCP segment with RST set, SYN clear.
+        pub fn rst(mut self) -> Self {
+            if let L4::Tcp { syn, rst, .. } = &mut self.l4 {
+                *syn = false;
+                *rst = true;
             }
             self
         }
@@ -804,10 +827,17 @@ pub mod fixtures {
                 checksum: 0,
             };
             if let L4::Tcp {
-                syn, ack, options, ..
+                syn,
+                ack,
+                fin,
+                rst,
+                options,
+                ..
             } = &self.l4
             {
                 tcp.syn = *syn;
+                tcp.fin = *fin;
+                tcp.rst = *rst;
                 if let Some(a) = ack {
                     tcp.ack = true;
                     tcp.acknowledgment_number = *a;
@@ -1247,6 +1277,37 @@ pub mod fixtures {
                 .expect("nat_reverse_map6")
                 .is_some(),
             _ => false,
+        }
+    }
+
+    /// The whole connection_affinity_map entry of the flow `f` belongs to
+    /// (its 5-tuple as the client sent it), if any.
+    pub fn affinity_entry(t: &TestDp, svc: u32, f: &Frame) -> Option<rv_affinity_value> {
+        match f.src_ip() {
+            IpAddr::V4(c) => t
+                .maps
+                .connection_affinity_map
+                .get(&rv_flow_key {
+                    svc_id: svc,
+                    saddr: be32(c),
+                    sport: be16(f.sport()),
+                    dport: be16(f.dport()),
+                    proto: f.proto(),
+                    ..Default::default()
+                })
+                .expect("affinity"),
+            IpAddr::V6(c) => t
+                .maps
+                .connection_affinity_map6
+                .get(&rv_flow6_key {
+                    svc_id: svc,
+                    saddr: be32x4(c),
+                    sport: be16(f.sport()),
+                    dport: be16(f.dport()),
+                    proto: f.proto(),
+                    ..Default::default()
+                })
+                .expect("affinity6"),
         }
     }
 

@@ -6,6 +6,32 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::thread::JoinHandle;
 
+/// The calling thread in another network namespace until dropped (then
+/// back where it was): BPF_PROG_TEST_RUN's FIB lookups and the sysctls
+/// they read are the namespace's.
+pub struct InNetns {
+    home: File,
+}
+
+impl InNetns {
+    pub fn enter(ns: &Netns) -> Self {
+        let home = File::open("/proc/thread-self/ns/net").expect("own netns");
+        let target = File::open(ns.path()).expect("netns");
+        // SAFETY: setns on this thread only; both fds are valid.
+        let rc = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        Self { home }
+    }
+}
+
+impl Drop for InNetns {
+    fn drop(&mut self) {
+        // SAFETY: as above; back to the namespace the thread came from.
+        let rc = unsafe { libc::setns(self.home.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns back: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Run a command; panic with its output if it fails.
 pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh")

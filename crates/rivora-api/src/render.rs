@@ -121,6 +121,7 @@ fn mode(m: VipMode) -> &'static str {
         VipMode::Nat => "nat",
         VipMode::Dsr => "dsr",
         VipMode::L3dsr => "l3dsr",
+        VipMode::Fullnat => "fullnat",
     }
 }
 
@@ -376,8 +377,17 @@ pub fn vip_show(v: &VipInfo) -> String {
     let _ = writeln!(out, "bytes         {}", v.bytes);
     let _ = writeln!(out, "rate limited  {}", v.rate_limited);
     let _ = writeln!(out, "no backend    {}", v.no_backend);
+    if v.fullnat_ports_exhausted > 0 || v.fullnat_table_full > 0 {
+        let _ = writeln!(
+            out,
+            "full NAT      {} new flows dropped with every port held, {} with the port table full",
+            v.fullnat_ports_exhausted, v.fullnat_table_full
+        );
+    }
     out.push('\n');
-    let mut t = Table::new(&["BACKEND", "ID>", "WEIGHT>", "HEALTH", "DRAINED"]);
+    // VIA: how each backend is reached (Kubernetes reaches a Service's
+    // endpoints on other nodes by full NAT, its own node's by NAT).
+    let mut t = Table::new(&["BACKEND", "ID>", "WEIGHT>", "HEALTH", "DRAINED", "VIA"]);
     for b in &v.backends {
         t.row(vec![
             b.target.to_string(),
@@ -385,6 +395,7 @@ pub fn vip_show(v: &VipInfo) -> String {
             b.weight.to_string(),
             b.health.as_str().into(),
             yes_no(b.drained),
+            mode(b.mode.unwrap_or(v.mode)).into(),
         ]);
     }
     out.push_str(&t.render());
@@ -601,6 +612,7 @@ mod tests {
                     weight: 1,
                     health: BackendHealth::Healthy,
                     drained: false,
+                    mode: None,
                 },
                 VipBackend {
                     target: "10.0.1.2:8080".parse().unwrap(),
@@ -608,12 +620,15 @@ mod tests {
                     weight: 10,
                     health: BackendHealth::Down,
                     drained: false,
+                    mode: Some(VipMode::Fullnat),
                 },
             ],
             packets,
             bytes,
             rate_limited: 3,
             no_backend: 0,
+            fullnat_ports_exhausted: 0,
+            fullnat_table_full: 0,
             source: "file".into(),
             slice_precision: SlicePrecision::default(),
         }
@@ -691,6 +706,29 @@ mod tests {
         // Unknown (an unclaimed VIP, an older rivorad): the slice alone.
         v.slice_precision = SlicePrecision::default();
         assert!(vip_show(&v).contains("maglev slice  0..7 (7 slots)\n"));
+    }
+
+    #[test]
+    fn vip_show_says_how_each_backend_is_reached() {
+        let mut v = vip("tcp/10.0.0.2:443", 1, 2);
+        let out = vip_show(&v);
+        assert!(
+            out.ends_with(
+                "BACKEND        ID  WEIGHT  HEALTH   DRAINED  VIA\n\
+                 10.0.1.1:8080   1       1  healthy  no       nat\n\
+                 10.0.1.2:8080   2      10  down     no       fullnat\n"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("full NAT"), "{out}");
+        v.fullnat_ports_exhausted = 7;
+        assert!(
+            vip_show(&v).contains(
+                "full NAT      7 new flows dropped with every port held, 0 with the port table full\n"
+            ),
+            "{}",
+            vip_show(&v)
+        );
     }
 
     #[test]

@@ -186,6 +186,7 @@ pub enum VipMode {
     Nat,
     Dsr,
     L3dsr,
+    Fullnat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,6 +277,12 @@ pub struct VipInfo {
     pub rate_limited: u64,
     /// Packets dropped because no backend was healthy.
     pub no_backend: u64,
+    /// New full-NAT flows dropped: every port tried towards their backend
+    /// was held, or the port table was full.
+    #[serde(default)]
+    pub fullnat_ports_exhausted: u64,
+    #[serde(default)]
+    pub fullnat_table_full: u64,
     /// Who wants the VIP: `file` (the static file), `service ns/name` (a
     /// Kubernetes Service), `gateway ns/name`, or `unclaimed`: adopted
     /// from the pinned maps on start and not yet claimed by any source
@@ -315,6 +322,11 @@ pub struct VipBackend {
     pub health: BackendHealth,
     /// Drained for this VIP by an operator (or a terminating endpoint).
     pub drained: bool,
+    /// How it is reached: its own mode (Kubernetes reaches endpoints on
+    /// other nodes by full NAT), else the VIP's. Absent from an older
+    /// rivorad: the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<VipMode>,
 }
 
 /// One entry of `GET /v1/backends`.

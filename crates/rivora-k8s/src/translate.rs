@@ -500,6 +500,7 @@ fn backends(
             port,
             weight,
             mac: None,
+            mode: None,
         })
         .collect()
 }

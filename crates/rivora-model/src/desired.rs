@@ -299,6 +299,7 @@ mod tests {
                 port: 8080,
                 weight: 1,
                 mac: None,
+                mode: None,
             }],
         })
     }

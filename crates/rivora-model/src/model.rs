@@ -35,6 +35,9 @@ pub const MAX_BACKENDS: usize = 8192;
 /// Slots of the shared Maglev table unless rivorad is given
 /// `-maglev-size` (`RV_MAGLEV_DEFAULT_SIZE`).
 pub const MAGLEV_DEFAULT_SIZE: u32 = 65_537;
+/// The flow tables' default size, `-flow-table-size`
+/// (`RV_FLOW_TABLE_DEFAULT_SIZE`).
+pub const FLOW_TABLE_DEFAULT_SIZE: u32 = 131_072;
 /// Interfaces whose MAC the datapath keeps (`RV_MAX_IFACES`).
 pub const MAX_IFACES: usize = 256;
 
@@ -44,12 +47,15 @@ pub const MAX_IFACES: usize = 256;
 pub struct Capacity {
     /// Slots in the shared Maglev table (rivorad's `-maglev-size`).
     pub maglev_size: u32,
+    /// Entries in each per-flow table (rivorad's `-flow-table-size`).
+    pub flow_table_size: u32,
 }
 
 impl Default for Capacity {
     fn default() -> Self {
         Self {
             maglev_size: MAGLEV_DEFAULT_SIZE,
+            flow_table_size: FLOW_TABLE_DEFAULT_SIZE,
         }
     }
 }
@@ -132,6 +138,11 @@ pub enum Mode {
     Dsr,
     /// Encapsulate towards the backend (IP-in-IP), routed.
     L3Dsr,
+    /// Rewrite source and destination: the source becomes an address and
+    /// port of this node, so replies come back here wherever the backend
+    /// is; xdp_ingress turns them back into the VIP's.
+    #[serde(rename = "fullnat")]
+    FullNat,
 }
 
 impl fmt::Display for Mode {
@@ -140,6 +151,7 @@ impl fmt::Display for Mode {
             Mode::Nat => "nat",
             Mode::Dsr => "dsr",
             Mode::L3Dsr => "l3dsr",
+            Mode::FullNat => "fullnat",
         })
     }
 }
@@ -281,6 +293,11 @@ pub struct Backend {
     /// accepts it, the writer refuses a DSR backend without one.
     #[serde(default)]
     pub mac: Option<Mac>,
+    /// How this backend is reached when not by its VIP's mode: Kubernetes
+    /// reaches a Service's endpoints on other nodes by full NAT and its
+    /// own node's by NAT, in one VIP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
 }
 
 impl Backend {
@@ -290,6 +307,7 @@ impl Backend {
             port,
             weight: 1,
             mac: None,
+            mode: None,
         }
     }
 
@@ -300,7 +318,13 @@ impl Backend {
             addr: self.addr,
             port: self.port,
             mac: self.mac,
+            mode: self.mode,
         }
+    }
+
+    /// How the backend is reached in a VIP of mode `vip`.
+    pub fn mode_in(&self, vip: Mode) -> Mode {
+        self.mode.unwrap_or(vip)
     }
 
     /// What health checks and drains address.
@@ -326,6 +350,11 @@ pub struct BackendKey {
     pub addr: IpAddr,
     pub port: u16,
     pub mac: Option<Mac>,
+    /// Its own mode, when not its VIP's: part of the backend's entry,
+    /// so a backend reached two ways is two ids. Not hashed by Maglev:
+    /// every node builds the same slices whichever way it reaches them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
 }
 
 impl BackendKey {
@@ -361,6 +390,9 @@ impl fmt::Display for BackendKey {
         write!(f, "{}", self.target())?;
         if let Some(m) = self.mac {
             write!(f, " mac={m}")?;
+        }
+        if let Some(m) = self.mode {
+            write!(f, " via {m}")?;
         }
         Ok(())
     }
@@ -493,27 +525,22 @@ impl Vip {
                     },
                 ));
             }
+            let mode = b.mode_in(self.mode);
             if b.port != 0 {
-                match (self.mode, self.ports) {
-                    (Mode::Nat, Ports::Range { .. }) => {
+                match (mode, self.ports) {
+                    (Mode::Nat | Mode::FullNat, Ports::Range { .. }) => {
                         return Err(err(field("port"), Problem::PortOnRangeVip(b.port)))
                     }
                     (Mode::Dsr | Mode::L3Dsr, Ports::One(p)) if p != b.port => {
                         return Err(err(
                             field("port"),
-                            Problem::PortRemapNeedsNat {
-                                mode: self.mode,
-                                port: b.port,
-                            },
+                            Problem::PortRemapNeedsNat { mode, port: b.port },
                         ))
                     }
                     (Mode::Dsr | Mode::L3Dsr, Ports::Range { .. }) => {
                         return Err(err(
                             field("port"),
-                            Problem::PortRemapNeedsNat {
-                                mode: self.mode,
-                                port: b.port,
-                            },
+                            Problem::PortRemapNeedsNat { mode, port: b.port },
                         ))
                     }
                     _ => {}
@@ -540,11 +567,8 @@ impl Vip {
     /// What the writer needs on top of [`Vip::validate`]: every MAC that
     /// DSR rewrites to is known.
     pub fn check_resolved(&self) -> Result<(), ModelError> {
-        if self.mode != Mode::Dsr {
-            return Ok(());
-        }
         for (i, b) in self.backends.iter().enumerate() {
-            if b.mac.is_none() {
+            if b.mode_in(self.mode) == Mode::Dsr && b.mac.is_none() {
                 return Err(ModelError::Vip {
                     vip: self.key(),
                     field: format!("backends[{i}].mac"),
@@ -594,6 +618,129 @@ pub struct NodeSettings {
     /// ifindex to the interface's MAC (DSR's source MAC).
     #[serde(default)]
     pub interface_macs: BTreeMap<u32, Mac>,
+    /// Full NAT's sources, ports and timeouts.
+    #[serde(default)]
+    pub fullnat: FullNatSettings,
+}
+
+/// The shortest idle timeout a full-NAT port may have before it is given
+/// to another flow: the datapath checks a flow's port when it refreshes
+/// the flow's affinity time, at most once a second, so a port given again
+/// sooner could be sent from by two flows for up to that second.
+pub const MIN_FULLNAT_TIMEOUT_MS: u32 = 2_000;
+/// The longest: 30 days.
+pub const MAX_FULLNAT_TIMEOUT_MS: u32 = 30 * 24 * 3_600_000;
+
+/// Full NAT's node settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FullNatSettings {
+    /// The source address of every full-NAT flow of the family. None:
+    /// the address the node's route to each backend prefers (its egress
+    /// interface's), as MASQUERADE picks it.
+    #[serde(default)]
+    pub src4: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub src6: Option<Ipv6Addr>,
+    /// Source ports given to full-NAT flows, inclusive. Per (source
+    /// address, backend address, backend port, protocol): a backend may
+    /// hold this many full-NAT flows from one source at a time.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Idle time after which a flow's port may be given again: TCP, TCP
+    /// once a FIN or RST was seen, UDP.
+    pub tcp_timeout_ms: u32,
+    pub tcp_closing_timeout_ms: u32,
+    pub udp_timeout_ms: u32,
+}
+
+/// The default source ports: below Linux's default ephemeral range
+/// (`ip_local_port_range`, 32768-60999), which the node's own
+/// connections take their ports from, so no connection of the node's can
+/// hold a tuple full NAT gives out. rivora-doctor checks the host's range.
+pub const DEFAULT_FULLNAT_PORTS: (u16, u16) = (1024, 32767);
+
+impl Default for FullNatSettings {
+    fn default() -> Self {
+        Self {
+            src4: None,
+            src6: None,
+            port_min: DEFAULT_FULLNAT_PORTS.0,
+            port_max: DEFAULT_FULLNAT_PORTS.1,
+            // Cilium's connection-tracking lifetimes: 6 h for TCP, 10 s
+            // after a close, 60 s for UDP.
+            tcp_timeout_ms: 6 * 3_600_000,
+            tcp_closing_timeout_ms: 10_000,
+            udp_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl FullNatSettings {
+    /// Ports in the range.
+    pub fn ports(&self) -> u32 {
+        u32::from(self.port_max).saturating_sub(u32::from(self.port_min)) + 1
+    }
+
+    /// The configured source of a family, if any.
+    pub fn src_for(&self, ipv6: bool) -> Option<IpAddr> {
+        if ipv6 {
+            self.src6.map(IpAddr::V6)
+        } else {
+            self.src4.map(IpAddr::V4)
+        }
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let node = |field: &str, problem| ModelError::Node {
+            field: format!("fullnat.{field}"),
+            problem,
+        };
+        if self.port_min == 0 {
+            return Err(node("port_min", Problem::PortZero));
+        }
+        if self.port_min > self.port_max {
+            return Err(node(
+                "ports",
+                Problem::EmptyPortRange {
+                    first: self.port_min,
+                    last: self.port_max,
+                },
+            ));
+        }
+        for (field, ms) in [
+            ("tcp_timeout_ms", self.tcp_timeout_ms),
+            ("tcp_closing_timeout_ms", self.tcp_closing_timeout_ms),
+            ("udp_timeout_ms", self.udp_timeout_ms),
+        ] {
+            if !(MIN_FULLNAT_TIMEOUT_MS..=MAX_FULLNAT_TIMEOUT_MS).contains(&ms) {
+                return Err(node(
+                    field,
+                    Problem::OutOfRange {
+                        value: u64::from(ms),
+                        min: u64::from(MIN_FULLNAT_TIMEOUT_MS),
+                        max: u64::from(MAX_FULLNAT_TIMEOUT_MS),
+                    },
+                ));
+            }
+        }
+        for (field, addr) in [
+            ("src4", self.src4.map(IpAddr::V4)),
+            ("src6", self.src6.map(IpAddr::V6)),
+        ] {
+            if let Some(addr) = addr {
+                if let Some(why) = unusable(addr) {
+                    return Err(node(
+                        field,
+                        Problem::Unusable {
+                            addr,
+                            why: why.into(),
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl NodeSettings {
@@ -627,12 +774,17 @@ impl NodeSettings {
                 problem: Problem::IfindexZero,
             });
         }
-        Ok(())
+        self.fullnat.validate()
     }
 
-    /// An L3 DSR VIP needs a tunnel source of its family.
+    /// A VIP that tunnels (its mode, or a backend's) needs a tunnel source
+    /// of its family.
     pub fn check_vip(&self, vip: &Vip) -> Result<(), ModelError> {
-        if vip.mode != Mode::L3Dsr {
+        let tunnels = vip
+            .backends
+            .iter()
+            .any(|b| b.mode_in(vip.mode) == Mode::L3Dsr);
+        if !tunnels && vip.mode != Mode::L3Dsr {
             return Ok(());
         }
         let have = match vip.addr {
@@ -904,7 +1056,7 @@ pub enum Problem {
     FamilyMismatch { vip: IpAddr, backend: IpAddr },
     #[error("{value} is out of range {min}..={max}")]
     OutOfRange { value: u64, min: u64, max: u64 },
-    #[error("backend port {0} on a NAT port-range VIP: each port forwards to itself, leave the port unset")]
+    #[error("backend port {0} on a NAT or full-NAT port-range VIP: each port forwards to itself, leave the port unset")]
     PortOnRangeVip(u16),
     #[error(
         "backend port {port} differs from the VIP's: {mode} cannot rewrite ports, only NAT can"

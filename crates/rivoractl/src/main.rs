@@ -114,6 +114,10 @@ enum ConfigCommand {
         /// -maglev-size, if it was given one.
         #[arg(long, value_name = "SLOTS", default_value_t = rivora_model::model::MAGLEV_DEFAULT_SIZE)]
         maglev_size: u32,
+        /// Entries in each flow table: rivorad's -flow-table-size, if it
+        /// was given one (full NAT's port range is weighed against it).
+        #[arg(long, value_name = "ENTRIES", default_value_t = rivora_model::model::FLOW_TABLE_DEFAULT_SIZE)]
+        flow_table_size: u32,
     },
 }
 
@@ -236,10 +240,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             format!("reload {}\n", render::reload_line(r))
         }),
         Command::Stats { watch, interval } => stats(&cli, *watch, *interval),
-        Command::Config(ConfigCommand::Validate { file, maglev_size }) => {
+        Command::Config(ConfigCommand::Validate {
+            file,
+            maglev_size,
+            flow_table_size,
+        }) => {
             // The same validator rivorad runs at start and on reload.
             let capacity = rivora_model::config::Capacity {
                 maglev_size: *maglev_size,
+                flow_table_size: *flow_table_size,
             };
             let cfg = rivora_model::config::load_with(file, &capacity)?;
             let summary = rivora_model::config::summary(&cfg);

@@ -810,6 +810,7 @@ fn route_backends(
                 port,
                 weight,
                 mac: None,
+                mode: None,
             }
         })
         .collect()

@@ -315,3 +315,30 @@ impl<'de> Deserialize<'de> for AffinityTimeout {
         affinity_timeout(d).map(AffinityTimeout)
     }
 }
+
+/// A full-NAT idle timeout: a humantime duration of whole milliseconds
+/// (the datapath counts in them), within the model's bounds.
+pub(super) fn opt_fullnat_timeout<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    let t: Duration = humantime_serde::deserialize(d)?;
+    let shown = humantime::format_duration(t);
+    let (min, max) = (
+        Duration::from_millis(u64::from(crate::model::MIN_FULLNAT_TIMEOUT_MS)),
+        Duration::from_millis(u64::from(crate::model::MAX_FULLNAT_TIMEOUT_MS)),
+    );
+    if t.subsec_nanos() % 1_000_000 != 0 {
+        return Err(de::Error::custom(format!(
+            "\"{shown}\": full NAT's timeouts take whole milliseconds"
+        )));
+    }
+    if t < min || t > max {
+        return Err(de::Error::custom(format!(
+            "\"{shown}\" is out of range: {} to {} (a flow's port is checked once a second, \
+             so one given again sooner than 2s could be shared)",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(Some(t))
+}

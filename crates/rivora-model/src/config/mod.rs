@@ -26,8 +26,8 @@ use crate::health::{self as healthcheck, HealthCheckOverride, HealthCheckSpec};
 use crate::lease::{LeaseTimings, Precision};
 use crate::model::XdpMode;
 use crate::model::{
-    Affinity, Backend, CapacityError, DesiredState, Mac, Mode, ModelError, NodeSettings, Ports,
-    Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
+    Affinity, Backend, CapacityError, DesiredState, FullNatSettings, Mac, Mode, ModelError,
+    NodeSettings, Ports, Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
 
 pub mod bgp;
@@ -96,6 +96,72 @@ pub struct NodeConf {
     /// The L2 speaker's settings.
     #[serde(default)]
     pub l2: L2Conf,
+    /// Full NAT's source addresses, ports and timeouts.
+    #[serde(default)]
+    pub snat: SnatConf,
+}
+
+/// `node.snat`: what full NAT rewrites a request's source to.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnatConf {
+    /// The source of every full-NAT flow of the family; an address this
+    /// node holds (rivorad checks). Unset: the address the node's route to
+    /// each backend prefers.
+    #[serde(default, deserialize_with = "fields::opt_ipv4")]
+    pub ipv4: Option<Ipv4Addr>,
+    #[serde(default, deserialize_with = "fields::opt_ipv6")]
+    pub ipv6: Option<Ipv6Addr>,
+    /// Source ports, an inclusive range (`"1024-32767"`, the default).
+    #[serde(default)]
+    pub ports: Option<PortSpec>,
+    /// Idle time after which a flow's port is given again (default 6h).
+    #[serde(
+        default,
+        deserialize_with = "fields::opt_fullnat_timeout",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub tcp_timeout: Option<Duration>,
+    /// The same once a FIN or RST was seen (default 10s).
+    #[serde(
+        default,
+        deserialize_with = "fields::opt_fullnat_timeout",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub tcp_closing_timeout: Option<Duration>,
+    /// For UDP (default 60s).
+    #[serde(
+        default,
+        deserialize_with = "fields::opt_fullnat_timeout",
+        serialize_with = "humantime_serde::serialize"
+    )]
+    pub udp_timeout: Option<Duration>,
+}
+
+impl SnatConf {
+    /// The model's settings: the file's, defaults for what it leaves out.
+    pub fn settings(&self) -> FullNatSettings {
+        let d = FullNatSettings::default();
+        let ms = |t: Option<Duration>, default: u32| {
+            t.map_or(default, |t| {
+                u32::try_from(t.as_millis()).unwrap_or(u32::MAX)
+            })
+        };
+        let (port_min, port_max) = match self.ports.map(|p| p.0) {
+            Some(Ports::One(p)) => (p, p),
+            Some(Ports::Range { first, last }) => (first, last),
+            None => (d.port_min, d.port_max),
+        };
+        FullNatSettings {
+            src4: self.ipv4,
+            src6: self.ipv6,
+            port_min,
+            port_max,
+            tcp_timeout_ms: ms(self.tcp_timeout, d.tcp_timeout_ms),
+            tcp_closing_timeout_ms: ms(self.tcp_closing_timeout, d.tcp_closing_timeout_ms),
+            udp_timeout_ms: ms(self.udp_timeout, d.udp_timeout_ms),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -432,6 +498,9 @@ pub struct Config {
     /// What is accepted but worth saying: VIPs the Maglev table cannot
     /// give the slots their weights need.
     pub warnings: Vec<String>,
+    /// The file's text, for errors the daemon finds against the host
+    /// ([`Config::error_at`]).
+    text: std::sync::Arc<str>,
 }
 
 /// The node's runtime settings, apart from the VIPs: what the daemon
@@ -446,6 +515,17 @@ pub struct NodeRuntime {
 }
 
 impl Config {
+    /// An error about `field` (as the file writes it, `node.snat.ipv4`)
+    /// found against the host rather than by the validator, at its line.
+    pub fn error_at(&self, field: &str, message: String) -> ConfigError {
+        ConfigError::new(
+            &self.path,
+            yaml::line_of(&self.text, field).map(|f| f.line),
+            Some(field.to_string()),
+            message,
+        )
+    }
+
     /// The interfaces, API and metrics settings; the VIPs and the node's
     /// datapath settings are in `desired`.
     pub fn node_settings(&self) -> NodeRuntime {
@@ -671,6 +751,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         tunnel_src4: file.node.tunnel_source.ipv4,
         tunnel_src6: file.node.tunnel_source.ipv6,
         interface_macs: BTreeMap::new(),
+        fullnat: file.node.snat.settings(),
     };
     node.validate().map_err(|e| model_error(&e, &file, &fail))?;
 
@@ -698,6 +779,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
                     port: b.port.unwrap_or(0),
                     weight: b.weight,
                     mac: b.mac,
+                    mode: None,
                 })
                 .collect(),
         };
@@ -750,7 +832,8 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         None => None,
         Some(b) => Some(bgp::validate(b).map_err(|(field, msg)| fail(&field, msg))?),
     };
-    let warnings = precision_warnings(&desired, capacity);
+    let mut warnings = precision_warnings(&desired, capacity);
+    warnings.extend(snat_warning(&desired.node.fullnat, capacity));
     Ok(Config {
         path: path.to_path_buf(),
         file,
@@ -760,6 +843,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         capacity: *capacity,
         bgp,
         warnings,
+        text: std::sync::Arc::from(text),
     })
 }
 
@@ -801,6 +885,26 @@ fn precision_warnings(desired: &DesiredState, capacity: &Capacity) -> Vec<String
         capacity.maglev_size,
         reduced.len()
     )]
+}
+
+/// A full-NAT port range this much smaller than the flow table is worth a
+/// warning: a backend takes at most the range's ports in full-NAT flows
+/// from one source, so the range runs out long before the table fills
+/// unless the flows spread over more backends than this.
+pub const SNAT_PORTS_WARN_DIVISOR: u32 = 16;
+
+/// The warning for a port range too small for the flow table, if it is.
+pub fn snat_warning(f: &FullNatSettings, capacity: &Capacity) -> Option<String> {
+    let ports = f.ports();
+    (ports < capacity.flow_table_size / SNAT_PORTS_WARN_DIVISOR).then(|| {
+        format!(
+            "node.snat.ports {}-{} holds {ports} ports, under a sixteenth of the {} flows \
+             the flow table holds (rivorad -flow-table-size): a backend can take at most \
+             {ports} full-NAT flows from one source address, and the rest of its new flows \
+             are dropped (fullnat_ports_exhausted)",
+            f.port_min, f.port_max, capacity.flow_table_size
+        )
+    })
 }
 
 /// `node.l2`: what serde could not check field by field.
@@ -1032,6 +1136,12 @@ fn node_field(model: &str) -> String {
     match model {
         "tunnel_src4" => "tunnelSource.ipv4".into(),
         "tunnel_src6" => "tunnelSource.ipv6".into(),
+        "fullnat.src4" => "snat.ipv4".into(),
+        "fullnat.src6" => "snat.ipv6".into(),
+        "fullnat.port_min" | "fullnat.ports" => "snat.ports".into(),
+        "fullnat.tcp_timeout_ms" => "snat.tcpTimeout".into(),
+        "fullnat.tcp_closing_timeout_ms" => "snat.tcpClosingTimeout".into(),
+        "fullnat.udp_timeout_ms" => "snat.udpTimeout".into(),
         f if f.starts_with("syn_rate_limit") => f
             .replacen("syn_rate_limit", "synRateLimit", 1)
             .replace("rate_per_sec", "ratePerSec"),

@@ -1042,7 +1042,10 @@ fn capacities_are_checked_with_short_messages() {
         format!("interfaces: [{}]\n", names.join(", "))
     };
     let default = Capacity::default();
-    let small = Capacity { maglev_size: 1021 };
+    let small = Capacity {
+        maglev_size: 1021,
+        ..Capacity::default()
+    };
     let cases: Vec<CapacityCase> = vec![
         // (what, file, capacity, line, field, the message says)
         (
@@ -1136,7 +1139,10 @@ fn capacities_are_checked_with_short_messages() {
     let just = parse_with(
         Path::new("rivora.yaml"),
         &two_small,
-        &Capacity { maglev_size: 1032 },
+        &Capacity {
+            maglev_size: 1032,
+            ..Capacity::default()
+        },
     )
     .expect("a table just big enough");
     assert!(
@@ -1185,6 +1191,7 @@ fn precision_warnings_when_the_table_is_short() {
         &many_vips(85, canary),
         &Capacity {
             maglev_size: 131_071,
+            ..Capacity::default()
         },
     )
     .expect("fits");
