@@ -179,7 +179,7 @@ pub struct Topology {
 /// reaches them: no DAD (addresses usable at once), no ICMP redirects
 /// taken from anyone (a redirect would teach a NAT backend to answer the
 /// client directly, past tc_nat), no router advertisements.
-fn base_sysctls(ns: &Netns) {
+pub fn base_sysctls(ns: &Netns) {
     let mut s = Vec::new();
     for scope in ["all", "default"] {
         s.push((format!("net.ipv6.conf.{scope}.accept_dad"), "0"));

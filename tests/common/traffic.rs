@@ -11,7 +11,7 @@
 //! client's address as the backend saw it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{self, BufRead, BufReader, ErrorKind, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +19,9 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
 
 use super::netns::{spawn_in, Netns};
 use super::topology::Topology;
@@ -386,6 +389,58 @@ pub fn parse_answer(s: &str, me: SocketAddr) -> Result<Hit, String> {
 /// A fresh TCP connection: one line out, its answer back.
 pub fn tcp_once(vip: SocketAddr, step: Duration) -> Result<Hit, String> {
     let s = TcpStream::connect_timeout(&vip, step).map_err(|e| format!("connect: {e}"))?;
+    tcp_exchange(s, step)
+}
+
+/// [`tcp_once`] from `src`, an address and port the caller chose: a run
+/// of many connections then never reuses a source port, which the kernel's
+/// choice does not promise once a failed connection has freed its port.
+pub fn tcp_once_from(src: SocketAddr, vip: SocketAddr, step: Duration) -> Result<Hit, String> {
+    let s = connect_from(src, vip, step).map_err(|e| format!("connect from {src}: {e}"))?;
+    tcp_exchange(s, step)
+}
+
+/// A TCP connection from `src` to `dst` within `timeout` (std connects
+/// only from a port of the kernel's choice).
+pub fn connect_from(src: SocketAddr, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let family = match dst {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd = socket::socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(src))?;
+    match socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(dst)) {
+        Ok(()) | Err(Errno::EINPROGRESS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    match unsafe { libc::poll(&mut p, 1, ms) } {
+        0 => return Err(io::Error::new(ErrorKind::TimedOut, "connection timed out")),
+        n if n < 0 => return Err(io::Error::last_os_error()),
+        _ => {}
+    }
+    match socket::getsockopt(&fd, sockopt::SocketError)? {
+        0 => {}
+        e => return Err(io::Error::from_raw_os_error(e)),
+    }
+    let s = TcpStream::from(fd);
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
+/// One line out on a connected stream, its answer back.
+fn tcp_exchange(s: TcpStream, step: Duration) -> Result<Hit, String> {
     let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
     s.set_read_timeout(Some(step))
         .and_then(|_| s.set_write_timeout(Some(step)))
@@ -420,7 +475,17 @@ pub fn udp_once(vip: SocketAddr, token: &str, step: Duration) -> Result<Hit, Str
         SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
         SocketAddr::V6(_) => "[::]:0".parse().expect("literal"),
     };
-    let s = UdpSocket::bind(any).map_err(|e| format!("bind: {e}"))?;
+    udp_once_from(any, vip, token, step)
+}
+
+/// [`udp_once`] from `src`, an address and port the caller chose.
+pub fn udp_once_from(
+    src: SocketAddr,
+    vip: SocketAddr,
+    token: &str,
+    step: Duration,
+) -> Result<Hit, String> {
+    let s = UdpSocket::bind(src).map_err(|e| format!("bind: {e}"))?;
     s.connect(vip).map_err(|e| format!("connect: {e}"))?;
     let me = s.local_addr().map_err(|e| format!("local_addr: {e}"))?;
     s.set_read_timeout(Some(step))
