@@ -173,7 +173,7 @@ mod tests {
         let spec = &ver["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
         assert_eq!(
             spec["mode"]["enum"],
-            serde_json::json!(["nat", "dsr", "l3dsr"])
+            serde_json::json!(["nat", "fullnat", "dsr", "l3dsr"])
         );
         assert!(spec["healthCheck"]["x-kubernetes-validations"].is_array());
         assert!(

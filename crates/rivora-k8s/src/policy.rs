@@ -76,10 +76,13 @@ pub struct ServicePolicySpec {
     #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "atomic"))]
     pub listeners: Vec<ListenerTarget>,
 
-    /// How packets reach the backends: `nat` (default), `dsr` (same L2
-    /// segment, MAC rewrite) or `l3dsr` (IP-in-IP to the backend). DSR
-    /// modes cannot change the port: each Service port must equal its
-    /// endpoints' port.
+    /// How packets reach the backends: `nat` (default: endpoints on the
+    /// receiving node by NAT, which keeps the client's address, endpoints on
+    /// other nodes by full NAT, whose replies then come back through the
+    /// receiving node), `fullnat` (every endpoint by full NAT: the
+    /// endpoints see the receiving node's address), `dsr` (same L2 segment,
+    /// MAC rewrite) or `l3dsr` (IP-in-IP to the backend). DSR modes cannot
+    /// change the port: each Service port must equal its endpoints' port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<PolicyMode>,
 
@@ -123,6 +126,7 @@ pub struct ListenerTarget {
 #[serde(rename_all = "lowercase")]
 pub enum PolicyMode {
     Nat,
+    Fullnat,
     Dsr,
     L3dsr,
 }
@@ -131,6 +135,7 @@ impl From<PolicyMode> for Mode {
     fn from(m: PolicyMode) -> Mode {
         match m {
             PolicyMode::Nat => Mode::Nat,
+            PolicyMode::Fullnat => Mode::FullNat,
             PolicyMode::Dsr => Mode::Dsr,
             PolicyMode::L3dsr => Mode::L3Dsr,
         }

@@ -25,6 +25,14 @@
 //! - `externalTrafficPolicy: Local`: only endpoints whose `nodeName` is
 //!   this node. `sessionAffinity: ClientIP` is clientIP affinity with its
 //!   `timeoutSeconds` (default 10800).
+//! - Each endpoint is reached the way its place allows ([`place_backends`]):
+//!   under NAT (the default) this node's own endpoints by NAT, whose
+//!   replies route back through this node (it is their pods' gateway), and
+//!   every other endpoint by full NAT (an endpoint with no `nodeName` too),
+//!   whose replies come back here whatever the other node routes: with NAT
+//!   alone they left from their own node, from the pod's address, and the
+//!   client reset them. A ServicePolicy's `fullnat` reaches every endpoint
+//!   by full NAT.
 //! - A [`ServicePolicy`] overrides mode, SYN limit, affinity, adds an
 //!   active health check and weights endpoints by label. One that is
 //!   invalid, or whose DSR mode cannot serve a port that remaps (DSR
@@ -346,8 +354,10 @@ fn translate<S: Borrow<EndpointSlice>>(
             if !keys.insert((addr, port, proto)) {
                 continue;
             }
-            let backends = backends(&ours, addr, port_name, proto, local.then_some(node), policy);
-            if mode != Mode::Nat {
+            let mut backends =
+                backends(&ours, addr, port_name, proto, local.then_some(node), policy);
+            place_backends(mode, &mut backends, &local_endpoints(&ours, node));
+            if matches!(mode, Mode::Dsr | Mode::L3Dsr) {
                 if let Some(b) = backends.iter().find(|b| b.port != port) {
                     return Err(PolicyIssue {
                         reason: REASON_MODE_NOT_APPLICABLE,
@@ -383,6 +393,31 @@ fn translate<S: Borrow<EndpointSlice>>(
         }
     }
     Ok(out)
+}
+
+/// The addresses of the endpoints these slices place on `node`.
+pub fn local_endpoints<S: Borrow<EndpointSlice>>(slices: &[S], node: &str) -> BTreeSet<IpAddr> {
+    slices
+        .iter()
+        .flat_map(|s| s.borrow().endpoints.iter().flatten())
+        .filter(|ep| ep.node_name.as_deref() == Some(node))
+        .flat_map(|ep| ep.addresses.iter())
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+/// How this node reaches each backend of a VIP of mode `mode`, given the
+/// addresses of its own endpoints (`local`): under NAT, an endpoint on
+/// another node (or on none known) by full NAT, as its replies would not
+/// come back through this node; every other mode reaches them all its
+/// own way.
+pub fn place_backends(mode: Mode, backends: &mut [Backend], local: &BTreeSet<IpAddr>) {
+    for b in backends {
+        b.mode = match mode {
+            Mode::Nat if !local.contains(&b.addr) => Some(Mode::FullNat),
+            _ => None,
+        };
+    }
 }
 
 /// Whether `a` can be a VIP: the address checks of the model, with no

@@ -49,7 +49,7 @@ use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route};
 use rivora_k8s::policy::{ObjectRef, PolicyIssue, ServicePolicy};
-use rivora_k8s::translate::PolicyUse;
+use rivora_k8s::translate::{local_endpoints, place_backends, PolicyUse};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -541,7 +541,21 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
         .gateways
         .into_iter()
         .filter(|(_, g)| !g.vips.is_empty())
-        .map(|(k, g)| (k, (g.vips, g.services)))
+        .map(|(k, mut g)| {
+            // Which endpoints are this node's: every node resolves the
+            // same Gateways, and each reaches them its own way.
+            let view = View(state);
+            let slices: Vec<&EndpointSlice> = g
+                .services
+                .iter()
+                .flat_map(|s| view.endpoint_slices(&s.namespace, &s.name))
+                .collect();
+            let local = local_endpoints(&slices, &state.opts.node_name);
+            for d in &mut g.vips {
+                place_backends(d.vip.mode, &mut d.vip.backends, &local);
+            }
+            (k, (g.vips, g.services))
+        })
         .collect();
     let mut keys: BTreeSet<ObjectRef> = wanted.keys().cloned().collect();
     keys.extend(state.gw.sent.keys().cloned());

@@ -1047,7 +1047,7 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                     .iter()
                     .flat_map(|(_, bs)| bs.iter())
                     .find(|b| b.port != port);
-                if let (true, Some(b)) = (mode != Mode::Nat, remap) {
+                if let (true, Some(b)) = (matches!(mode, Mode::Dsr | Mode::L3Dsr), remap) {
                     used = PolicyUse::Rejected(crate::policy::PolicyIssue {
                         reason: REASON_MODE_NOT_APPLICABLE,
                         message: format!(

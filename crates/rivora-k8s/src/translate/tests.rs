@@ -62,7 +62,7 @@ fn policy(spec: Value) -> ServicePolicy {
 }
 
 /// One line per VIP: key, mode, affinity, rate limit, backends with
-/// weights, `+hc` when probed.
+/// weights (and their own mode, when not the VIP's), `+hc` when probed.
 fn summary(t: &Translation) -> Vec<String> {
     t.vips
         .iter()
@@ -78,7 +78,10 @@ fn summary(t: &Translation) -> Vec<String> {
             let bs = v
                 .backends
                 .iter()
-                .map(|b| format!("{} w{}", b.target(), b.weight))
+                .map(|b| match b.mode {
+                    Some(m) => format!("{} w{} via {m}", b.target(), b.weight),
+                    None => format!("{} w{}", b.target(), b.weight),
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             let hc = if d.health.iter().any(Option::is_some) {
@@ -263,11 +266,25 @@ fn every_rule() {
             vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1]"],
         ),
         row(
-            "externalTrafficPolicy Cluster: every node's endpoints",
+            "externalTrafficPolicy Cluster: every node's endpoints, another node's (or no node's) by full NAT",
             service(json!({"spec": {"externalTrafficPolicy": "Cluster"}})),
-            vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
-            vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1]"],
+            vec![slice(json!({"endpoints": [
+                ep("10.1.0.1"),
+                ep_with("10.1.0.2", json!({"nodeName": "node-b"})),
+                ep_with("10.1.0.3", json!({"nodeName": null})),
+            ]}))],
+            vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1 via fullnat, 10.1.0.3:8080 w1 via fullnat]"],
         ),
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "mode": "fullnat"}))),
+            policy_use: "applied",
+            ..row(
+                "policy fullnat: every endpoint by full NAT, this node's too",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 fullnat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1]"],
+            )
+        },
         row(
             "sessionAffinity ClientIP with timeoutSeconds",
             service(json!({"spec": {"sessionAffinity": "ClientIP",
@@ -392,7 +409,7 @@ fn every_rule() {
                     slice(json!({"metadata": {"name": "web-canary", "labels": {"tier": "canary"}},
                                  "endpoints": [ep("10.1.0.5")]})),
                 ],
-                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w5, 10.1.0.3:8080 w0, 10.1.0.4:8080 w0, 10.1.0.5:8080 w2]"],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w5, 10.1.0.3:8080 w0 via fullnat, 10.1.0.4:8080 w0, 10.1.0.5:8080 w2]"],
             )
         },
         Row {
