@@ -16,6 +16,7 @@
 #include "lib/nat.h"
 #include "lib/parse.h"
 #include "lib/ratelimit.h"
+#include "lib/tunnel.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -360,7 +361,10 @@ __noinline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 
 /*
  * A TCP or UDP packet to a VIP's address: match, rate-limit, pick,
- * forward.
+ * forward. `forced`, when not 0, is the backend another node chose and
+ * tunnelled the packet here for (rv_tunnel_in()): that node rate-limited
+ * it, and its choice is kept, remembered in the affinity table as this
+ * node's own so that tc_nat knows the reply.
  *
  * This, the later fragment and the ICMP error are global functions, each
  * verified once on its own and each with a stack frame of its own:
@@ -369,7 +373,7 @@ __noinline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
  * full NAT's. The packet descriptor is plain memory to them; the offsets
  * they read from it are bounded where they are used (rv_hdr).
  */
-__noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
+__noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt, __u32 forced)
 {
 	struct rv_target t = {};
 	struct rv_service *svc;
@@ -387,7 +391,7 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
 
-	if (pkt->flags & RV_PKT_TCP_SYN) {
+	if ((pkt->flags & RV_PKT_TCP_SYN) && !forced) {
 		ret = rv_rate_limit(pkt, t.svc_id, svc);
 		if (ret) {
 			struct rv_vip_stats *s =
@@ -405,6 +409,12 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
 	f.proto = pkt->proto;
 	f.family = pkt->family;
 	rv_pick(svc, &f, &t);
+	if (forced && t.backend_id != forced) {
+		t.backend_id = forced;
+		t.pick = RV_PICK_NEW;
+		t.fnat_port = 0;
+		t.fnat_src = 0;
+	}
 	if (!t.backend_id) {
 		rv_count_vip_no_backend(t.svc_id);
 		return -RV_DROP_NO_HEALTHY_BACKEND;
@@ -412,6 +422,10 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
 	ret = rv_backend_get(pkt->family, svc, t.backend_id, pkt->dport, &be);
 	if (ret)
 		return ret;
+	/* Only this node's own endpoints take tunnelled packets: anything
+	 * else would send the packet on again. */
+	if (forced && be.mode != RV_MODE_NAT)
+		return -RV_DROP_NO_BACKEND;
 	if (be.mode == RV_MODE_FULLNAT) {
 		struct rv_fullnat_to to = { .port = be.port,
 					    .src = be.nh.fullnat_src };
@@ -432,6 +446,104 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt)
 	return rv_forward_counted(ctx, pkt, &t, &be);
 }
 
+/* rv_tunnel_in(): the packet is now the inner one, for rv_vip_path(). */
+#define RV_TUNNEL_TAKEN 0x100
+
+/*
+ * DSR across nodes, the endpoint's side. Another node took a client's
+ * packet to a VIP, chose an endpoint behind this node (a pod, whose
+ * gateway this node is) and sent the packet on whole in IPIP or IPv6 in
+ * IPv6 to the endpoint's address, which routes here. Taken when the
+ * inner packet is to one of this node's VIPs and the outer destination is
+ * one of that VIP's endpoints here (tunnel_ep_map): the outer header comes
+ * off and the packet is NAT'd to that endpoint, the other node's choice,
+ * by rv_vip_path() (called by the caller, whose stack frame it then
+ * shares with no third: the two frames do not fit under xdp_ingress's
+ * together). The endpoint's reply leaves by this node, its
+ * gateway, where tc_nat turns it into VIP -> client: the client's address
+ * is kept both ways and the reply goes straight back.
+ *
+ * Anything else (a tunnel of somebody else's, a fragmented outer or inner
+ * packet, one in the other family) is passed untouched, as before: no
+ * later stage acts on a protocol other than TCP, UDP and ICMP. `pkt` is
+ * the outer packet's on entry and scratch after it (the inner packet's
+ * once taken). Returns RV_TUNNEL_TAKEN with the endpoint's backend in
+ * *backend, else a verdict.
+ */
+__noinline int rv_tunnel_in(struct xdp_md *ctx, struct rv_pkt *pkt,
+			    __u32 *backend)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct rv_tunnel_ep_key k = {};
+	struct rv_decap d = {};
+	struct rv_tunnel_ep *ep;
+	__u32 l2_len, outer_off, outer_end;
+	__u32 backend_id;
+	int ret;
+
+	if (!pkt || !backend || (pkt->flags & RV_PKT_FRAG))
+		return RV_XDP_PASS;
+	l2_len = pkt->l2_len;
+	outer_off = pkt->l3_off;
+	outer_end = pkt->l3_off + pkt->ip_len;
+	d.family = pkt->family;
+	rv_addr6_copy(k.addr, pkt->daddr);
+	if (pkt->family == RV_FAMILY_V4 && pkt->proto == RV_IPPROTO_IPIP) {
+		struct iphdr *outer =
+			rv_hdr(struct iphdr, data, data_end, outer_off);
+
+		if (!outer)
+			return RV_XDP_PASS;
+		d.outer_ecn = outer->tos & RV_ECN_MASK;
+		pkt->flags = 0;
+		pkt->l3_off = pkt->l4_off;
+		ret = rv_parse_ipv4(data, data_end, pkt, 1);
+	} else if (pkt->family == RV_FAMILY_V6 &&
+		   pkt->proto == RV_IPPROTO_IPV6 &&
+		   pkt->l4_off == outer_off + sizeof(struct ipv6hdr)) {
+		struct ipv6hdr *outer =
+			rv_hdr(struct ipv6hdr, data, data_end, outer_off);
+
+		if (!outer)
+			return RV_XDP_PASS;
+		d.outer_ecn = (bpf_ntohl(*(__be32 *)outer) >> 20) & RV_ECN_MASK;
+		pkt->flags = 0;
+		pkt->l3_off = pkt->l4_off;
+		ret = rv_parse_ipv6(data, data_end, pkt, 1);
+	} else {
+		return RV_XDP_PASS;
+	}
+	/* The inner packet must end where the outer one does. */
+	if (ret || (pkt->flags & RV_PKT_FRAG) ||
+	    pkt->l3_off + pkt->ip_len != outer_end)
+		return RV_XDP_PASS;
+	if (pkt->proto != RV_IPPROTO_TCP && pkt->proto != RV_IPPROTO_UDP)
+		return RV_XDP_PASS;
+	if (rv_parse_l4(data, data_end, pkt))
+		return RV_XDP_PASS;
+	k.svc_id =
+		rv_vip_lookup(pkt->family, pkt->daddr, pkt->dport, pkt->proto);
+	if (!k.svc_id)
+		return RV_XDP_PASS;
+	ep = bpf_map_lookup_elem(&tunnel_ep_map, &k);
+	if (!ep || !ep->backend_id || l2_len > RV_DECAP_L2_MAX)
+		return RV_XDP_PASS;
+	backend_id = ep->backend_id;
+
+	d.outer_len = pkt->l3_off - outer_off;
+	ret = rv_decap_strip(ctx, l2_len, &d);
+	if (ret > 0)
+		return RV_XDP_PASS;
+	if (ret < 0)
+		return -RV_DROP_HEADROOM;
+	/* The inner packet now starts where the outer one did. */
+	pkt->l3_off -= d.outer_len;
+	pkt->l4_off -= d.outer_len;
+	*backend = backend_id;
+	return RV_TUNNEL_TAKEN;
+}
+
 static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 {
 	void *data = (void *)(long)ctx->data;
@@ -443,6 +555,14 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 		return ret;
 	if (ret == RV_PARSE_PASS)
 		return RV_XDP_PASS;
+	if (pkt->proto == RV_IPPROTO_IPIP || pkt->proto == RV_IPPROTO_IPV6) {
+		__u32 backend = 0;
+
+		ret = rv_tunnel_in(ctx, pkt, &backend);
+		if (ret != RV_TUNNEL_TAKEN)
+			return ret;
+		return rv_vip_path(ctx, pkt, backend);
+	}
 	/* Not addressed to any VIP: the kernel's, whatever its L4 header
 	 * holds (a truncated one included: not ours to judge). */
 	if (!rv_vip_filter_may_match(pkt->family, pkt->daddr))
@@ -473,7 +593,7 @@ static __always_inline int rv_process(struct xdp_md *ctx, struct rv_pkt *pkt)
 			return ret;
 	}
 
-	return rv_vip_path(ctx, pkt);
+	return rv_vip_path(ctx, pkt, 0);
 }
 
 /*

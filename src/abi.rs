@@ -9,12 +9,12 @@ pub use crate::bpf::xdp_ingress::types::{
     rv_drop_stats, rv_family, rv_flow6_key, rv_flow_key, rv_frag6_key, rv_frag_key,
     rv_frag_rev6_value, rv_frag_rev_value, rv_frag_value, rv_fullnat6_key, rv_fullnat_config,
     rv_fullnat_cursor, rv_fullnat_flags, rv_fullnat_flow, rv_fullnat_frag, rv_fullnat_key,
-    rv_fullnat_src, rv_fullnat_stats, rv_health, rv_iface_mac, rv_limits, rv_maglev_slot, rv_meta,
-    rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner, rv_nat_owner6_key,
-    rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss, rv_rl6_key,
-    rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags, rv_tunnel_config,
-    rv_vip6_key, rv_vip_filter, rv_vip_key, rv_vip_range6_key, rv_vip_range_key, rv_vip_stats,
-    rv_vip_value,
+    rv_fullnat_src, rv_fullnat_stats, rv_health, rv_iface_flags, rv_iface_mac, rv_limits,
+    rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner,
+    rv_nat_owner6_key, rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss,
+    rv_rl6_key, rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags,
+    rv_tunnel_config, rv_tunnel_ep, rv_tunnel_ep_key, rv_vip6_key, rv_vip_filter, rv_vip_key,
+    rv_vip_range6_key, rv_vip_range_key, rv_vip_stats, rv_vip_value,
 };
 
 /// Layout version of the pinned maps (`RV_ABI_VERSION`).

@@ -41,6 +41,9 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 struct Ctx {
     /// Interfaces rivorad is attached to, by ifindex.
     attached: BTreeSet<u32>,
+    /// Of those, the ones it runs on as generic XDP: no redirect into
+    /// them (no XDP transmit), XDP_TX out of them only.
+    generic: BTreeSet<u32>,
     links: HashMap<u32, Link>,
     /// Per family (false: IPv4): whether one answer per destination is
     /// the FIB's, and forwarding is on for every attached interface.
@@ -53,7 +56,11 @@ fn sysctl_on(path: &str) -> bool {
 }
 
 impl Ctx {
-    fn gather(nl: &mut Netlink, attached: BTreeSet<u32>) -> Result<Self, NetlinkError> {
+    fn gather(
+        nl: &mut Netlink,
+        attached: BTreeSet<u32>,
+        generic: BTreeSet<u32>,
+    ) -> Result<Self, NetlinkError> {
         let mut links = HashMap::new();
         let mut forwarding = [true, true];
         for ifindex in &attached {
@@ -70,6 +77,7 @@ impl Ctx {
         let cacheable = [!nl.policy_rules(false)?, !nl.policy_rules(true)?];
         Ok(Self {
             attached,
+            generic,
             links,
             cacheable,
             forwarding,
@@ -145,7 +153,13 @@ fn resolve(
         .into_iter()
         .find(|n| n.addr == hop && n.ifindex == oif && n.usable());
     Ok(match neigh.and_then(|n| n.mac) {
-        Some(dmac) => Ok(NextHop::send(oif, mtu, dmac.0, smac.0)),
+        Some(dmac) => {
+            let mut hop = NextHop::send(oif, mtu, dmac.0, smac.0);
+            if ctx.generic.contains(&oif) {
+                hop.flags |= NextHop::TX_ONLY;
+            }
+            Ok(hop)
+        }
         None => Err(Uncached::Neighbour),
     })
 }
@@ -156,10 +170,10 @@ type Resolved = (HashMap<IpAddr, NextHop>, BTreeMap<IpAddr, Uncached>);
 /// Resolve every address; the table to send, and what to probe.
 fn resolve_all(
     nl: &mut Netlink,
-    attached: &BTreeSet<u32>,
+    attached: &Attached,
     addrs: &BTreeSet<IpAddr>,
 ) -> Result<Resolved, NetlinkError> {
-    let mut ctx = Ctx::gather(nl, attached.clone())?;
+    let mut ctx = Ctx::gather(nl, attached.all.clone(), attached.generic.clone())?;
     let mut table = HashMap::new();
     let mut uncached = BTreeMap::new();
     for a in addrs {
@@ -175,9 +189,17 @@ fn resolve_all(
     Ok((table, uncached))
 }
 
+/// The interfaces rivorad is attached to, and which of them as generic
+/// XDP (no redirect reaches those: they have no XDP transmit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attached {
+    pub all: BTreeSet<u32>,
+    pub generic: BTreeSet<u32>,
+}
+
 /// Backend addresses by backend id, and the attached interfaces, from the
 /// reconciler's published status.
-fn wanted(status: &StatusReader) -> (BTreeMap<u32, IpAddr>, BTreeSet<u32>) {
+fn wanted(status: &StatusReader) -> (BTreeMap<u32, IpAddr>, Attached) {
     let s = status.current();
     let mut ids = BTreeMap::new();
     for v in &s.vips {
@@ -185,7 +207,16 @@ fn wanted(status: &StatusReader) -> (BTreeMap<u32, IpAddr>, BTreeSet<u32>) {
             ids.insert(b.backend_id, b.target.addr);
         }
     }
-    (ids, s.interfaces.iter().map(|i| i.ifindex).collect())
+    let attached = Attached {
+        all: s.interfaces.iter().map(|i| i.ifindex).collect(),
+        generic: s
+            .interfaces
+            .iter()
+            .filter(|i| i.xdp_mode == Some(crate::dataplane::XdpMode::Generic))
+            .map(|i| i.ifindex)
+            .collect(),
+    };
+    (ids, attached)
 }
 
 /// The watcher: runs on a thread of its own (in rivorad's network
@@ -219,7 +250,7 @@ impl Watcher {
             warn!("next-hop watcher: no pinned maps to read misses from");
         }
         let mut sent: Option<HashMap<IpAddr, NextHop>> = None;
-        let mut known: (BTreeMap<u32, IpAddr>, BTreeSet<u32>) = Default::default();
+        let mut known: (BTreeMap<u32, IpAddr>, Attached) = Default::default();
         let mut misses: HashMap<u32, u64> = HashMap::new();
         let mut probed: HashMap<IpAddr, Instant> = HashMap::new();
         let mut uncached: BTreeMap<IpAddr, Uncached> = BTreeMap::new();
@@ -304,10 +335,24 @@ impl Watcher {
 }
 
 /// The next hops of `addrs` as the watcher would resolve them now, for
-/// interfaces `attached` (the bench and the tests compare them with
-/// bpf_fib_lookup's answers). Addresses with none are left out.
+/// interfaces `attached`, all native XDP (the bench and the tests compare
+/// them with bpf_fib_lookup's answers). Addresses with none are left out.
 pub fn resolve_now(
     attached: &BTreeSet<u32>,
+    addrs: &BTreeSet<IpAddr>,
+) -> Result<HashMap<IpAddr, NextHop>, NetlinkError> {
+    resolve_now_with(
+        &Attached {
+            all: attached.clone(),
+            generic: BTreeSet::new(),
+        },
+        addrs,
+    )
+}
+
+/// [`resolve_now`], some of the interfaces generic XDP.
+pub fn resolve_now_with(
+    attached: &Attached,
     addrs: &BTreeSet<IpAddr>,
 ) -> Result<HashMap<IpAddr, NextHop>, NetlinkError> {
     let mut nl = Netlink::open()?;

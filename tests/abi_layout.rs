@@ -279,8 +279,10 @@ fn snapshot() -> String {
             last_ns
         }
     );
-    layout!(s, rv_iface_mac { mac, pad });
+    layout!(s, rv_iface_mac { mac, flags, pad });
     layout!(s, rv_tunnel_config { src4, src6 });
+    layout!(s, rv_tunnel_ep_key { svc_id, addr });
+    layout!(s, rv_tunnel_ep { backend_id });
     layout!(
         s,
         rv_meta {

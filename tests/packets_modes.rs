@@ -1080,20 +1080,18 @@ fn expect_on(t: &TestDp, desc: &str, ifindex: u32, f: &Frame, verdict: u32, want
 fn cache_next_hops(
     fx: &Fx,
 ) -> std::collections::HashMap<IpAddr, rivora::dataplane::render::NextHop> {
-    let attached: std::collections::BTreeSet<u32> =
-        fx.w.borrow()
-            .node()
-            .interface_macs
-            .keys()
-            .copied()
-            .collect();
+    let node = fx.w.borrow().node().clone();
+    let attached = rivora::nexthop::Attached {
+        all: node.interface_macs.keys().copied().collect(),
+        generic: node.generic_xdp.clone(),
+    };
     let addrs: std::collections::BTreeSet<IpAddr> =
         fx.w.borrow()
             .specs()
             .iter()
             .flat_map(|v| v.backends.iter().map(|b| b.addr))
             .collect();
-    let table = rivora::nexthop::resolve_now(&attached, &addrs).expect("resolving next hops");
+    let table = rivora::nexthop::resolve_now_with(&attached, &addrs).expect("resolving next hops");
     fx.w.borrow_mut()
         .set_next_hops(table.clone())
         .expect("writing next hops");
@@ -1298,6 +1296,25 @@ fn nat_fib_redirects_only_to_attached_interfaces_with(cached: bool) {
         // Arriving on veth2 itself, the same request goes back out of it.
         let f = nat_fib_request(svc, 57002);
         let desc = format!("NAT svc {svc}, from veth2");
+        let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
+        expect_on(t, &desc, veth2, &f, XDP_TX, &want);
+    }
+
+    // Attached as generic XDP (a bridge has no XDP transmit, and a frame
+    // redirected into it is lost without a trace): the kernel's to send,
+    // as if not attached. Arriving on it, XDP_TX still sends it back out.
+    fx.generic_xdp(veth2, true);
+    if cached {
+        cache_next_hops(&fx);
+    }
+    for svc in [35, 36] {
+        let be = bes[&svc];
+        let f = nat_fib_request(svc, 57003);
+        let desc = format!("NAT svc {svc}, egress veth2 attached generic");
+        expect_on(t, &desc, veth0, &f, XDP_PASS, &nat_of(&f, &be));
+        assert_nat_entry(t, &desc, &f, &be, bes.id(svc));
+        let f = nat_fib_request(svc, 57004);
+        let desc = format!("NAT svc {svc}, from veth2 attached generic");
         let want = nat_routed(&f, &be, (VETH2_MAC, GW2_MAC));
         expect_on(t, &desc, veth2, &f, XDP_TX, &want);
     }
@@ -1594,6 +1611,7 @@ fn status_of(
                 drained: false,
                 probe: ProbeStatus::Disabled,
                 mode: b.mode_in(v.mode),
+                node: None,
             })
             .collect(),
     }

@@ -431,6 +431,15 @@ impl MapStore for Probed<'_> {
         let r = self.maps.put_nat_owner(k, o);
         self.after(r, "nat owner")
     }
+    fn put_tunnel_ep(
+        &mut self,
+        svc: u32,
+        addr: std::net::IpAddr,
+        backend: Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let r = self.maps.put_tunnel_ep(svc, addr, backend);
+        self.after(r, "tunnel endpoint")
+    }
     fn put_vip_filter(
         &mut self,
         bits: &[u64; rivora::abi::VIP_FILTER_WORDS],

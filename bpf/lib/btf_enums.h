@@ -21,6 +21,7 @@ struct rv_btf_enums {
 	enum rv_drop_reason drop_reason;
 	enum rv_nexthop_flags nexthop_flags;
 	enum rv_fullnat_flags fullnat_flags;
+	enum rv_iface_flags iface_flags;
 };
 
 const volatile struct rv_btf_enums rv_btf_enums = {};

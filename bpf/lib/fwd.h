@@ -118,13 +118,16 @@ enum rv_nh_way {
 
 /* Read a backend's cached next hop; a miss is counted by backend id for
  * rivorad to resolve (it polls nh_miss_map). */
-static __always_inline int rv_nh_use(const struct rv_nexthop *nh,
-				     __u32 backend_id)
+static __always_inline int
+rv_nh_use(struct xdp_md *ctx, const struct rv_nexthop *nh, __u32 backend_id)
 {
 	__u8 flags = nh->flags;
 	struct rv_nh_miss *m;
 
 	if (!(flags & RV_NH_F_STALE)) {
+		if ((flags & RV_NH_F_TX_ONLY) &&
+		    nh->ifindex != ctx->ingress_ifindex)
+			return RV_NH_PASS;
 		if (flags & RV_NH_F_VALID)
 			return RV_NH_SEND;
 		if (flags & RV_NH_F_KERNEL)
@@ -239,17 +242,21 @@ static __always_inline int rv_fib_says_unreachable(int rc)
  * Whether a FIB answer lets this program send the frame itself. XDP_TX
  * needs nothing more; a redirect needs XDP on the target device (veth and
  * many drivers drop redirected frames silently otherwise), and the
- * interfaces rivorad attaches to are the ones in iface_mac_map.
+ * interfaces rivorad attaches to are the ones in iface_mac_map, less those
+ * it runs on as generic XDP, which have no XDP transmit (a bridge).
  */
 static __always_inline int rv_fib_can_send(struct xdp_md *ctx, int rc,
 					   const struct bpf_fib_lookup *p)
 {
 	__u32 ifindex = p->ifindex;
+	struct rv_iface_mac *to;
 
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
-	return ifindex == ctx->ingress_ifindex ||
-	       bpf_map_lookup_elem(&iface_mac_map, &ifindex);
+	if (ifindex == ctx->ingress_ifindex)
+		return 1;
+	to = bpf_map_lookup_elem(&iface_mac_map, &ifindex);
+	return to && !(to->flags & RV_IFACE_F_GENERIC_XDP);
 }
 
 /* The kernel routes every fragment, the first included, without ports (its
@@ -342,7 +349,7 @@ static __always_inline int rv_nat_route_v4(struct xdp_md *ctx,
 	/* The cached next hop is the FIB's answer, kept by rivorad: the
 	 * same MTU rule (larger than it: the kernel's, to fragment or
 	 * refuse), the same egress. */
-	use = rv_nh_use(nh, backend_id);
+	use = rv_nh_use(ctx, nh, backend_id);
 	if (use == RV_NH_PASS || (use == RV_NH_SEND && pkt->ip_len > nh->mtu))
 		return RV_XDP_PASS;
 	if (use == RV_NH_SEND) {
@@ -395,7 +402,7 @@ rv_nat_route_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *src,
 	/* Hop-by-Hop options are for every router on the way to act on. */
 	if (ip6h->hop_limit <= 1 || ip6h->nexthdr == RV_IPPROTO_HOPOPTS)
 		return RV_XDP_PASS;
-	use = rv_nh_use(nh, backend_id);
+	use = rv_nh_use(ctx, nh, backend_id);
 	if (use == RV_NH_PASS || (use == RV_NH_SEND && pkt->ip_len > nh->mtu))
 		return RV_XDP_PASS;
 	if (use == RV_NH_SEND) {
@@ -476,7 +483,7 @@ static __always_inline int rv_l3dsr_v4(struct xdp_md *ctx,
 	df = inner->frag_off & bpf_htons(RV_IP_DF);
 	tot_len = pkt->ip_len + sizeof(struct iphdr);
 
-	use = rv_nh_use(nh, backend_id);
+	use = rv_nh_use(ctx, nh, backend_id);
 	if (use == RV_NH_ASK) {
 		p = rv_fib_params();
 		if (!p)
@@ -548,7 +555,7 @@ rv_l3dsr_v6(struct xdp_md *ctx, const struct rv_pkt *pkt, const __be32 *backend,
 		return -RV_DROP_MALFORMED_IPV6;
 	tclass = (bpf_ntohl(*(__be32 *)inner) >> 20) & 0xff;
 
-	use = rv_nh_use(nh, backend_id);
+	use = rv_nh_use(ctx, nh, backend_id);
 	if (use == RV_NH_ASK) {
 		p = rv_fib_params();
 		if (!p)

@@ -238,6 +238,14 @@ struct {
 } tunnel_config_map SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RV_MAX_BACKENDS);
+	__type(key, struct rv_tunnel_ep_key);
+	__type(value, struct rv_tunnel_ep);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tunnel_ep_map SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, RV_BACKEND_ID_SLOTS);
 	__type(key, __u32);

@@ -21,7 +21,7 @@
 enum rv_abi {
 	/* Layout version of the pinned maps; stored in rv_meta. Version 2
 	 * pins are upgraded in place (README, "Map layout versions"): 3
-	 * only adds maps, names two pad fields, and re-creates
+	 * only adds maps, names three pad fields, and re-creates
 	 * drop_stats_map larger (counters only). */
 	RV_ABI_VERSION = 3,
 };
@@ -218,6 +218,10 @@ enum rv_nexthop_flags {
 	/* What was cached no longer holds (the neighbour went away): ask
 	 * the FIB until rivorad has resolved it again. */
 	RV_NH_F_STALE = 1 << 2,
+	/* With VALID: the egress runs rivorad as generic XDP, which has no
+	 * XDP transmit (a bridge): XDP_TX out of it when the packet came in
+	 * by it, else the kernel forwards (as rv_fib_can_send()). */
+	RV_NH_F_TX_ONLY = 1 << 3,
 };
 
 /*
@@ -447,14 +451,41 @@ struct rv_rl_bucket {
 	__u64 last_ns;
 };
 
+/* rv_iface_mac.flags */
+enum rv_iface_flags {
+	/* rivorad's XDP program runs on it as generic (skb) XDP: the device
+	 * has no XDP transmit of its own (a bridge has none), and a frame
+	 * redirected into it from native XDP is dropped without a trace.
+	 * Packets routed out of it are left to the kernel to send. */
+	RV_IFACE_F_GENERIC_XDP = 1 << 0,
+};
+
+/* iface_mac_map: the interfaces rivorad is attached to, by ifindex. */
 struct rv_iface_mac {
 	__u8 mac[6];
-	__u8 pad[2];
+	__u8 flags; /* enum rv_iface_flags */
+	__u8 pad;
 };
 
 struct rv_tunnel_config {
 	__be32 src4;
 	__be32 src6[4];
+};
+
+/*
+ * tunnel_ep_map: the endpoints behind this node that another node's L3 DSR
+ * may tunnel to (IPIP or IPv6-in-IPv6 addressed to the endpoint itself),
+ * by the service of the inner packet's VIP and the outer destination
+ * (IPv4 uses addr[0]). The value is the backend this node NATs the inner
+ * packet to: the choice the other node made, kept.
+ */
+struct rv_tunnel_ep_key {
+	__u32 svc_id;
+	__be32 addr[4];
+};
+
+struct rv_tunnel_ep {
+	__u32 backend_id;
 };
 
 /* fullnat_config_map: one entry, written by rivorad. */

@@ -38,6 +38,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)]) -> VipStatus {
                 drained: false,
                 probe: ProbeStatus::Disabled,
                 mode: Mode::Nat,
+                node: None,
             })
             .collect(),
     }

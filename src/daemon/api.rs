@@ -203,6 +203,7 @@ impl DaemonApi {
                             health: health_of(b.health),
                             drained: b.drained,
                             mode: Some(vip_mode(b.mode)),
+                            node: b.node.clone(),
                         })
                         .collect(),
                     packets: c.packets,

@@ -133,7 +133,12 @@ pub fn dump(img: &MapImage) -> String {
         n.tunnel_src6.map_or("-".to_string(), |a| a.to_string()),
     );
     for (ifindex, mac) in &n.interface_macs {
-        let _ = writeln!(out, "iface {ifindex} mac={mac}");
+        let generic = if n.generic_xdp.contains(ifindex) {
+            " generic"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "iface {ifindex} mac={mac}{generic}");
     }
 
     let mut by_svc: BTreeMap<u32, Vec<MatchKey>> = BTreeMap::new();
@@ -228,6 +233,9 @@ pub fn dump(img: &MapImage) -> String {
             o.backend_id,
             addr_port(o.vip, &o.vip_port.to_string())
         );
+    }
+    for ((svc, addr), id) in &img.tunnel_eps {
+        let _ = writeln!(out, "tunnel_ep svc={svc} {addr} backend={id}");
     }
     for (id, h) in &img.health {
         if !img.backends.contains_key(id) {

@@ -35,9 +35,10 @@ pub const FLOW_TABLES: [&str; 6] = [
 pub const UPGRADABLE_ABI_VERSION: u32 = 2;
 /// Maps layout 3 added to layout 2's pinned set: created empty when a
 /// layout 2 set is upgraded in place (they hold full NAT's state, which
-/// layout 2 had none of). Everything else keeps its layout: two pad
-/// fields got names, a zero in them meaning what layout 2 did.
-pub const ADDED_IN_V3: [&str; 8] = [
+/// layout 2 had none of, and the endpoints other nodes tunnel to).
+/// Everything else keeps its layout: three pad fields got names, a zero
+/// in them meaning what layout 2 did.
+pub const ADDED_IN_V3: [&str; 9] = [
     "fullnat_config_map",
     "fullnat_src_map",
     "fullnat_rev_map",
@@ -46,6 +47,7 @@ pub const ADDED_IN_V3: [&str; 8] = [
     "fullnat_stats_map",
     "fullnat_frag_map",
     "fullnat_frag_map6",
+    "tunnel_ep_map",
 ];
 /// Maps layout 3 made larger: drop_stats_map, for drop reasons added
 /// later without another change of size. Counters only: a layout 2 one is

@@ -58,6 +58,8 @@ pod!(
     rv_rl_bucket,
     rv_iface_mac,
     rv_tunnel_config,
+    rv_tunnel_ep_key,
+    rv_tunnel_ep,
     rv_meta,
     rv_nh_miss,
     rv_nat_owner_key,
@@ -352,4 +354,5 @@ maps!(
     fullnat_stats_map,
     fullnat_frag_map,
     fullnat_frag_map6,
+    tunnel_ep_map,
 );

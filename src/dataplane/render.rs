@@ -5,7 +5,7 @@
 //! The image is decoded (addresses, ports in host order), so that it can
 //! be compared, dumped and read back from the live maps by the same code.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi;
@@ -215,6 +215,7 @@ impl NextHop {
     pub const VALID: u8 = abi::rv_nexthop_flags::RV_NH_F_VALID.0 as u8;
     pub const KERNEL: u8 = abi::rv_nexthop_flags::RV_NH_F_KERNEL.0 as u8;
     pub const STALE: u8 = abi::rv_nexthop_flags::RV_NH_F_STALE.0 as u8;
+    pub const TX_ONLY: u8 = abi::rv_nexthop_flags::RV_NH_F_TX_ONLY.0 as u8;
 
     /// Send out of `ifindex` to `dmac` from `smac`; larger than `mtu`:
     /// the kernel's.
@@ -339,6 +340,24 @@ pub fn nat_owner_key(vip: &Vip, b: &crate::model::Backend) -> Option<NatOwnerKey
     })
 }
 
+/// tunnel_ep_map's entries of a VIP whose backends got `ids`: under L3
+/// DSR, the backends this node reaches by NAT (its own endpoints; another
+/// node's L3 DSR tunnels to their addresses through it) by address. The
+/// first backend at an address takes it: the tunnel's outer destination
+/// names an address, not a port.
+pub fn tunnel_eps(vip: &Vip, ids: &[u32]) -> BTreeMap<IpAddr, u32> {
+    let mut eps = BTreeMap::new();
+    if vip.mode != Mode::L3Dsr {
+        return eps;
+    }
+    for (b, id) in vip.backends.iter().zip(ids) {
+        if b.mode_in(vip.mode) == Mode::Nat {
+            eps.entry(b.addr).or_insert(*id);
+        }
+    }
+    eps
+}
+
 /// vip_filter_map's bits for a set of VIP addresses.
 pub fn vip_filter(addrs: impl IntoIterator<Item = IpAddr>) -> [u64; abi::VIP_FILTER_WORDS] {
     let mut w = [0u64; abi::VIP_FILTER_WORDS];
@@ -420,6 +439,8 @@ pub struct NodeImage {
     pub tunnel_src4: Option<Ipv4Addr>,
     pub tunnel_src6: Option<Ipv6Addr>,
     pub interface_macs: BTreeMap<u32, Mac>,
+    /// Of those, the ones attached as generic XDP (not redirect targets).
+    pub generic_xdp: BTreeSet<u32>,
     pub fullnat: FullNatConfig,
     /// fullnat_src_map: the sources full NAT sends from, by index.
     pub fullnat_srcs: BTreeMap<u8, IpAddr>,
@@ -433,6 +454,7 @@ impl NodeImage {
             tunnel_src4: n.tunnel_src4,
             tunnel_src6: n.tunnel_src6,
             interface_macs: n.interface_macs.clone(),
+            generic_xdp: n.generic_xdp.clone(),
             fullnat: FullNatConfig::new(&n.fullnat, srcs),
             fullnat_srcs: srcs.clone(),
         }
@@ -453,6 +475,8 @@ pub struct MapImage {
     pub health: BTreeMap<u32, Health>,
     pub svc_rate_limits: BTreeMap<u32, RateLimit>,
     pub nat_owners: BTreeMap<NatOwnerKey, NatOwner>,
+    /// tunnel_ep_map: (service id, endpoint address) to backend id.
+    pub tunnel_eps: BTreeMap<(u32, IpAddr), u32>,
     /// vip_filter_map's bits: those of every match entry's address (None:
     /// inactive, every packet goes on to the lookups).
     pub vip_filter: Option<[u64; abi::VIP_FILTER_WORDS]>,
@@ -608,6 +632,9 @@ pub fn render(
         img.services.insert(a.svc_id, v.service);
         if let Some(rl) = v.rate_limit {
             img.svc_rate_limits.insert(a.svc_id, rl);
+        }
+        for (addr, id) in tunnel_eps(vip, &a.backend_ids) {
+            img.tunnel_eps.insert((a.svc_id, addr), id);
         }
         for (b, id) in vip.backends.iter().zip(&a.backend_ids) {
             img.backends

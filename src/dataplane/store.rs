@@ -45,6 +45,13 @@ pub trait MapStore {
         k: &NatOwnerKey,
         o: Option<&NatOwner>,
     ) -> Result<(), DataplaneError>;
+    /// Write (Some: the backend id) or delete (None) a tunnel_ep_map entry.
+    fn put_tunnel_ep(
+        &mut self,
+        svc: u32,
+        addr: IpAddr,
+        backend: Option<u32>,
+    ) -> Result<(), DataplaneError>;
     /// Write vip_filter_map's one entry, active with these bits.
     fn put_vip_filter(&mut self, bits: &[u64; abi::VIP_FILTER_WORDS])
         -> Result<(), DataplaneError>;
@@ -78,14 +85,25 @@ fn fullnat_src(addr: IpAddr) -> rv_fullnat_src {
     }
 }
 
-/// A fullnat_src_map entry's address: IPv4 when only its first word is
-/// set (an IPv6 address with three zero words after its first is no
-/// unicast address a node would hold), None when empty.
-fn fullnat_src_addr(s: &rv_fullnat_src) -> Option<IpAddr> {
-    match s.addr {
+/// An address in four words as the maps keep both families: IPv4 when
+/// only its first word is set (an IPv6 address with three zero words after
+/// its first is no unicast address a node would hold), None when empty.
+fn addr_from_words(w: [u32; 4]) -> Option<IpAddr> {
+    match w {
         [0, 0, 0, 0] => None,
         [a, 0, 0, 0] => Some(IpAddr::V4(abi::ipv4_from_be32(a))),
         w => Some(IpAddr::V6(abi::ipv6_from_be32x4(w))),
+    }
+}
+
+fn fullnat_src_addr(s: &rv_fullnat_src) -> Option<IpAddr> {
+    addr_from_words(s.addr)
+}
+
+fn tunnel_ep_key(svc: u32, addr: IpAddr) -> rv_tunnel_ep_key {
+    rv_tunnel_ep_key {
+        svc_id: svc,
+        addr: fullnat_src(addr).addr,
     }
 }
 
@@ -360,11 +378,17 @@ impl MapStore for Maps {
             },
         )?;
         for (ifindex, mac) in &node.interface_macs {
+            let flags = if node.generic_xdp.contains(ifindex) {
+                abi::rv_iface_flags::RV_IFACE_F_GENERIC_XDP.0 as u8
+            } else {
+                0
+            };
             self.iface_mac_map.put(
                 ifindex,
                 &rv_iface_mac {
                     mac: mac.0,
-                    pad: [0; 2],
+                    flags,
+                    pad: 0,
                 },
             )?;
         }
@@ -508,6 +532,9 @@ impl MapStore for Maps {
         }
         for (ifindex, m) in self.iface_mac_map.entries::<u32, rv_iface_mac>()? {
             img.node.interface_macs.insert(ifindex, Mac(m.mac));
+            if m.flags & abi::rv_iface_flags::RV_IFACE_F_GENERIC_XDP.0 as u8 != 0 {
+                img.node.generic_xdp.insert(ifindex);
+            }
         }
         if let Some(c) = self.fullnat_config_map.get::<u32, rv_fullnat_config>(&0)? {
             img.node.fullnat = FullNatConfig::from_abi(&c);
@@ -542,6 +569,14 @@ impl MapStore for Maps {
                 },
                 nat_owner_from(&v, true),
             );
+        }
+        for (k, v) in self
+            .tunnel_ep_map
+            .entries::<rv_tunnel_ep_key, rv_tunnel_ep>()?
+        {
+            if let Some(addr) = addr_from_words(k.addr) {
+                img.tunnel_eps.insert((k.svc_id, addr), v.backend_id);
+            }
         }
         if let Some(f) = self.vip_filter_map.get::<u32, rv_vip_filter>(&0)? {
             img.vip_filter = (f.active != 0).then_some(f.bits);
@@ -580,6 +615,19 @@ impl MapStore for Maps {
                     None => self.nat_owner_map6.remove(&key),
                 }
             }
+        }
+    }
+
+    fn put_tunnel_ep(
+        &mut self,
+        svc: u32,
+        addr: IpAddr,
+        backend: Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let k = tunnel_ep_key(svc, addr);
+        match backend {
+            Some(id) => self.tunnel_ep_map.put(&k, &rv_tunnel_ep { backend_id: id }),
+            None => self.tunnel_ep_map.remove(&k),
         }
     }
 
@@ -847,6 +895,35 @@ impl MapStore for MemStore {
             }
             None => {
                 self.image.nat_owners.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    fn put_tunnel_ep(
+        &mut self,
+        svc: u32,
+        addr: IpAddr,
+        backend: Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        self.step("tunnel_ep_map")?;
+        match backend {
+            Some(id) => {
+                if !self.image.tunnel_eps.contains_key(&(svc, addr))
+                    && self.image.tunnel_eps.len() >= abi::MAX_BACKENDS as usize
+                {
+                    return Err(DataplaneError::Map {
+                        map: "tunnel_ep_map",
+                        op: "update",
+                        source: libbpf_rs::Error::from_raw_os_error(
+                            nix::errno::Errno::E2BIG as i32,
+                        ),
+                    });
+                }
+                self.image.tunnel_eps.insert((svc, addr), id);
+            }
+            None => {
+                self.image.tunnel_eps.remove(&(svc, addr));
             }
         }
         Ok(())

@@ -23,6 +23,7 @@ fn be(addr: &str, port: u16, weight: u32) -> Backend {
         weight,
         mac: None,
         mode: None,
+        node: None,
     }
 }
 
@@ -189,6 +190,17 @@ fn golden_dump() {
         rate_per_sec: 1000,
         burst: 50,
     });
+    // DSR across nodes: another node's endpoint by tunnel, this node's
+    // own by NAT (a tunnel endpoint here).
+    let mut across = vip(
+        "10.0.0.4",
+        Ports::One(80),
+        vec![be("10.244.1.5", 8080, 1), be("10.244.2.7", 8080, 1)],
+    );
+    across.mode = Mode::L3Dsr;
+    across.backends[0].mode = Some(Mode::Nat);
+    across.backends[0].node = Some("node-1".into());
+    across.backends[1].node = Some("node-2".into());
     let desired = DesiredState {
         node: NodeSettings {
             syn_rate_limit: Some(RateLimit {
@@ -197,7 +209,11 @@ fn golden_dump() {
             }),
             tunnel_src4: Some("192.0.2.1".parse().unwrap()),
             tunnel_src6: None,
-            interface_macs: BTreeMap::from([(2, "02:00:00:00:00:ff".parse().unwrap())]),
+            interface_macs: BTreeMap::from([
+                (2, "02:00:00:00:00:ff".parse().unwrap()),
+                (3, "02:00:00:00:00:fe".parse().unwrap()),
+            ]),
+            generic_xdp: BTreeSet::from([3]),
             fullnat: Default::default(),
         },
         vips: vec![
@@ -209,6 +225,7 @@ fn golden_dump() {
             dsr,
             range,
             vip("10.0.0.3", Ports::One(53), vec![]),
+            across,
         ],
     };
     let r = w.reconcile(&desired).unwrap();
@@ -709,6 +726,14 @@ impl GapCheck {
                 ));
             }
         }
+        // A tunnelled packet is forced to the backend its entry names.
+        for ((svc, addr), id) in &img.tunnel_eps {
+            if !img.backends.contains_key(id) {
+                self.gap.get_or_insert(format!(
+                    "after {what}: tunnel_ep svc {svc} {addr} names backend {id}, which has no entry"
+                ));
+            }
+        }
         r
     }
 }
@@ -771,6 +796,15 @@ impl MapStore for GapCheck {
         o: Option<&render::NatOwner>,
     ) -> Result<(), DataplaneError> {
         self.inner.put_nat_owner(k, o)
+    }
+    fn put_tunnel_ep(
+        &mut self,
+        svc: u32,
+        addr: std::net::IpAddr,
+        backend: Option<u32>,
+    ) -> Result<(), DataplaneError> {
+        let r = self.inner.put_tunnel_ep(svc, addr, backend);
+        self.after(r, "put_tunnel_ep")
     }
     fn put_vip_filter(
         &mut self,
@@ -974,7 +1008,7 @@ proptest! {
                     let (addr, ports, v6) = vip_shape(i);
                     let backends: Vec<Backend> = (0..8)
                         .filter(|b| members & (1 << b) != 0)
-                        .map(|b| Backend { addr: pool(b, v6), port: 0, weight: u32::from(weights[b] % 4), mac: None, mode: None })
+                        .map(|b| Backend { addr: pool(b, v6), port: 0, weight: u32::from(weights[b] % 4), mac: None, mode: None, node: None })
                         .collect();
                     let mut v = vip("10.0.0.1", ports, backends);
                     v.addr = addr;

@@ -75,6 +75,8 @@ struct LiveVip {
     slice_owned: bool,
     /// nat_owner_map keys this VIP owns.
     nat_owned: Vec<NatOwnerKey>,
+    /// Its tunnel_ep_map entries: endpoint address to backend id.
+    tunnel_eps: BTreeMap<IpAddr, u32>,
     /// How big its slice may be: from its spec's weights, or its current
     /// length for an adopted VIP no upsert has named (the maps keep no
     /// weights).
@@ -306,6 +308,14 @@ impl<S: MapStore> Writer<S> {
                 None => w.store.put_nat_owner(k, None)?,
             }
         }
+        for ((svc, addr), id) in &img.tunnel_eps {
+            match w.vips.get_mut(svc) {
+                Some(v) => {
+                    v.tunnel_eps.insert(*addr, *id);
+                }
+                None => w.store.put_tunnel_ep(*svc, *addr, None)?,
+            }
+        }
         // The filter from what the maps match now, and full NAT's sources
         // (replies come to them), active from here on.
         let mut matches: Vec<MatchKey> = w
@@ -528,6 +538,7 @@ impl<S: MapStore> Writer<S> {
                 claimed: false,
                 slice_owned,
                 nat_owned: Vec::new(),
+                tunnel_eps: BTreeMap::new(),
             },
         );
     }
@@ -1512,7 +1523,9 @@ impl<S: MapStore> Writer<S> {
         };
         let image = render::render_vip(vip, (slice.start, len), &ids);
         let (owned, _) = self.claim_nat_owners(svc, vip, &ids, &[]);
+        let tunnel_eps = render::tunnel_eps(vip, &ids);
         let mut matched: Vec<MatchKey> = Vec::new();
+        let mut tunnelled: Vec<IpAddr> = Vec::new();
         let mut filtered = false;
         let result = (|| {
             self.store.put_slots(slice.start, &image.slots)?;
@@ -1522,6 +1535,10 @@ impl<S: MapStore> Writer<S> {
             // Fresh counters: the id may have counted another VIP before.
             self.store.zero_stats(svc)?;
             self.store.put_service(svc, &image.service)?;
+            for (addr, id) in &tunnel_eps {
+                self.store.put_tunnel_ep(svc, *addr, Some(*id))?;
+                tunnelled.push(*addr);
+            }
             filtered = true;
             self.filter_add(&image.matches)?;
             for m in &image.matches {
@@ -1537,6 +1554,9 @@ impl<S: MapStore> Writer<S> {
             }
             if filtered {
                 let _ = self.filter_remove(&image.matches);
+            }
+            for addr in &tunnelled {
+                let _ = self.store.put_tunnel_ep(svc, *addr, None);
             }
             self.release_nat_owners(&owned);
             let _ = self.store.put_service(svc, &Default::default());
@@ -1566,6 +1586,7 @@ impl<S: MapStore> Writer<S> {
                 claimed: true,
                 slice_owned: true,
                 nat_owned: owned,
+                tunnel_eps,
                 need: vip.slice_need(),
             },
         );
@@ -1681,7 +1702,7 @@ impl<S: MapStore> Writer<S> {
             cur.nat_owned = owned;
         }
         self.release_nat_owners(&unowned);
-        let mut cleanup = Ok(());
+        let mut cleanup = self.sync_tunnel_eps(svc, render::tunnel_eps(vip, &new_ids));
         // Match entries: the same for a VIP written by this writer; an
         // adopted one may hold different blocks.
         let added: Vec<MatchKey> = image
@@ -1744,6 +1765,7 @@ impl<S: MapStore> Writer<S> {
             .put_service(svc, &Default::default())
             .map_err(ctx)?;
         // Unreachable from here on: the rest is cleanup.
+        let tunnels = self.sync_tunnel_eps(svc, BTreeMap::new());
         if let Some(k) = cur.key {
             self.by_key.remove(&k);
         }
@@ -1759,7 +1781,44 @@ impl<S: MapStore> Writer<S> {
         self.release_backend_entries(freed);
         // The service id stays allocated until its flow state is scrubbed
         // (a queued Services cleanup), so a new VIP never inherits it.
-        self.store.zero_stats(svc).map_err(ctx)
+        tunnels.and(self.store.zero_stats(svc)).map_err(ctx)
+    }
+
+    /// Make the VIP `svc`'s tunnel_ep_map entries `want`: changed and new
+    /// ones written, gone ones deleted. What was done is remembered even
+    /// when a step fails, so a later call finishes the job.
+    fn sync_tunnel_eps(
+        &mut self,
+        svc: u32,
+        want: BTreeMap<IpAddr, u32>,
+    ) -> Result<(), DataplaneError> {
+        let Some(have) = self.vips.get(&svc).map(|v| v.tunnel_eps.clone()) else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        let mut now = have.clone();
+        for (addr, id) in &want {
+            if have.get(addr) != Some(id) {
+                match self.store.put_tunnel_ep(svc, *addr, Some(*id)) {
+                    Ok(()) => {
+                        now.insert(*addr, *id);
+                    }
+                    Err(e) => result = result.and(Err(e)),
+                }
+            }
+        }
+        for addr in have.keys().filter(|a| !want.contains_key(a)) {
+            match self.store.put_tunnel_ep(svc, *addr, None) {
+                Ok(()) => {
+                    now.remove(addr);
+                }
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        if let Some(v) = self.vips.get_mut(&svc) {
+            v.tunnel_eps = now;
+        }
+        result
     }
 
     /// Scrub the flow state of removed services in one pass over the LRU
@@ -1796,6 +1855,7 @@ fn settings_from_image(n: &NodeImage) -> NodeSettings {
         tunnel_src4: n.tunnel_src4,
         tunnel_src6: n.tunnel_src6,
         interface_macs: n.interface_macs.clone(),
+        generic_xdp: n.generic_xdp.clone(),
         // The maps say which sources are in use, not which the node
         // configured: none until the node's settings are given.
         fullnat: if n.fullnat.port_max == 0 {

@@ -32,7 +32,7 @@ use crate::daemon::state::{DrainStore, Drains, StateError};
 use crate::dataplane::render::Health;
 use crate::dataplane::store::MapStore;
 use crate::dataplane::writer::UnclaimedVip;
-use crate::dataplane::{DataplaneError, Maps, Probe, Upsert, Writer};
+use crate::dataplane::{DataplaneError, Maps, Probe, Upsert, Writer, XdpMode};
 use crate::desired::{Conflict, DesiredStore, DesiredVip, Owner, SourceKind, TrafficPolicy};
 use crate::healthcheck::{HealthChecker, HealthEvent, HealthState, ProbeTarget};
 use crate::model::{BackendTarget, Mac, Mode, NodeSettings, RateLimit, Vip, VipKey};
@@ -229,6 +229,10 @@ pub struct Reconciler<S: MapStore = Maps, F: NodeFacts = KernelFacts> {
     /// Desired state or node settings changed since the last apply.
     dirty: bool,
     node_dirty: bool,
+    /// L3 DSR's outer sources when the node configures none (Kubernetes'
+    /// DSR across nodes): the route's source towards the first backend of
+    /// the family that needed one.
+    tunnel_auto: (Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>),
     retry_at: Option<Instant>,
     /// Waits for grace periods beside the reconciler (in `run` only).
     grace: Option<grace::GraceWaiter>,
@@ -303,6 +307,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             applies: 0,
             dirty: false,
             node_dirty: true,
+            tunnel_auto: (None, None),
             retry_at: None,
             grace: None,
             grace_outstanding: None,
@@ -591,16 +596,51 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
     fn node_settings(&self) -> Result<NodeSettings, NetError> {
         let mut n = NodeSettings {
             syn_rate_limit: self.node.syn_rate_limit,
-            tunnel_src4: self.node.tunnel_src4,
-            tunnel_src6: self.node.tunnel_src6,
+            tunnel_src4: self.node.tunnel_src4.or(self.tunnel_auto.0),
+            tunnel_src6: self.node.tunnel_src6.or(self.tunnel_auto.1),
             interface_macs: BTreeMap::new(),
+            generic_xdp: BTreeSet::new(),
             fullnat: self.node.fullnat,
         };
         for name in &self.node.interfaces {
             let (ifindex, mac) = self.facts.interface(name)?;
             n.interface_macs.insert(ifindex, mac);
         }
+        for i in &self.interfaces {
+            if i.xdp_mode == Some(XdpMode::Generic) && n.interface_macs.contains_key(&i.ifindex) {
+                n.generic_xdp.insert(i.ifindex);
+            }
+        }
         Ok(n)
+    }
+
+    fn has_tunnel_source(&self, v6: bool) -> bool {
+        if v6 {
+            self.node.tunnel_src6.or(self.tunnel_auto.1).is_some()
+        } else {
+            self.node.tunnel_src4.or(self.tunnel_auto.0).is_some()
+        }
+    }
+
+    /// Take the route's source towards `backend` as L3 DSR's outer source
+    /// for its family (the node configures none) and write it.
+    fn auto_tunnel_source(&mut self, backend: IpAddr) -> Result<(), String> {
+        let src = self
+            .facts
+            .route_source(backend)
+            .map_err(|e| format!("no L3 DSR tunnel source (node.tunnelSource unset): {e}"))?;
+        match src {
+            IpAddr::V4(a) if backend.is_ipv4() => self.tunnel_auto.0 = Some(a),
+            IpAddr::V6(a) if backend.is_ipv6() => self.tunnel_auto.1 = Some(a),
+            other => {
+                return Err(format!(
+                    "no L3 DSR tunnel source: the route to {backend} prefers {other}, of the other family"
+                ))
+            }
+        }
+        info!(source = %src, towards = %backend, "L3 DSR tunnel source from the route (node.tunnelSource unset)");
+        let n = self.node_settings().map_err(|e| e.to_string())?;
+        self.writer.set_node(&n).map_err(|e| e.to_string())
     }
 
     /// The VIP as the writer should hold it, before MACs, when operator
@@ -730,6 +770,12 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                     }
                     // Full NAT's source towards the backend, when the
                     // node configures none for its family: the route's.
+                    Mode::L3Dsr if !self.has_tunnel_source(b.addr.is_ipv6()) => {
+                        if let Err(e) = self.auto_tunnel_source(b.addr) {
+                            unresolved = Some(e);
+                            break;
+                        }
+                    }
                     Mode::FullNat if self.node.fullnat.src_for(b.addr.is_ipv6()).is_none() => {
                         let r = sources.entry(b.addr).or_insert_with(|| {
                             self.facts
@@ -1031,6 +1077,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                     BackendStatus {
                         target: t,
                         mode: b.mode_in(vip.mode),
+                        node: b.node.clone(),
                         service_port: b.service_port(&key.ports),
                         backend_id: *id,
                         weight: b.weight,
@@ -1086,6 +1133,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 BackendStatus {
                     target: t,
                     mode: b.mode.or(u.mode).unwrap_or(Mode::Nat),
+                    node: None,
                     service_port: if b.port != 0 {
                         b.port
                     } else {

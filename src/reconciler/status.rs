@@ -43,6 +43,8 @@ pub struct BackendStatus {
     pub probe: ProbeStatus,
     /// How it is reached: its own mode, else its VIP's.
     pub mode: Mode,
+    /// The node it lives behind, when its source says (Kubernetes).
+    pub node: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -41,6 +41,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)], policy: TrafficPolicy)
                 drained: false,
                 probe: ProbeStatus::Disabled,
                 mode: VipMode::Nat,
+                node: None,
             })
             .collect(),
         slice_need: None,

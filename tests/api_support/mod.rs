@@ -95,6 +95,7 @@ impl Fake {
                 health,
                 drained: false,
                 mode: None,
+                node: None,
             }
         };
         let mut v4 = VipInfo {

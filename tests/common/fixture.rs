@@ -152,6 +152,17 @@ impl Fx {
         });
     }
 
+    /// Say rivorad's XDP on the interface is generic (true) or native.
+    pub fn generic_xdp(&self, ifindex: u32, generic: bool) {
+        self.edit_node(|n| {
+            if generic {
+                n.generic_xdp.insert(ifindex);
+            } else {
+                n.generic_xdp.remove(&ifindex);
+            }
+        });
+    }
+
     pub fn no_iface_mac(&self, ifindex: u32) {
         self.edit_node(|n| {
             n.interface_macs.remove(&ifindex);
@@ -350,6 +361,7 @@ pub fn backend(addr: IpAddr, port: u16, mac: [u8; 6]) -> Backend {
         weight: 1,
         mac: Some(Mac(mac)),
         mode: None,
+        node: None,
     }
 }
 

@@ -268,7 +268,14 @@ impl TestDp {
     pub fn iface_mac(&self, ifindex: u32, mac: [u8; 6]) {
         self.maps
             .iface_mac_map
-            .put(&ifindex, &rv_iface_mac { mac, pad: [0; 2] })
+            .put(
+                &ifindex,
+                &rv_iface_mac {
+                    mac,
+                    flags: 0,
+                    pad: 0,
+                },
+            )
             .expect("iface_mac_map");
     }
 

@@ -386,17 +386,27 @@ pub fn vip_show(v: &VipInfo) -> String {
     }
     out.push('\n');
     // VIA: how each backend is reached (Kubernetes reaches a Service's
-    // endpoints on other nodes by full NAT, its own node's by NAT).
-    let mut t = Table::new(&["BACKEND", "ID>", "WEIGHT>", "HEALTH", "DRAINED", "VIA"]);
+    // endpoints on other nodes by full NAT or a tunnel to their node, its
+    // own node's by NAT), and NODE where it lives when its source says.
+    let nodes = v.backends.iter().any(|b| b.node.is_some());
+    let mut cols = vec!["BACKEND", "ID>", "WEIGHT>", "HEALTH", "DRAINED", "VIA"];
+    if nodes {
+        cols.push("NODE");
+    }
+    let mut t = Table::new(&cols);
     for b in &v.backends {
-        t.row(vec![
+        let mut row = vec![
             b.target.to_string(),
             b.backend_id.to_string(),
             b.weight.to_string(),
             b.health.as_str().into(),
             yes_no(b.drained),
             mode(b.mode.unwrap_or(v.mode)).into(),
-        ]);
+        ];
+        if nodes {
+            row.push(b.node.clone().unwrap_or_else(|| "-".into()));
+        }
+        t.row(row);
     }
     out.push_str(&t.render());
     out
@@ -613,6 +623,7 @@ mod tests {
                     health: BackendHealth::Healthy,
                     drained: false,
                     mode: None,
+                    node: None,
                 },
                 VipBackend {
                     target: "10.0.1.2:8080".parse().unwrap(),
@@ -621,6 +632,7 @@ mod tests {
                     health: BackendHealth::Down,
                     drained: false,
                     mode: Some(VipMode::Fullnat),
+                    node: Some("node-2".into()),
                 },
             ],
             packets,
@@ -714,11 +726,25 @@ mod tests {
         let out = vip_show(&v);
         assert!(
             out.ends_with(
+                "BACKEND        ID  WEIGHT  HEALTH   DRAINED  VIA      NODE\n\
+                 10.0.1.1:8080   1       1  healthy  no       nat      -\n\
+                 10.0.1.2:8080   2      10  down     no       fullnat  node-2\n"
+            ),
+            "{out}"
+        );
+        // No node known for any backend (a static file): no NODE column.
+        let mut bare = v.clone();
+        for b in &mut bare.backends {
+            b.node = None;
+        }
+        assert!(
+            vip_show(&bare).ends_with(
                 "BACKEND        ID  WEIGHT  HEALTH   DRAINED  VIA\n\
                  10.0.1.1:8080   1       1  healthy  no       nat\n\
                  10.0.1.2:8080   2      10  down     no       fullnat\n"
             ),
-            "{out}"
+            "{}",
+            vip_show(&bare)
         );
         assert!(!out.contains("full NAT"), "{out}");
         v.fullnat_ports_exhausted = 7;

@@ -327,6 +327,10 @@ pub struct VipBackend {
     /// rivorad: the VIP's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<VipMode>,
+    /// The node it lives behind, when its source says (a Kubernetes
+    /// endpoint's nodeName).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One entry of `GET /v1/backends`.

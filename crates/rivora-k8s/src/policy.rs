@@ -76,15 +76,28 @@ pub struct ServicePolicySpec {
     #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "atomic"))]
     pub listeners: Vec<ListenerTarget>,
 
-    /// How packets reach the backends: `nat` (default: endpoints on the
-    /// receiving node by NAT, which keeps the client's address, endpoints on
-    /// other nodes by full NAT, whose replies then come back through the
-    /// receiving node), `fullnat` (every endpoint by full NAT: the
-    /// endpoints see the receiving node's address), `dsr` (same L2 segment,
-    /// MAC rewrite) or `l3dsr` (IP-in-IP to the backend). DSR modes cannot
-    /// change the port: each Service port must equal its endpoints' port.
+    /// How packets reach the endpoints. `nat` (default): endpoints on the
+    /// receiving node by NAT, which keeps the client's address, endpoints
+    /// on other nodes by full NAT, whose replies come back through the
+    /// receiving node (those endpoints see its address). `fullnat`: every
+    /// endpoint by full NAT. `dsr` or `l3dsr` (the same for a Service: DSR
+    /// across nodes): an endpoint on another node is reached by IP-in-IP
+    /// to its address, its node's Rivora takes the tunnel off and NATs
+    /// the packet to it, and its reply leaves from that node straight to
+    /// the client; every endpoint sees the client's address. DSR across
+    /// nodes needs Rivora on every node and a nodeName on every endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<PolicyMode>,
+
+    /// Keep the client's address for endpoints on other nodes too, with
+    /// `externalTrafficPolicy: Cluster`: DSR across nodes (as `mode: dsr`)
+    /// instead of full NAT. Contradicts `mode: fullnat`.
+    #[serde(
+        default,
+        rename = "preserveClientIP",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub preserve_client_ip: Option<bool>,
 
     /// A per-client SYN token bucket for these Services' VIPs, instead of
     /// the node-wide one.
@@ -404,8 +417,18 @@ pub fn check_policy(spec: &ServicePolicySpec) -> Result<EffectivePolicy, PolicyI
         }
         weights.push((sel, w.weight));
     }
+    let mode = match (spec.mode, spec.preserve_client_ip) {
+        (Some(PolicyMode::Fullnat), Some(true)) => {
+            return Err(PolicyIssue::new(
+                REASON_INVALID_VALUE,
+                "preserveClientIP: true contradicts mode: fullnat, which gives every endpoint the receiving node's address".to_string(),
+            ))
+        }
+        (_, Some(true)) => Some(Mode::L3Dsr),
+        (m, _) => m.map(Mode::from),
+    };
     Ok(EffectivePolicy {
-        mode: spec.mode.map(Mode::from),
+        mode,
         rate_limit,
         health,
         affinity,

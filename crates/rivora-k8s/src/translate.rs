@@ -32,12 +32,14 @@
 //!   whose replies come back here whatever the other node routes: with NAT
 //!   alone they left from their own node, from the pod's address, and the
 //!   client reset them. A ServicePolicy's `fullnat` reaches every endpoint
-//!   by full NAT.
+//!   by full NAT; its `dsr`, `l3dsr` or `preserveClientIP` reaches the
+//!   endpoints of other nodes by DSR across nodes (IP-in-IP to the
+//!   endpoint, NAT'd by its node), which keeps the client's address.
 //! - A [`ServicePolicy`] overrides mode, SYN limit, affinity, adds an
 //!   active health check and weights endpoints by label. One that is
-//!   invalid, or whose DSR mode cannot serve a port that remaps (DSR
-//!   keeps the destination port), is not applied at all and is reported
-//!   in [`Translation::policy`].
+//!   invalid, or whose mode cannot reach an endpoint (DSR across nodes
+//!   and an endpoint with no `nodeName`), is not applied at all and is
+//!   reported in [`Translation::policy`].
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -323,6 +325,7 @@ fn translate<S: Borrow<EndpointSlice>>(
         })
         .collect();
 
+    let nodes = endpoint_nodes(&ours);
     let mut out = Vec::new();
     let mut keys = BTreeSet::new();
     for sp in spec.ports.as_deref().unwrap_or(&[]) {
@@ -354,24 +357,9 @@ fn translate<S: Borrow<EndpointSlice>>(
             if !keys.insert((addr, port, proto)) {
                 continue;
             }
-            let mut backends =
-                backends(&ours, addr, port_name, proto, local.then_some(node), policy);
-            place_backends(mode, &mut backends, &local_endpoints(&ours, node));
-            if matches!(mode, Mode::Dsr | Mode::L3Dsr) {
-                if let Some(b) = backends.iter().find(|b| b.port != port) {
-                    return Err(PolicyIssue {
-                        reason: REASON_MODE_NOT_APPLICABLE,
-                        message: format!(
-                            "mode {mode} keeps the destination port, but Service {namespace}/{name} port {} sends to {} port {}",
-                            port_label(sp),
-                            b.addr,
-                            b.port
-                        ),
-                    });
-                }
-            }
+            let backends = backends(&ours, addr, port_name, proto, local.then_some(node), policy);
             let checks: Vec<Option<Arc<HealthCheckSpec>>> = vec![health.clone(); backends.len()];
-            let vip = Vip {
+            let mut vip = Vip {
                 addr,
                 ports: Ports::One(port),
                 proto,
@@ -380,6 +368,13 @@ fn translate<S: Borrow<EndpointSlice>>(
                 rate_limit: policy.and_then(|p| p.rate_limit),
                 backends,
             };
+            place_backends(&mut vip, node, &nodes).map_err(|why| PolicyIssue {
+                reason: REASON_MODE_NOT_APPLICABLE,
+                message: format!(
+                    "mode {mode} cannot serve Service {namespace}/{name} port {}: {why}",
+                    port_label(sp)
+                ),
+            })?;
             out.push(DesiredVip {
                 name: format!("{namespace}/{name}:{}", port_label(sp)),
                 health: checks,
@@ -395,29 +390,64 @@ fn translate<S: Borrow<EndpointSlice>>(
     Ok(out)
 }
 
-/// The addresses of the endpoints these slices place on `node`.
-pub fn local_endpoints<S: Borrow<EndpointSlice>>(slices: &[S], node: &str) -> BTreeSet<IpAddr> {
-    slices
+/// Where each endpoint address lives: the slices' `nodeName`s (an
+/// endpoint without one is left out).
+pub fn endpoint_nodes<S: Borrow<EndpointSlice>>(slices: &[S]) -> BTreeMap<IpAddr, String> {
+    let mut nodes = BTreeMap::new();
+    for ep in slices
         .iter()
         .flat_map(|s| s.borrow().endpoints.iter().flatten())
-        .filter(|ep| ep.node_name.as_deref() == Some(node))
-        .flat_map(|ep| ep.addresses.iter())
-        .filter_map(|a| a.parse().ok())
-        .collect()
+    {
+        let Some(node) = &ep.node_name else {
+            continue;
+        };
+        for a in ep.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()) {
+            nodes.entry(a).or_insert_with(|| node.clone());
+        }
+    }
+    nodes
 }
 
-/// How this node reaches each backend of a VIP of mode `mode`, given the
-/// addresses of its own endpoints (`local`): under NAT, an endpoint on
-/// another node (or on none known) by full NAT, as its replies would not
-/// come back through this node; every other mode reaches them all its
-/// own way.
-pub fn place_backends(mode: Mode, backends: &mut [Backend], local: &BTreeSet<IpAddr>) {
-    for b in backends {
-        b.mode = match mode {
-            Mode::Nat if !local.contains(&b.addr) => Some(Mode::FullNat),
+/// How this node (`node`) reaches each backend of `vip`, from where each
+/// lives (`nodes`, [`endpoint_nodes`]), and the VIP's mode that follows:
+/// - `nat`: this node's endpoints by NAT (their replies come back through
+///   this node, their gateway), every other one (an endpoint with no node
+///   known too) by full NAT, whose replies come back here whatever the
+///   other node routes;
+/// - `fullnat`: every endpoint by full NAT;
+/// - `dsr`, `l3dsr` (DSR across nodes, the client's address kept): the VIP
+///   is L3 DSR; an endpoint on another node is reached by IP-in-IP to its
+///   own address, which routes to its node, whose Rivora takes the tunnel
+///   off and NATs the packet to it (so its port may differ from the
+///   VIP's); this node's own endpoints by NAT, which also makes them the
+///   endpoints other nodes' tunnels may reach here. An endpoint with no
+///   node known cannot be reached this way: the error names it.
+///
+/// Each backend is told its node, for `vip show` and for the port rule.
+pub fn place_backends(
+    vip: &mut Vip,
+    node: &str,
+    nodes: &BTreeMap<IpAddr, String>,
+) -> Result<(), String> {
+    if vip.mode == Mode::Dsr {
+        vip.mode = Mode::L3Dsr;
+    }
+    for b in &mut vip.backends {
+        b.node = nodes.get(&b.addr).cloned();
+        let local = b.node.as_deref() == Some(node);
+        b.mode = match vip.mode {
+            Mode::Nat if !local => Some(Mode::FullNat),
+            Mode::L3Dsr if local => Some(Mode::Nat),
+            Mode::L3Dsr if b.node.is_none() => {
+                return Err(format!(
+                    "endpoint {} has no nodeName: DSR across nodes tunnels to the endpoint's node",
+                    b.addr
+                ))
+            }
             _ => None,
         };
     }
+    Ok(())
 }
 
 /// Whether `a` can be a VIP: the address checks of the model, with no
@@ -536,6 +566,7 @@ fn backends(
             weight,
             mac: None,
             mode: None,
+            node: None,
         })
         .collect()
 }

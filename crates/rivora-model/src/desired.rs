@@ -300,6 +300,7 @@ mod tests {
                 weight: 1,
                 mac: None,
                 mode: None,
+                node: None,
             }],
         })
     }

@@ -298,6 +298,12 @@ pub struct Backend {
     /// own node's by NAT, in one VIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// The node this backend lives behind (Kubernetes' `nodeName`), when
+    /// that node runs Rivora too: reached by L3 DSR, it is that node that
+    /// takes the tunnel off and NATs the packet to the backend, so the
+    /// backend's port may differ from the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl Backend {
@@ -308,6 +314,7 @@ impl Backend {
             weight: 1,
             mac: None,
             mode: None,
+            node: None,
         }
     }
 
@@ -531,6 +538,8 @@ impl Vip {
                     (Mode::Nat | Mode::FullNat, Ports::Range { .. }) => {
                         return Err(err(field("port"), Problem::PortOnRangeVip(b.port)))
                     }
+                    // Another node's endpoint: that node NATs.
+                    (Mode::L3Dsr, Ports::One(_)) if b.node.is_some() => {}
                     (Mode::Dsr | Mode::L3Dsr, Ports::One(p)) if p != b.port => {
                         return Err(err(
                             field("port"),
@@ -618,6 +627,11 @@ pub struct NodeSettings {
     /// ifindex to the interface's MAC (DSR's source MAC).
     #[serde(default)]
     pub interface_macs: BTreeMap<u32, Mac>,
+    /// Those of `interface_macs` rivorad runs on as generic XDP: they
+    /// have no XDP transmit (a bridge), so nothing is redirected into
+    /// them.
+    #[serde(default)]
+    pub generic_xdp: BTreeSet<u32>,
     /// Full NAT's sources, ports and timeouts.
     #[serde(default)]
     pub fullnat: FullNatSettings,
@@ -1144,6 +1158,29 @@ mod tests {
             e.to_string(),
             "VIP tcp/10.0.0.1:80: backends[1].addr: backend fd00::1 is not of the VIP's address family (10.0.0.1)"
         );
+    }
+
+    #[test]
+    fn l3_dsr_keeps_the_port_unless_the_backends_node_nats() {
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::L3Dsr);
+        v.backends = vec![be("10.1.0.1", 8080)];
+        let e = v.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "VIP tcp/10.0.0.1:80: backends[0].port: backend port 8080 differs from the VIP's: l3dsr cannot rewrite ports, only NAT can"
+        );
+        // Another node's endpoint (DSR across nodes): that node NATs.
+        v.backends[0].node = Some("node-2".into());
+        v.validate()
+            .expect("a port remap to another node's endpoint");
+        // Not so for L2 DSR, which has no node to NAT.
+        let mut d = vip("10.0.0.1", Ports::One(80), Mode::Dsr);
+        d.backends = vec![Backend {
+            node: Some("node-2".into()),
+            mac: Some(Mac([2, 0, 0, 0, 0, 1])),
+            ..be("10.1.0.1", 8080)
+        }];
+        assert!(d.validate().is_err());
     }
 
     #[test]

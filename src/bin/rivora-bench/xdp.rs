@@ -400,7 +400,8 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
         &rvb0,
         &rv_iface_mac {
             mac: [2, 0, 0, 0, 0, 3],
-            pad: [0; 2],
+            flags: 0,
+            pad: 0,
         },
     )?;
     let src6: Ipv6Addr = "fd00:99:2::1".parse().expect("constant");

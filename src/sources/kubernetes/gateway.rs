@@ -49,7 +49,7 @@ use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route};
 use rivora_k8s::policy::{ObjectRef, PolicyIssue, ServicePolicy};
-use rivora_k8s::translate::{local_endpoints, place_backends, PolicyUse};
+use rivora_k8s::translate::{endpoint_nodes, place_backends, PolicyUse};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -550,9 +550,16 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
                 .iter()
                 .flat_map(|s| view.endpoint_slices(&s.namespace, &s.name))
                 .collect();
-            let local = local_endpoints(&slices, &state.opts.node_name);
+            let nodes = endpoint_nodes(&slices);
             for d in &mut g.vips {
-                place_backends(d.vip.mode, &mut d.vip.backends, &local);
+                // The resolution refused a mode that cannot reach every
+                // endpoint, so this places them all; were it not so, the
+                // VIP is kept with no backend rather than half broken.
+                if let Err(why) = place_backends(&mut d.vip, &state.opts.node_name, &nodes) {
+                    warn!(vip = %d.name, %why, "not programmed");
+                    d.vip.backends.clear();
+                    d.health.clear();
+                }
             }
             (k, (g.vips, g.services))
         })

@@ -68,9 +68,11 @@
 //!   backends all fail keeps its VIPs with no backend.
 //! - **ServicePolicy.** A policy's `listeners` entry (its own namespace's
 //!   Gateway, by listener name) sets the listener's VIPs' mode, SYN rate
-//!   limit, affinity and health check, as for a Service. A DSR mode with
-//!   backends on another port than the listener's is not applied
-//!   ([`ListenerResult::policy`]).
+//!   limit, affinity and health check, as for a Service. A DSR mode (DSR
+//!   across nodes) with an endpoint whose node is not known is not applied
+//!   ([`ListenerResult::policy`]). Each node then places the backends
+//!   ([`crate::translate::place_backends`]): its own endpoints and the
+//!   others' each reached the way the mode says.
 //!
 //! Not done: the spec asks that the share of connections an invalid
 //! backendRef would have taken be rejected; Rivora gives the valid
@@ -100,7 +102,7 @@ use self::api::referencegrants::ReferenceGrant;
 use self::api::tcproutes::TcpRoute;
 use self::api::udproutes::UdpRoute;
 use crate::policy::{check_policy, ObjectRef, ServicePolicy, REASON_MODE_NOT_APPLICABLE};
-use crate::translate::{protocol, service_port_backends, vip_address, PolicyUse};
+use crate::translate::{endpoint_nodes, protocol, service_port_backends, vip_address, PolicyUse};
 
 /// Rivora's GatewayClass `controllerName`.
 pub const CONTROLLER_NAME: &str = "rivora.io/gateway-controller";
@@ -811,6 +813,7 @@ fn route_backends(
                 weight,
                 mac: None,
                 mode: None,
+                node: None,
             }
         })
         .collect()
@@ -1042,17 +1045,26 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
             }
             let mut effective = effective;
             if let Some(e) = &effective {
+                // DSR across nodes tunnels to each endpoint's node: one
+                // with no node known cannot be reached (every node reads
+                // the same slices, so all of them agree).
                 let mode = e.mode.unwrap_or(Mode::Nat);
-                let remap = built
+                let nodes: BTreeMap<IpAddr, String> = refs
+                    .iter()
+                    .flat_map(|r| {
+                        endpoint_nodes(&cluster.endpoint_slices(&r.key.namespace, &r.key.name))
+                    })
+                    .collect();
+                let homeless = built
                     .iter()
                     .flat_map(|(_, bs)| bs.iter())
-                    .find(|b| b.port != port);
-                if let (true, Some(b)) = (matches!(mode, Mode::Dsr | Mode::L3Dsr), remap) {
+                    .find(|b| !nodes.contains_key(&b.addr));
+                if let (true, Some(b)) = (matches!(mode, Mode::Dsr | Mode::L3Dsr), homeless) {
                     used = PolicyUse::Rejected(crate::policy::PolicyIssue {
                         reason: REASON_MODE_NOT_APPLICABLE,
                         message: format!(
-                            "mode {mode} keeps the destination port, but {lref} (port {port}) sends to {} port {}",
-                            b.addr, b.port
+                            "mode {mode} cannot serve {lref}: endpoint {} has no nodeName: DSR across nodes tunnels to the endpoint's node",
+                            b.addr
                         ),
                     });
                     effective = None;

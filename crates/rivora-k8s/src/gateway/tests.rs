@@ -106,6 +106,14 @@ fn slice(
     )
 }
 
+/// Every endpoint of `s` on `node`.
+fn on_node(mut s: EndpointSlice, node: &str) -> EndpointSlice {
+    for ep in s.endpoints.iter_mut().flatten() {
+        ep.node_name = Some(node.into());
+    }
+    s
+}
+
 fn grant(ns: &str, from_ns: &str, kind: &str, to_name: Option<&str>) -> ReferenceGrant {
     let mut to = json!({"group": "", "kind": "Service"});
     if let Some(n) = to_name {
@@ -757,7 +765,8 @@ fn service_policy_on_a_listener() {
             cluster: |s| {
                 s.tcp_routes.push(tcp_route("team-a", "r", T1,
                     json!([{"name": "gw", "namespace": "infra", "sectionName": "tcp"}]), json!([{"name": "db", "port": 5432}])));
-                s.slices[0] = slice("team-a", "db", "IPv4", "pg", "TCP", 5432, &["10.1.0.1"]);
+                s.slices[0] =
+                    on_node(slice("team-a", "db", "IPv4", "pg", "TCP", 5432, &["10.1.0.1"]), "node-b");
                 s.policies.push(from(json!({
                     "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
                     "metadata": {"name": "p", "namespace": "infra"},
@@ -769,7 +778,22 @@ fn service_policy_on_a_listener() {
             not: &["vip udp/203.0.113.10:53 [] mode"],
         },
         Row {
-            rule: "a DSR policy on a listener whose backends listen on another port is not applied",
+            rule: "DSR across nodes: the backends may listen on another port (their node NATs)",
+            cluster: |s| {
+                s.tcp_routes.push(db_route());
+                for sl in &mut s.slices {
+                    *sl = on_node(sl.clone(), "node-b");
+                }
+                s.policies.push(from(json!({
+                    "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
+                    "metadata": {"name": "p", "namespace": "infra"},
+                    "spec": {"listeners": [{"gateway": "gw", "listener": "tcp"}], "mode": "dsr"}})));
+            },
+            want: &["vip tcp/203.0.113.10:5432 [10.1.0.1:6432*1 10.1.0.2:6432*1] mode=dsr"],
+            not: &[],
+        },
+        Row {
+            rule: "a DSR policy on a listener whose endpoints have no nodeName is not applied",
             cluster: |s| {
                 s.tcp_routes.push(db_route());
                 s.policies.push(from(json!({
@@ -794,9 +818,8 @@ fn service_policy_on_a_listener() {
         PolicyUse::Rejected(i) => {
             assert_eq!(i.reason, REASON_MODE_NOT_APPLICABLE);
             assert!(
-                i.message.contains(
-                    "Gateway infra/gw listener tcp (port 5432) sends to 10.1.0.1 port 6432"
-                ),
+                i.message
+                    .contains("Gateway infra/gw listener tcp: endpoint 10.1.0.1 has no nodeName"),
                 "{i}"
             );
         }

@@ -78,9 +78,16 @@ fn summary(t: &Translation) -> Vec<String> {
             let bs = v
                 .backends
                 .iter()
-                .map(|b| match b.mode {
-                    Some(m) => format!("{} w{} via {m}", b.target(), b.weight),
-                    None => format!("{} w{}", b.target(), b.weight),
+                .map(|b| {
+                    let mut s = match b.mode {
+                        Some(m) => format!("{} w{} via {m}", b.target(), b.weight),
+                        None => format!("{} w{}", b.target(), b.weight),
+                    };
+                    // Where DSR across nodes sends each one.
+                    if let (Mode::L3Dsr, Some(n)) = (v.mode, &b.node) {
+                        s.push_str(&format!(" @{n}"));
+                    }
+                    s
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -344,22 +351,77 @@ fn every_rule() {
             policy: Some(policy(json!({"services": ["web"], "mode": "dsr"}))),
             policy_use: "applied",
             ..row(
-                "policy: DSR where the port does not change",
+                "policy dsr: DSR across nodes, this node's endpoints by NAT, another node's by the tunnel to it, which NATs (the port may change)",
                 service(json!({})),
-                vec![slice(json!({"ports": [{"name": "http", "port": 80}], "endpoints": [ep("10.1.0.1")]}))],
-                vec!["tcp/203.0.113.10:80 dsr none rl=- [10.1.0.1:80 w1]"],
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a, 10.1.0.2:8080 w1 @node-b]"],
             )
         },
         Row {
             policy: Some(policy(json!({"services": ["web"], "mode": "l3dsr",
                                        "synRateLimit": {"ratePerSec": 100, "burst": 10}}))),
+            policy_use: "applied",
+            ..row(
+                "policy l3dsr: the same, with every endpoint on another node",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [
+                    ep_with("10.1.0.1", json!({"nodeName": "node-b"})),
+                    ep_with("10.1.0.2", json!({"nodeName": "node-c"})),
+                ]}))],
+                vec!["tcp/203.0.113.10:80 l3dsr none rl=100/10 [10.1.0.1:8080 w1 @node-b, 10.1.0.2:8080 w1 @node-c]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "mode": "dsr",
+                                       "synRateLimit": {"ratePerSec": 100, "burst": 10}}))),
             policy_use: "rejected:ModeNotApplicable",
             warnings: vec![WARN_INVALID_POLICY],
             ..row(
-                "policy: DSR cannot remap 80 to 8080: not applied at all",
+                "policy dsr: an endpoint with no nodeName cannot be tunnelled to: not applied at all",
                 service(json!({})),
-                two_ready(),
-                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1]"],
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.3", json!({"nodeName": null}))]}))],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.3:8080 w1 via fullnat]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "preserveClientIP": true}))),
+            policy_use: "applied",
+            ..row(
+                "policy preserveClientIP: DSR across nodes with externalTrafficPolicy Cluster",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a, 10.1.0.2:8080 w1 @node-b]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "preserveClientIP": false}))),
+            policy_use: "applied",
+            ..row(
+                "policy preserveClientIP false: the default",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1 via fullnat]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "mode": "fullnat", "preserveClientIP": true}))),
+            policy_use: "rejected:InvalidValue",
+            warnings: vec![WARN_INVALID_POLICY],
+            ..row(
+                "policy preserveClientIP with mode fullnat contradicts itself: not applied",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1 via fullnat]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "mode": "dsr"}))),
+            policy_use: "applied",
+            ..row(
+                "policy dsr with externalTrafficPolicy Local: this node's endpoints only, by NAT",
+                service(json!({"spec": {"externalTrafficPolicy": "Local"}})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
+                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a]"],
             )
         },
         Row {

@@ -751,6 +751,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
         tunnel_src4: file.node.tunnel_source.ipv4,
         tunnel_src6: file.node.tunnel_source.ipv6,
         interface_macs: BTreeMap::new(),
+        generic_xdp: Default::default(),
         fullnat: file.node.snat.settings(),
     };
     node.validate().map_err(|e| model_error(&e, &file, &fail))?;
@@ -780,6 +781,7 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
                     weight: b.weight,
                     mac: b.mac,
                     mode: None,
+                    node: None,
                 })
                 .collect(),
         };
