@@ -57,14 +57,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::netns::Netns;
-use common::rivorad::{attached, link_prog, rivorad_bin, Home, Rivorad, READY};
+use common::rivorad::{attached, link_prog, rivorad_bin, variant_bin, Home, Rivorad, READY};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
 use common::traffic::{
     long_lived, tcp_once, udp_streams, wait_for, wait_until, ConnResult, Servers,
@@ -163,36 +162,6 @@ impl Lane {
 
 /// Every VIP of the file: the lanes' TCP and UDP VIPs and the health VIP.
 const VIPS: usize = 2 * LANES.len() + 1;
-
-/// The variant build of rivorad: prebuilt (RIVORA_VARIANT_RIVORAD) or
-/// built once here.
-fn variant_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RIVORA_VARIANT_RIVORAD") {
-            let p = PathBuf::from(p);
-            assert!(
-                p.exists(),
-                "RIVORA_VARIANT_RIVORAD={} does not exist",
-                p.display()
-            );
-            return p;
-        }
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let target = root.join("target/variant");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .current_dir(&root)
-            .env("RIVORA_BPF_CFLAGS", "-DRV_BUILD_VARIANT")
-            .args(["build", "--bin", "rivorad", "--target-dir"])
-            .arg(&target)
-            .status()
-            .expect("running cargo for the variant build");
-        assert!(st.success(), "building the variant rivorad failed");
-        target.join("debug/rivorad")
-    })
-    .clone()
-}
 
 fn vip_key(addr: IpAddr, port: u16, proto: Protocol) -> VipKey {
     VipKey {
