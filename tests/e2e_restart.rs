@@ -57,14 +57,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::netns::Netns;
-use common::rivorad::{attached, link_prog, rivorad_bin, Home, Rivorad, READY};
+use common::rivorad::{attached, link_prog, rivorad_bin, variant_bin, Home, Rivorad, READY};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
 use common::traffic::{
     long_lived, tcp_once, udp_streams, wait_for, wait_until, ConnResult, Servers,
@@ -163,36 +162,6 @@ impl Lane {
 
 /// Every VIP of the file: the lanes' TCP and UDP VIPs and the health VIP.
 const VIPS: usize = 2 * LANES.len() + 1;
-
-/// The variant build of rivorad: prebuilt (RIVORA_VARIANT_RIVORAD) or
-/// built once here.
-fn variant_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RIVORA_VARIANT_RIVORAD") {
-            let p = PathBuf::from(p);
-            assert!(
-                p.exists(),
-                "RIVORA_VARIANT_RIVORAD={} does not exist",
-                p.display()
-            );
-            return p;
-        }
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let target = root.join("target/variant");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .current_dir(&root)
-            .env("RIVORA_BPF_CFLAGS", "-DRV_BUILD_VARIANT")
-            .args(["build", "--bin", "rivorad", "--target-dir"])
-            .arg(&target)
-            .status()
-            .expect("running cargo for the variant build");
-        assert!(st.success(), "building the variant rivorad failed");
-        target.join("debug/rivorad")
-    })
-    .clone()
-}
 
 fn vip_key(addr: IpAddr, port: u16, proto: Protocol) -> VipKey {
     VipKey {
@@ -872,6 +841,31 @@ fn walk(p: &Path) -> Vec<String> {
     out
 }
 
+/// Every flow table's size as the kernel reports it, by name: all of
+/// `FLOW_TABLES` (a table added there and not here fails the check).
+fn flow_table_sizes(m: &Maps) -> BTreeMap<&'static str, u32> {
+    let sizes = BTreeMap::from([
+        (
+            "connection_affinity_map",
+            m.connection_affinity_map.max_entries(),
+        ),
+        (
+            "connection_affinity_map6",
+            m.connection_affinity_map6.max_entries(),
+        ),
+        ("nat_reverse_map", m.nat_reverse_map.max_entries()),
+        ("nat_reverse_map6", m.nat_reverse_map6.max_entries()),
+        ("fullnat_rev_map", m.fullnat_rev_map.max_entries()),
+        ("fullnat_rev_map6", m.fullnat_rev_map6.max_entries()),
+    ]);
+    assert_eq!(
+        sizes.keys().copied().collect::<BTreeSet<_>>(),
+        rivora::dataplane::FLOW_TABLES.into_iter().collect(),
+        "the flow tables"
+    );
+    sizes
+}
+
 #[test]
 fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     common::require::root_and_tools("e2e_restart");
@@ -922,13 +916,18 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
 
     // Another flow table size: the same refusal, naming the first flow
-    // table it meets. The pinned size is the kernel's figure.
-    let pinned = maps.connection_affinity_map.max_entries();
+    // table it meets (the object's order decides: full NAT's port table
+    // since it came, which nothing rounds per CPU) with the kernel's
+    // figure for it, which the flag to start with repeats.
+    let sizes = flow_table_sizes(&maps);
     let err = start_expect_refusal(&mut d, &["-flow-table-size", "65536"]);
+    let (named, pinned) = sizes
+        .iter()
+        .find(|(m, _)| err.contains(&format!("pinned map {m} has max entries ")))
+        .unwrap_or_else(|| panic!("the refusal names no flow table:\n{err}"));
     assert!(
-        err.contains(&format!(
-            "pinned map connection_affinity_map has max entries {pinned}"
-        )) && err.contains("expects 65536")
+        err.contains(&format!("pinned map {named} has max entries {pinned}"))
+            && err.contains("expects 65536")
             && err.contains(&format!("-flow-table-size {pinned}"))
             && err.contains("rivorad -cleanup"),
         "the refusal names the map, both sizes and the migration:\n{err}"
@@ -941,8 +940,8 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     assert_eq!(pin_snapshot(&pins), snap, "pins, program and ids untouched");
     let again = Maps::open(&pins).expect("maps");
     assert_eq!(
-        again.connection_affinity_map.max_entries(),
-        pinned,
+        flow_table_sizes(&again),
+        sizes,
         "flow tables keep their size"
     );
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");

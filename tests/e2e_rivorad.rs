@@ -166,6 +166,7 @@ impl<'a> Conf<'a> {
             Mode::Nat => "nat",
             Mode::Dsr => "dsr",
             Mode::L3Dsr => "l3dsr",
+            Mode::FullNat => "fullnat",
         };
         let mut y = format!(
             "interfaces:\n  - name: n0\n    xdpMode: native\n\
@@ -219,7 +220,9 @@ impl<'a> Conf<'a> {
             b.v4.to_string()
         };
         match self.topo.mode {
-            Mode::Nat => format!("{{ address: {addr}, port: {NAT_BACKEND_PORT} }}"),
+            Mode::Nat | Mode::FullNat => {
+                format!("{{ address: {addr}, port: {NAT_BACKEND_PORT} }}")
+            }
             Mode::Dsr if i == 0 => format!("{{ address: {addr}, mac: \"{}\" }}", b.mac_str()),
             _ => format!("{{ address: {addr} }}"),
         }
@@ -425,6 +428,9 @@ fn traffic(mode: Mode) {
                  {FLOWS} UDP exchanges per family, expected {least} to {most}"
             );
         }
+        // Backends see the node's address there, not the client's:
+        // tests/e2e_fullnat.rs.
+        Mode::FullNat => unreachable!("full NAT's traffic is checked in e2e_fullnat"),
     }
 
     // A clean stop detaches.

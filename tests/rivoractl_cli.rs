@@ -292,13 +292,26 @@ fn usage_errors_exit_2() {
 #[test]
 fn config_validate_uses_the_daemons_validator() {
     let dir = tempfile::tempdir().unwrap();
-    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nat.yaml");
-    let o = run(
-        Path::new("/nonexistent"),
-        &["config", "validate", good.to_str().unwrap()],
+    // Every example, one per mode.
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut good: Vec<_> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    good.sort();
+    assert!(
+        good.iter().any(|p| p.ends_with("fullnat.yaml")),
+        "examples: {good:?}"
     );
-    assert_exit(&o, 0);
-    assert!(stdout(&o).contains("valid"), "{}", stdout(&o));
+    for good in &good {
+        let o = run(
+            Path::new("/nonexistent"),
+            &["config", "validate", good.to_str().unwrap()],
+        );
+        assert_exit(&o, 0);
+        assert!(stdout(&o).contains("valid"), "{}", stdout(&o));
+    }
 
     let bad = dir.path().join("bad.yaml");
     std::fs::write(

@@ -19,6 +19,7 @@ fn rv(mode: Mode) -> rv_mode {
         Mode::Nat => rv_mode::RV_MODE_NAT,
         Mode::Dsr => rv_mode::RV_MODE_DSR,
         Mode::L3Dsr => rv_mode::RV_MODE_L3DSR,
+        Mode::FullNat => rv_mode::RV_MODE_FULLNAT,
     }
 }
 
@@ -82,6 +83,13 @@ impl Lab {
     /// A topology with the test's own datapath attached to the node's n0
     /// and its maps filled.
     pub fn new(mode: Mode) -> Self {
+        // Full NAT needs its sources, ports and the sweep programmed as
+        // rivorad does (tests/e2e_fullnat.rs runs it): not filled here.
+        assert_ne!(
+            mode,
+            Mode::FullNat,
+            "Lab fills NAT, DSR and L3 DSR only; run rivorad for full NAT"
+        );
         let topo = Topology::new(mode);
         let (node, backends) = (&topo.node, &topo.backends);
         let (vip4, vip6) = (topo.vip4, topo.vip6);
@@ -117,7 +125,7 @@ impl Lab {
 
         // Maps: backends, then slices and services, then the VIPs.
         let bport = match mode {
-            Mode::Nat => NAT_BACKEND_PORT,
+            Mode::Nat | Mode::FullNat => NAT_BACKEND_PORT,
             Mode::Dsr | Mode::L3Dsr => 0,
         };
         for b in backends {

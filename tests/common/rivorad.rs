@@ -11,6 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use rivora::dataplane::attach::ifindex;
@@ -43,6 +44,39 @@ fn from_bin_dir(name: &str) -> Option<PathBuf> {
 /// The rivorad under test: this build's, or `RIVORA_BIN_DIR`'s.
 pub fn rivorad_bin() -> PathBuf {
     from_bin_dir("rivorad").unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_rivorad")))
+}
+
+/// The variant build of rivorad, whose XDP program differs from this
+/// build's (`-DRV_BUILD_VARIANT`): an upgrade to swap in. Prebuilt
+/// (`RIVORA_VARIANT_RIVORAD`, which `make test` sets) or built once here
+/// into target/variant (a debug build of its own, a few minutes on 2
+/// cores).
+pub fn variant_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("RIVORA_VARIANT_RIVORAD") {
+            let p = PathBuf::from(p);
+            assert!(
+                p.exists(),
+                "RIVORA_VARIANT_RIVORAD={} does not exist",
+                p.display()
+            );
+            return p;
+        }
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let target = root.join("target/variant");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .current_dir(&root)
+            .env("RIVORA_BPF_CFLAGS", "-DRV_BUILD_VARIANT")
+            .args(["build", "--bin", "rivorad", "--target-dir"])
+            .arg(&target)
+            .status()
+            .expect("running cargo for the variant build");
+        assert!(st.success(), "building the variant rivorad failed");
+        target.join("debug/rivorad")
+    })
+    .clone()
 }
 
 /// The rivoractl under test: `RIVORA_BIN_DIR`'s, or the one beside this

@@ -33,6 +33,14 @@
 //!   replies go straight to the client and never touch the node. L3 DSR
 //!   backends also run the decap program (no ipip / ip6_tunnel modules
 //!   here).
+//! - Full NAT: backends have no route to the client subnet at all, only
+//!   their own subnet (on which the node's `node_v4` and `node_v6` live):
+//!   a reply reaches the client only if the node rewrote the request's
+//!   source to one of its own addresses and turns the reply back. As
+//!   under NAT, backends listen on [`NAT_BACKEND_PORT`] and the request
+//!   arrives addressed to the backend's own address. Backends' TX
+//!   checksum offload is off, as the client's: their replies leave the
+//!   node by XDP_TX, which a partial checksum does not survive.
 //! - NAT with DSR and L3 DSR VIPs beside it
 //!   ([`TopologyBuilder::dsr_vips_beside_nat`]): backends serve all three
 //!   at once, so their replies must leave two ways. A source-address rule
@@ -51,8 +59,11 @@
 //!   requests once the FIB answers), which veth delivers only to a peer
 //!   running XDP. Backend-side peers receive ordinary bridge traffic and
 //!   need nothing.
-//! - client: TX checksum offload off (`ethtool -K c0 tx off`): its
-//!   partial checksums would arrive broken after the node's XDP_TX.
+//! - client (and full-NAT backends): TX checksum offload off (`ethtool
+//!   -K c0 tx off`): its partial checksums would arrive broken after the
+//!   node's XDP_TX. A veth carries a locally sent packet with only the
+//!   pseudo-header summed (the checksum is left to a NIC that never
+//!   comes); a packet from another host arrives whole.
 //! - everyone: no DAD, no redirects or RAs accepted (IPv6 has no knob to
 //!   stop the node sending redirects).
 //!
@@ -79,11 +90,13 @@ pub enum Mode {
     Nat,
     Dsr,
     L3Dsr,
+    FullNat,
 }
 
 /// The VIP's port (TCP and UDP alike).
 pub const VIP_PORT: u16 = 80;
-/// Where NAT backends listen: the datapath translates the port too.
+/// Where NAT and full-NAT backends listen: the datapath translates the
+/// port too.
 pub const NAT_BACKEND_PORT: u16 = 8080;
 
 pub struct Backend {
@@ -309,13 +322,21 @@ impl Topology {
         for (i, ns) in bns.into_iter().enumerate() {
             let bv4 = a4(format!("10.{n}.2.{}", 11 + i));
             let bv6 = a6(format!("fd00:{n6}:2::{}", 11 + i));
-            // TX checksum offload stays on here: backend replies are never
-            // XDP_TX'd, and under NAT they reach tc_nat as CHECKSUM_PARTIAL,
-            // the state real backends send and the one tc_nat's skb
-            // checksum helpers must get right.
+            // TX checksum offload stays on here but under full NAT: other
+            // backend replies are never XDP_TX'd, and under NAT they reach
+            // tc_nat as CHECKSUM_PARTIAL, the state real backends send and
+            // the one tc_nat's skb checksum helpers must get right. Full
+            // NAT's replies leave the node by XDP_TX, whose incremental
+            // update of a partial checksum arrives broken (seen here: every
+            // SYN-ACK dropped by the client for a bad checksum).
             ns.exec(&format!(
-                "ip addr add {bv4}/24 dev b0{}",
-                v6(format!("ip addr add {bv6}/64 dev b0 nodad"))
+                "ip addr add {bv4}/24 dev b0{}{}",
+                v6(format!("ip addr add {bv6}/64 dev b0 nodad")),
+                if mode == Mode::FullNat {
+                    " && ethtool -K b0 tx off >/dev/null"
+                } else {
+                    ""
+                }
             ));
             let arp = "echo 1 > /proc/sys/net/ipv4/conf/all/arp_ignore && \
                        echo 2 > /proc/sys/net/ipv4/conf/all/arp_announce";
@@ -332,6 +353,8 @@ impl Topology {
                          ip -6 route add fd00:{n6}:1::/64 dev b0"
                     ))
                 )),
+                // Nothing beyond the connected routes of b0's own subnet.
+                Mode::FullNat => String::new(),
             };
             if dsr_beside_nat {
                 let mut cmd = format!("{arp} && ip route add 10.{n}.1.0/24 dev b0 table 100");
@@ -431,17 +454,17 @@ impl Topology {
     /// The port backends listen on in this mode.
     pub fn backend_port(&self) -> u16 {
         match self.mode {
-            Mode::Nat => NAT_BACKEND_PORT,
+            Mode::Nat | Mode::FullNat => NAT_BACKEND_PORT,
             Mode::Dsr | Mode::L3Dsr => VIP_PORT,
         }
     }
 
     /// The address a backend's server sees the request addressed to: its
-    /// own address under NAT, the VIP otherwise.
+    /// own address under NAT and full NAT, the VIP otherwise.
     pub fn backend_local(&self, b: &Backend, v6: bool) -> IpAddr {
         match (self.mode, v6) {
-            (Mode::Nat, false) => IpAddr::V4(b.v4),
-            (Mode::Nat, true) => IpAddr::V6(b.v6),
+            (Mode::Nat | Mode::FullNat, false) => IpAddr::V4(b.v4),
+            (Mode::Nat | Mode::FullNat, true) => IpAddr::V6(b.v6),
             (_, false) => IpAddr::V4(self.vip4),
             (_, true) => IpAddr::V6(self.vip6),
         }

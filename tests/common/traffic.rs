@@ -566,9 +566,66 @@ pub struct ConnResult {
     pub vip: SocketAddr,
     /// Every backend that answered.
     pub backends: BTreeSet<String>,
+    /// Every address and port a backend saw the connection come from: the
+    /// client's own, unless the node rewrote the source (full NAT).
+    pub peers: BTreeSet<SocketAddr>,
     pub echoed: u64,
+    /// The longest a message waited for its echo: a loss, or a gap in
+    /// the path, shows here as the retransmission's delay.
+    pub slowest_echo: Duration,
+    /// Segments the client's TCP retransmitted (`tcpi_total_retrans`),
+    /// read as the connection ends; None if it could not be read.
+    pub retransmits: Option<u32>,
     /// Why it gave up (a reset, a timeout, a wrong echo), if it did.
     pub error: Option<String>,
+}
+
+/// How a [`long_lived_with`] connection paces itself.
+#[derive(Debug, Clone, Copy)]
+pub struct LongLivedOpts {
+    /// Between an echo and the next message.
+    pub interval: Duration,
+    /// An echo later than this (and the connect) is a failure.
+    pub step: Duration,
+    /// Acknowledge each echo at once (`TCP_QUICKACK` after every read)
+    /// rather than when the delayed-ACK timer fires: the backend then
+    /// holds nothing unacknowledged between messages, so a path that
+    /// stops for a while (a datapath detached) meets no retransmission
+    /// from the backend's side.
+    pub quick_ack: bool,
+}
+
+/// `TCP_QUICKACK` on: a pending ACK leaves now.
+fn quick_ack(fd: i32) {
+    let one: i32 = 1;
+    // SAFETY: setsockopt with a valid int on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&one as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        );
+    }
+}
+
+/// The socket's `tcpi_total_retrans`.
+fn total_retrans(fd: i32) -> Option<u32> {
+    // SAFETY: a zeroed tcp_info is a valid out buffer of the given length.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: as above; the fd is a TCP socket we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(info.tcpi_total_retrans)
 }
 
 /// A long-lived connection running in its own thread.
@@ -590,12 +647,36 @@ pub fn long_lived(
     stop: Arc<AtomicBool>,
     echoed: Arc<AtomicU64>,
 ) -> LongLived {
+    let opts = LongLivedOpts {
+        interval,
+        step,
+        quick_ack: false,
+    };
+    long_lived_with(client, vip, opts, stop, echoed)
+}
+
+/// [`long_lived`], paced by `opts`.
+pub fn long_lived_with(
+    client: &Netns,
+    vip: SocketAddr,
+    opts: LongLivedOpts,
+    stop: Arc<AtomicBool>,
+    echoed: Arc<AtomicU64>,
+) -> LongLived {
+    let LongLivedOpts {
+        interval,
+        step,
+        quick_ack: ack_at_once,
+    } = opts;
     let (tx, first) = mpsc::channel::<String>();
     let handle = spawn_in(client, move || {
         let mut r = ConnResult {
             vip,
             backends: BTreeSet::new(),
+            peers: BTreeSet::new(),
             echoed: 0,
+            slowest_echo: Duration::ZERO,
+            retransmits: None,
             error: None,
         };
         let s = match TcpStream::connect_timeout(&vip, step) {
@@ -605,6 +686,7 @@ pub fn long_lived(
                 return r;
             }
         };
+        let fd = s.as_raw_fd();
         let _ = s.set_nodelay(true);
         let _ = s.set_read_timeout(Some(step));
         let me = s.local_addr().unwrap_or(vip);
@@ -616,42 +698,50 @@ pub fn long_lived(
         let mut seq = 0u64;
         let mut line = String::new();
         while !stop.load(Ordering::Relaxed) {
+            let sent = Instant::now();
             if let Err(e) = w.write_all(format!("{seq}\n").as_bytes()) {
                 r.error = Some(format!("send {seq}: {e}"));
-                return r;
+                break;
             }
             line.clear();
             match rd.read_line(&mut line) {
                 Ok(0) => {
                     r.error = Some(format!("closed by the peer at {seq}"));
-                    return r;
+                    break;
                 }
                 Ok(_) => {}
                 Err(e) => {
                     r.error = Some(format!("reply {seq}: {e}"));
-                    return r;
+                    break;
                 }
+            }
+            r.slowest_echo = r.slowest_echo.max(sent.elapsed());
+            if ack_at_once {
+                quick_ack(fd);
             }
             let hit = match parse_answer(&line, me) {
                 Ok(h) => h,
                 Err(e) => {
                     r.error = Some(e);
-                    return r;
+                    break;
                 }
             };
             if hit.payload != seq.to_string() {
                 r.error = Some(format!("echo {:?} for message {seq}", hit.payload));
-                return r;
+                break;
             }
             if r.backends.is_empty() {
                 let _ = tx.send(hit.backend.clone());
             }
             r.backends.insert(hit.backend);
+            r.peers.insert(hit.peer);
             r.echoed += 1;
             echoed.fetch_add(1, Ordering::Relaxed);
             seq += 1;
             std::thread::sleep(interval);
         }
+        // `w` still holds the socket open.
+        r.retransmits = total_retrans(w.as_raw_fd());
         r
     });
     LongLived { first, handle }
