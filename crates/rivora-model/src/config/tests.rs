@@ -352,7 +352,7 @@ fn messages_name_field_line_and_value() {
         (
             "affinity timeout too long",
             edit(VIP, "    mode: nat\n    affinity:\n      type: clientIP\n      timeout: 2d\n"),
-            9,
+            10,
             "vips[0].affinity.timeout",
             "\"2days\" is out of range: the affinity timeout is 1s to 1day (86400s)",
         ),
