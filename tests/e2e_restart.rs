@@ -91,7 +91,7 @@ use rivora::dataplane::adopt::adopt;
 use rivora::dataplane::attach::ifindex;
 use rivora::dataplane::loader::{ADDED_IN_V3, REPLACED_IN_V3};
 use rivora::dataplane::render::Health;
-use rivora::dataplane::{MapStore, Maps};
+use rivora::dataplane::{MapStore, Maps, FLOW_TABLES};
 use rivora::model::{Ports, Protocol, VipKey};
 
 const TCP_CONNS_PER_VIP: usize = 8;
@@ -946,14 +946,20 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     assert_eq!(attached(&lab.node, "n0"), (true, 1), "still attached");
 
     // Another flow table size: the same refusal, naming the first flow
-    // table it meets. The pinned size is the kernel's figure.
+    // table it meets (whichever of FLOW_TABLES the object lists first:
+    // full NAT's port tables are flow tables too). The pinned size is
+    // the kernel's figure.
     let pinned = maps.connection_affinity_map.max_entries();
     let err = start_expect_refusal(&mut d, &["-flow-table-size", "65536"]);
+    let named = FLOW_TABLES
+        .iter()
+        .find(|t| err.contains(&format!("pinned map {t} has max entries ")))
+        .unwrap_or_else(|| panic!("the refusal names a flow table:\n{err}"));
+    let named_size = layouts::pinned_def(&pins.join(named)).1.max_entries;
     assert!(
-        err.contains(&format!(
-            "pinned map connection_affinity_map has max entries {pinned}"
-        )) && err.contains("expects 65536")
-            && err.contains(&format!("-flow-table-size {pinned}"))
+        err.contains(&format!("pinned map {named} has max entries {named_size}"))
+            && err.contains("expects 65536")
+            && err.contains(&format!("-flow-table-size {named_size}"))
             && err.contains("rivorad -cleanup"),
         "the refusal names the map, both sizes and the migration:\n{err}"
     );
