@@ -45,6 +45,22 @@
 //! attached program unchanged; an out-of-range -flow-table-size is refused
 //! as a bad flag.
 //!
+//! `layout_2_pins_upgraded_under_traffic`: rivorad (with
+//! -persist-datapath) is SIGKILLed under a window of traffic, its pins
+//! are turned into what a layout 2 rivorad leaves
+//! (`common::layouts::downgrade_to_v2`: the maps layout 3 added unpinned,
+//! drop_stats_map pinned again at layout 2's size, meta_map saying 2; the
+//! program behind the link runs on), and this build starts over them with
+//! a file that adds a backend to every lane, so that only the affinity
+//! entries keep the flows the Maglev table now sends elsewhere. The window
+//! ends with no loss, no reset and no connection moved; meta_map says this
+//! build's version, the pins are layout 2's and `ADDED_IN_V3`, every map
+//! not replaced is the same kernel map, the link runs the new program and
+//! every VIP kept its service and backend ids. (Not a layout 2 binary: the
+//! program behind the link before the start is this build's; what a
+//! layout 2 one held is in the kept maps, checked entry by entry in
+//! tests/abi_upgrade.rs.)
+//!
 //! The variant build: `RIVORA_VARIANT_RIVORAD` names a prebuilt binary
 //! (`make test` builds it); without it the test builds one into
 //! target/variant (a debug build of its own, a few minutes on 2 cores).
@@ -62,6 +78,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use common::layouts;
 use common::netns::Netns;
 use common::rivorad::{attached, link_prog, rivorad_bin, variant_bin, Home, Rivorad, READY};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
@@ -71,6 +88,7 @@ use common::traffic::{
 use rivora::abi;
 use rivora::dataplane::adopt::adopt;
 use rivora::dataplane::attach::ifindex;
+use rivora::dataplane::loader::{ADDED_IN_V3, REPLACED_IN_V3};
 use rivora::dataplane::render::Health;
 use rivora::dataplane::{MapStore, Maps};
 use rivora::model::{Ports, Protocol, VipKey};
@@ -249,6 +267,9 @@ struct Cfg<'a> {
     doomed: bool,
     /// The VIP added while rivorad is down.
     added: bool,
+    /// How many of the lab's backends the lanes' VIPs list (the first
+    /// ones).
+    lane_backends: usize,
 }
 
 impl<'a> Cfg<'a> {
@@ -259,14 +280,16 @@ impl<'a> Cfg<'a> {
             xdp_mode: "native",
             doomed: false,
             added: false,
+            lane_backends: lab.backends.len(),
         }
     }
 
     fn write(&self, path: &Path) {
         let lab = self.lab;
-        let be = |v6: bool, port: Option<u16>, mac: bool| -> String {
+        let be_n = |n: usize, v6: bool, port: Option<u16>, mac: bool| -> String {
             lab.backends
                 .iter()
+                .take(n)
                 .map(|b| {
                     let a = if v6 {
                         IpAddr::V6(b.v6)
@@ -284,6 +307,7 @@ impl<'a> Cfg<'a> {
                 })
                 .collect()
         };
+        let be = |v6: bool, port: Option<u16>, mac: bool| be_n(lab.backends.len(), v6, port, mac);
         let vip = |name: &str, addr: IpAddr, port: u16, proto: &str, mode: &str| {
             format!(
                 "  - name: {name}\n    address: {}\n    port: {port}\n    protocol: {proto}\n    \
@@ -310,7 +334,7 @@ impl<'a> Cfg<'a> {
                 let name = format!("{}-{proto}", lane.name());
                 y += &vip(&name, lane.addr(lab), VIP_PORT, proto, lane.mode);
                 y += "    healthCheck: false\n    backends:\n";
-                y += &be(lane.v6, port, mac);
+                y += &be_n(self.lane_backends, lane.v6, port, mac);
             }
         }
         y += &vip("hc", IpAddr::V4(lab.vip(4)), 90, "tcp", "nat");
@@ -950,6 +974,92 @@ fn incompatible_pins_refuse_to_start_and_touch_nothing() {
     run(&mut d, &rivorad_bin(), true, &[]);
     assert_eq!(ids_in_maps(&pins), snap.2);
     d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+}
+
+#[test]
+fn layout_2_pins_upgraded_under_traffic() {
+    common::require::root_and_tools("e2e_restart");
+    let lab = lab();
+    let mut d = Rivorad::new(&lab.node, Home::new());
+    let cfg = d.home.config();
+    let pins = d.home.pin_dir().to_path_buf();
+    let xdp_pin = pins.join("links/xdp_n0");
+    // The lanes on all but the last backend: the file rivorad is
+    // upgraded with adds it, so the Maglev table moves flows that only
+    // their affinity entries keep where they are.
+    let all = lab.backends.len();
+    Cfg {
+        lane_backends: all - 1,
+        ..Cfg::new(&lab, &d.home)
+    }
+    .write(&cfg);
+    let servers = start_servers(&lab);
+    run(&mut d, &rivorad_bin(), true, &[]);
+    let before = ids_in_maps(&pins);
+    assert_eq!(before.len(), VIPS);
+    let client = Client::start(&lab, 0);
+    client.assert_flowing(&servers, "first start");
+
+    // Down with the datapath left running, then the pins turned into
+    // what a layout 2 rivorad leaves (the program behind the link keeps
+    // the maps it was loaded with, the unpinned ones too).
+    let st = d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    assert!(!st.success());
+    let sizes = layouts::Sizes {
+        flow_table: abi::FLOW_TABLE_DEFAULT_SIZE,
+        maglev: abi::MAGLEV_DEFAULT_SIZE,
+    };
+    layouts::downgrade_to_v2(&pins, sizes);
+    let v2_names: BTreeSet<String> = layouts::V2.iter().map(|m| m.name.to_string()).collect();
+    let pinned = || -> BTreeSet<String> { layouts::pin_names(&pins).into_iter().collect() };
+    assert_eq!(pinned(), v2_names, "layout 2's pins");
+    let kept_ids: BTreeMap<String, u32> = layouts::V2
+        .iter()
+        .filter(|m| !REPLACED_IN_V3.contains(&m.name))
+        .map(|m| {
+            (
+                m.name.to_string(),
+                layouts::pinned_def(&pins.join(m.name)).0,
+            )
+        })
+        .collect();
+    let (prog1, _) = link_prog(&xdp_pin).expect("a pinned XDP link");
+    client.assert_flowing(&servers, "over layout 2's pins");
+
+    // This build over them, with the backend added: the upgrade in place.
+    Cfg::new(&lab, &d.home).write(&cfg);
+    run(&mut d, &rivorad_bin(), true, &[]);
+    let meta = layouts::read_meta(&pins);
+    assert_eq!(
+        (meta.abi_version, meta.maglev_size),
+        (abi::ABI_VERSION, abi::MAGLEV_DEFAULT_SIZE),
+        "meta_map upgraded"
+    );
+    let want: BTreeSet<String> = v2_names
+        .iter()
+        .cloned()
+        .chain(ADDED_IN_V3.iter().map(|n| n.to_string()))
+        .collect();
+    assert_eq!(pinned(), want, "layout 2's pins and the added ones");
+    for (name, id) in &kept_ids {
+        let now = layouts::pinned_def(&pins.join(name)).0;
+        assert_eq!(now, *id, "{name} is the same map");
+    }
+    let (prog2, _) = link_prog(&xdp_pin).expect("a pinned XDP link");
+    assert_ne!(prog2, prog1, "the upgraded build's program behind the link");
+    let after = ids_in_maps(&pins);
+    for (vip, (svc, ids)) in &before {
+        let (svc2, ids2) = after.get(vip).expect("every VIP kept");
+        assert_eq!(svc2, svc, "{vip}: same service id");
+        assert!(
+            ids.iter().all(|id| ids2.contains(id)),
+            "{vip}: its backends keep their ids ({ids:?} -> {ids2:?})"
+        );
+    }
+    client.assert_flowing(&servers, "after the upgrade");
+    client.finish(&servers, "across the upgrade from layout 2");
+    d.stop_with(libc::SIGKILL, Duration::from_secs(5));
+    drop(servers);
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod ecmp;
 pub mod fixture;
 pub mod k8s;
 pub mod lab;
+pub mod layouts;
 pub mod multinode;
 pub mod netns;
 pub mod require;

@@ -737,19 +737,16 @@ impl FullNatSettings {
                 ));
             }
         }
+        // A source is where the backends send their replies, as a VIP is
+        // where clients send: a loopback or IPv4-mapped one never gets
+        // them (the backend drops a loopback source as a martian).
         for (field, addr) in [
             ("src4", self.src4.map(IpAddr::V4)),
             ("src6", self.src6.map(IpAddr::V6)),
         ] {
             if let Some(addr) = addr {
-                if let Some(why) = unusable(addr) {
-                    return Err(node(
-                        field,
-                        Problem::Unusable {
-                            addr,
-                            why: why.into(),
-                        },
-                    ));
+                if let Some(why) = unusable_vip(addr) {
+                    return Err(node(field, Problem::Unusable { addr, why }));
                 }
             }
         }
@@ -1322,6 +1319,127 @@ mod tests {
         assert!(s.validate().is_err());
         s.node.tunnel_src4 = Some("192.0.2.1".parse().unwrap());
         assert!(s.validate().is_ok());
+    }
+
+    /// A backend's own mode (Kubernetes': a Service's endpoints on other
+    /// nodes by full NAT) is checked as the way it is reached, not as its
+    /// VIP's, and makes it a backend id of its own.
+    #[test]
+    fn a_backends_own_mode_is_checked_as_its_way() {
+        let own = |addr: &str, port: u16, mode: Mode| Backend {
+            mode: Some(mode),
+            ..be(addr, port)
+        };
+        let range = Ports::Range {
+            first: 8000,
+            last: 8100,
+        };
+        let problem = |v: &Vip| match v.validate() {
+            Err(ModelError::Vip { field, problem, .. }) => Some((field, problem)),
+            Err(e) => panic!("{e}"),
+            Ok(()) => None,
+        };
+
+        // A port of its own, under a range: refused for full NAT as for NAT.
+        let mut v = vip("10.0.0.1", range, Mode::Nat);
+        v.backends = vec![be("10.1.0.1", 0), own("10.1.0.2", 9000, Mode::FullNat)];
+        assert_eq!(
+            problem(&v),
+            Some(("backends[1].port".into(), Problem::PortOnRangeVip(9000)))
+        );
+        // In a DSR VIP, a backend reached by NAT or full NAT may take
+        // another port; one reached by DSR may not, in a NAT VIP either.
+        for way in [Mode::Nat, Mode::FullNat] {
+            let mut v = vip("10.0.0.1", Ports::One(80), Mode::Dsr);
+            v.backends = vec![own("10.1.0.1", 8080, way)];
+            assert_eq!(problem(&v), None, "{way} in a DSR VIP");
+        }
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+        v.backends = vec![be("10.1.0.1", 8080), own("10.1.0.2", 8080, Mode::Dsr)];
+        assert_eq!(
+            problem(&v),
+            Some((
+                "backends[1].port".into(),
+                Problem::PortRemapNeedsNat {
+                    mode: Mode::Dsr,
+                    port: 8080
+                }
+            ))
+        );
+
+        // A MAC is needed where the backend is reached by DSR, whatever
+        // its VIP's mode, and only there.
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+        v.backends = vec![own("10.1.0.1", 0, Mode::Dsr)];
+        let e = v.check_resolved().unwrap_err();
+        assert!(e.to_string().contains("backends[0].mac"), "{e}");
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Dsr);
+        v.backends = vec![own("10.1.0.1", 0, Mode::FullNat)];
+        assert!(v.check_resolved().is_ok(), "full NAT needs no MAC");
+
+        // A backend that tunnels needs the tunnel source, in a NAT VIP too.
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::Nat);
+        v.backends = vec![own("10.1.0.1", 0, Mode::L3Dsr)];
+        let mut s = DesiredState {
+            node: NodeSettings::default(),
+            vips: vec![v],
+        };
+        assert!(matches!(
+            s.validate(),
+            Err(ModelError::Vip {
+                problem: Problem::NoTunnelSource { ipv6: false },
+                ..
+            })
+        ));
+        s.node.tunnel_src4 = Some("192.0.2.1".parse().unwrap());
+        s.validate().expect("with a tunnel source");
+
+        // The same address and port reached two ways: two backend ids,
+        // one Maglev identity, one health target.
+        let (nat, fnat) = (be("10.1.0.1", 80), own("10.1.0.1", 80, Mode::FullNat));
+        assert_ne!(nat.key(), fnat.key());
+        assert_eq!(nat.key().identity(), fnat.key().identity());
+        assert_eq!(nat.target(), fnat.target());
+        assert_eq!(fnat.mode_in(Mode::Nat), Mode::FullNat);
+        assert_eq!(nat.mode_in(Mode::Dsr), Mode::Dsr);
+        assert_eq!(fnat.key().to_string(), "10.1.0.1:80 via fullnat");
+    }
+
+    /// Full NAT's sources: an address the backends' replies can reach.
+    #[test]
+    fn fullnat_sources_are_unicast_and_not_loopback() {
+        for (src4, src6, field) in [
+            (Some("127.0.0.1"), None, "fullnat.src4"),
+            (Some("0.0.0.0"), None, "fullnat.src4"),
+            (Some("224.0.0.1"), None, "fullnat.src4"),
+            (None, Some("::1"), "fullnat.src6"),
+            (None, Some("::ffff:10.0.0.1"), "fullnat.src6"),
+            (None, Some("ff02::1"), "fullnat.src6"),
+        ] {
+            let n = NodeSettings {
+                fullnat: FullNatSettings {
+                    src4: src4.map(|a| a.parse().unwrap()),
+                    src6: src6.map(|a| a.parse().unwrap()),
+                    ..FullNatSettings::default()
+                },
+                ..NodeSettings::default()
+            };
+            match n.validate() {
+                Err(ModelError::Node { field: f, .. }) => {
+                    assert_eq!(f, field, "{src4:?} {src6:?}")
+                }
+                other => panic!("{src4:?} {src6:?}: {other:?}"),
+            }
+        }
+        let n = NodeSettings {
+            fullnat: FullNatSettings {
+                src4: Some("10.9.0.1".parse().unwrap()),
+                src6: Some("fd00:9::1".parse().unwrap()),
+                ..FullNatSettings::default()
+            },
+            ..NodeSettings::default()
+        };
+        n.validate().expect("unicast sources");
     }
 
     #[test]

@@ -278,24 +278,47 @@ pub(super) fn ports<'de, D: Deserializer<'de>>(d: D) -> Result<Ports, D::Error> 
     d.deserialize_any(V)
 }
 
+/// A humantime duration (like every duration in the file) that `check`
+/// accepts. The check runs inside the visitor, so that its refusal
+/// carries the value's own position: serde_yaml_ng gives an error made
+/// after the value was read the position of the enclosing mapping's
+/// first key, another line when the value is not on it.
+struct CheckedDuration<F>(F);
+
+impl<F: FnOnce(Duration) -> Result<Duration, String>> Visitor<'_> for CheckedDuration<F> {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // What humantime_serde says, completed in `yaml` with examples.
+        f.write_str("a duration")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+        let t = humantime::parse_duration(v)
+            .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))?;
+        (self.0)(t).map_err(E::custom)
+    }
+}
+
 /// An affinity timeout: a humantime duration (like every duration in the
 /// file) of whole seconds, since the datapath counts in seconds.
 pub(super) fn affinity_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let t: Duration = humantime_serde::deserialize(d)?;
-    let shown = humantime::format_duration(t);
-    if t.subsec_nanos() != 0 {
-        return Err(de::Error::custom(format!(
-            "\"{shown}\": the affinity timeout takes whole seconds (like \"30s\", \"10m\" or \"3h\")"
-        )));
-    }
-    let max = u64::from(MAX_AFFINITY_TIMEOUT_S);
-    if t.as_secs() == 0 || t.as_secs() > max {
-        return Err(de::Error::custom(format!(
-            "\"{shown}\" is out of range: the affinity timeout is 1s to {} ({max}s)",
-            humantime::format_duration(Duration::from_secs(max))
-        )));
-    }
-    Ok(t)
+    d.deserialize_str(CheckedDuration(|t: Duration| {
+        let shown = humantime::format_duration(t);
+        if t.subsec_nanos() != 0 {
+            return Err(format!(
+                "\"{shown}\": the affinity timeout takes whole seconds (like \"30s\", \"10m\" or \"3h\")"
+            ));
+        }
+        let max = u64::from(MAX_AFFINITY_TIMEOUT_S);
+        if t.as_secs() == 0 || t.as_secs() > max {
+            return Err(format!(
+                "\"{shown}\" is out of range: the affinity timeout is 1s to {} ({max}s)",
+                humantime::format_duration(Duration::from_secs(max))
+            ));
+        }
+        Ok(t)
+    }))
 }
 
 /// The `type:` of an affinity.
@@ -317,28 +340,37 @@ impl<'de> Deserialize<'de> for AffinityTimeout {
 }
 
 /// A full-NAT idle timeout: a humantime duration of whole milliseconds
-/// (the datapath counts in them), within the model's bounds.
+/// (the datapath counts in them), within the model's bounds. `key:` with
+/// no value is the key left out, as for every optional field of the file.
 pub(super) fn opt_fullnat_timeout<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Duration>, D::Error> {
-    let t: Duration = humantime_serde::deserialize(d)?;
+    d.deserialize_option(Opt(CheckedDuration(fullnat_timeout), false))
+}
+
+fn fullnat_timeout(t: Duration) -> Result<Duration, String> {
     let shown = humantime::format_duration(t);
     let (min, max) = (
         Duration::from_millis(u64::from(crate::model::MIN_FULLNAT_TIMEOUT_MS)),
         Duration::from_millis(u64::from(crate::model::MAX_FULLNAT_TIMEOUT_MS)),
     );
     if t.subsec_nanos() % 1_000_000 != 0 {
-        return Err(de::Error::custom(format!(
+        return Err(format!(
             "\"{shown}\": full NAT's timeouts take whole milliseconds"
-        )));
+        ));
     }
     if t < min || t > max {
-        return Err(de::Error::custom(format!(
-            "\"{shown}\" is out of range: {} to {} (a flow's port is checked once a second, \
-             so one given again sooner than 2s could be shared)",
+        let why = if t < min {
+            " (a flow's port is checked once a second, so one given again sooner than 2s \
+             could be shared)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "\"{shown}\" is out of range: {} to {}{why}",
             humantime::format_duration(min),
             humantime::format_duration(max)
-        )));
+        ));
     }
-    Ok(Some(t))
+    Ok(t)
 }

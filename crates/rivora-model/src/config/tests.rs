@@ -352,7 +352,7 @@ fn messages_name_field_line_and_value() {
         (
             "affinity timeout too long",
             edit(VIP, "    mode: nat\n    affinity:\n      type: clientIP\n      timeout: 2d\n"),
-            9,
+            10,
             "vips[0].affinity.timeout",
             "\"2days\" is out of range: the affinity timeout is 1s to 1day (86400s)",
         ),
@@ -1348,4 +1348,487 @@ fn bad_l2_settings_are_named() {
     let e = parse_str("interfaces:\n  - name: eth0\nnode:\n  announce: bgp\n").unwrap_err();
     assert_eq!(e.field.as_deref(), Some("node.announce"), "{e}");
     assert!(e.message.contains("unknown variant"), "{e}");
+}
+
+/// `GOOD` with a `node.snat` section holding `body` (its lines indented
+/// under `snat:`); the body starts at line 14.
+fn with_snat(body: &str) -> String {
+    format!("{GOOD}node:\n  snat:\n{body}")
+}
+
+/// Full NAT's settings as the model documents their defaults.
+const SNAT_DEFAULTS: FullNatSettings = FullNatSettings {
+    src4: None,
+    src6: None,
+    port_min: 1024,
+    port_max: 32767,
+    tcp_timeout_ms: 6 * 3_600_000,
+    tcp_closing_timeout_ms: 10_000,
+    udp_timeout_ms: 60_000,
+};
+
+/// `node.snat`: every field read into the node's full-NAT settings, each
+/// one left out (or empty) taking its default, the bounds accepted in any
+/// of humantime's spellings.
+#[test]
+fn snat_settings_default_and_read() {
+    assert_eq!(FullNatSettings::default(), SNAT_DEFAULTS);
+    for (what, text) in [
+        ("no node section", GOOD.to_string()),
+        (
+            "no snat section",
+            format!("{GOOD}node:\n  announce: none\n"),
+        ),
+        ("an empty one", format!("{GOOD}node:\n  snat: {{}}\n")),
+        (
+            "every value empty",
+            with_snat(
+                "    ipv4: ~\n    ipv6:\n    ports: ~\n    tcpTimeout: ~\n    \
+                 tcpClosingTimeout:\n    udpTimeout: ~\n",
+            ),
+        ),
+    ] {
+        let c = parse_str(&text).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(c.desired.node.fullnat, SNAT_DEFAULTS, "{what}");
+        assert!(c.warnings.is_empty(), "{what}: {:?}", c.warnings);
+    }
+
+    let c = parse_str(&with_snat(
+        "    ipv4: 192.0.2.10\n    ipv6: \"2001:db8::10\"\n    ports: \"2000-60000\"\n    \
+         tcpTimeout: 1h 30m\n    tcpClosingTimeout: 5s\n    udpTimeout: 2m\n",
+    ))
+    .expect("valid");
+    assert_eq!(
+        c.desired.node.fullnat,
+        FullNatSettings {
+            src4: Some("192.0.2.10".parse().unwrap()),
+            src6: Some("2001:db8::10".parse().unwrap()),
+            port_min: 2000,
+            port_max: 60000,
+            tcp_timeout_ms: 5_400_000,
+            tcp_closing_timeout_ms: 5_000,
+            udp_timeout_ms: 120_000,
+        }
+    );
+
+    // One field at a time: the others keep their defaults.
+    type Set = fn(&mut FullNatSettings);
+    let one: Vec<(&str, Set)> = vec![
+        ("    ipv4: 10.9.0.1\n", |f| {
+            f.src4 = Some("10.9.0.1".parse().unwrap())
+        }),
+        ("    ipv6: \"fd00:9::1\"\n", |f| {
+            f.src6 = Some("fd00:9::1".parse().unwrap())
+        }),
+        ("    ports: \"1-65535\"\n", |f| {
+            (f.port_min, f.port_max) = (1, 65535)
+        }),
+        ("    ports: 40000-50000\n", |f| {
+            (f.port_min, f.port_max) = (40000, 50000)
+        }),
+        // The smallest timeouts: 2s, however written.
+        ("    tcpTimeout: 2s\n", |f| f.tcp_timeout_ms = 2_000),
+        ("    tcpClosingTimeout: 2000ms\n", |f| {
+            f.tcp_closing_timeout_ms = 2_000
+        }),
+        ("    udpTimeout: 2s 1ms\n", |f| f.udp_timeout_ms = 2_001),
+        // The largest: 30 days.
+        ("    tcpTimeout: 30days\n", |f| {
+            f.tcp_timeout_ms = 2_592_000_000
+        }),
+        ("    udpTimeout: 720h\n", |f| {
+            f.udp_timeout_ms = 2_592_000_000
+        }),
+    ];
+    for (body, set) in one {
+        let c = parse_str(&with_snat(body)).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+        let mut want = SNAT_DEFAULTS;
+        set(&mut want);
+        assert_eq!(c.desired.node.fullnat, want, "{body:?}");
+    }
+}
+
+/// Every bad `node.snat` value is refused with its field path as the
+/// file writes it, its own line, and the value as written.
+#[test]
+fn bad_snat_settings_are_named() {
+    let cases: &[(&str, &str, usize, &str, &str)] = &[
+        // (what, body, line, field, the message says)
+        (
+            "an IPv6 address as the IPv4 source",
+            "    ipv4: \"fd00::1\"\n",
+            14,
+            "node.snat.ipv4",
+            "\"fd00::1\" is not an IPv4 address",
+        ),
+        (
+            "an IPv4 address as the IPv6 source",
+            "    ipv6: 10.0.0.1\n",
+            14,
+            "node.snat.ipv6",
+            "\"10.0.0.1\" is not an IPv6 address",
+        ),
+        (
+            "a name as the source",
+            "    ipv4: lb.example\n",
+            14,
+            "node.snat.ipv4",
+            "\"lb.example\" is not an IPv4 address",
+        ),
+        (
+            "the unspecified address",
+            "    ipv4: 0.0.0.0\n",
+            14,
+            "node.snat.ipv4",
+            "0.0.0.0 is the unspecified address",
+        ),
+        (
+            "a multicast source",
+            "    ipv4: 10.9.0.1\n    ipv6: \"ff02::1\"\n",
+            15,
+            "node.snat.ipv6",
+            "ff02::1 is a multicast address",
+        ),
+        (
+            "a loopback IPv4 source",
+            "    ipv4: 127.0.0.1\n",
+            14,
+            "node.snat.ipv4",
+            "127.0.0.1 is a loopback address, which never arrives from another host",
+        ),
+        (
+            "a loopback IPv6 source",
+            "    ipv6: \"::1\"\n",
+            14,
+            "node.snat.ipv6",
+            "::1 is a loopback address",
+        ),
+        (
+            "an IPv4-mapped IPv6 source",
+            "    ipv6: \"::ffff:10.9.0.1\"\n",
+            14,
+            "node.snat.ipv6",
+            "an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address 10.9.0.1",
+        ),
+        (
+            "ports reversed",
+            "    ports: \"2000-1000\"\n",
+            14,
+            "node.snat.ports",
+            "\"2000-1000\" is an empty port range (the first port is after the last)",
+        ),
+        (
+            "a range from port 0",
+            "    ports: \"0-100\"\n",
+            14,
+            "node.snat.ports",
+            "port 0 is not a port",
+        ),
+        (
+            "port 0",
+            "    ports: 0\n",
+            14,
+            "node.snat.ports",
+            "port 0 is not a port",
+        ),
+        (
+            "a range past 65535",
+            "    ports: \"1024-70000\"\n",
+            14,
+            "node.snat.ports",
+            "70000 is not a port (1-65535)",
+        ),
+        (
+            "a port past 65535",
+            "    ports: 65536\n",
+            14,
+            "node.snat.ports",
+            "65536 is not a port (1-65535)",
+        ),
+        (
+            "a negative port",
+            "    ports: -5\n",
+            14,
+            "node.snat.ports",
+            "-5 is not a port (1-65535)",
+        ),
+        (
+            "a range without its end",
+            "    ports: \"1024-\"\n",
+            14,
+            "node.snat.ports",
+            "\"1024-\" is not a port",
+        ),
+        (
+            "a range with a colon",
+            "    ports: \"1024:2000\"\n",
+            14,
+            "node.snat.ports",
+            "\"1024:2000\" is not a port",
+        ),
+        (
+            "three ports",
+            "    ports: 1024-2000-3000\n",
+            14,
+            "node.snat.ports",
+            "\"1024-2000-3000\" is not a port",
+        ),
+        (
+            "ports as a word",
+            "    ports: ephemeral\n",
+            14,
+            "node.snat.ports",
+            "\"ephemeral\" is not a port",
+        ),
+        (
+            "ports as a list",
+            "    ports: [1024, 2000]\n",
+            14,
+            "node.snat.ports",
+            "invalid type: sequence, expected a port (1-65535) or a range",
+        ),
+        (
+            "a TCP timeout below the minimum",
+            "    tcpTimeout: 1s\n",
+            14,
+            "node.snat.tcpTimeout",
+            "\"1s\" is out of range: 2s to 30days (a flow's port is checked once a second",
+        ),
+        (
+            "a closing timeout just below the minimum",
+            "    tcpTimeout: 1h\n    tcpClosingTimeout: 1999ms\n",
+            15,
+            "node.snat.tcpClosingTimeout",
+            "\"1s 999ms\" is out of range: 2s to 30days",
+        ),
+        (
+            "a UDP timeout of zero",
+            "    udpTimeout: 0s\n",
+            14,
+            "node.snat.udpTimeout",
+            "\"0s\" is out of range: 2s to 30days",
+        ),
+        (
+            "a TCP timeout above the maximum",
+            "    tcpTimeout: 31days\n",
+            14,
+            "node.snat.tcpTimeout",
+            "\"1month 13h 26m 24s\" is out of range: 2s to 30days",
+        ),
+        (
+            "a timeout finer than a millisecond",
+            "    udpTimeout: 2s 500us\n",
+            14,
+            "node.snat.udpTimeout",
+            "\"2s 500us\": full NAT's timeouts take whole milliseconds",
+        ),
+        (
+            "a timeout as a word",
+            "    tcpTimeout: forever\n",
+            14,
+            "node.snat.tcpTimeout",
+            "\"forever\", expected a duration like \"500ms\"",
+        ),
+        (
+            "a timeout without a unit",
+            "    udpTimeout: 60\n",
+            14,
+            "node.snat.udpTimeout",
+            "\"60\", expected a duration like \"500ms\"",
+        ),
+        (
+            "an unknown key",
+            "    port: 2000\n",
+            14,
+            "node.snat.port",
+            "unknown field `port`, expected one of `ipv4`, `ipv6`, `ports`, `tcpTimeout`, \
+             `tcpClosingTimeout`, `udpTimeout`",
+        ),
+        (
+            "a key in snake case",
+            "    ports: \"2000-3000\"\n    tcp_timeout: 1h\n",
+            15,
+            "node.snat.tcp_timeout",
+            "unknown field `tcp_timeout`, expected one of",
+        ),
+    ];
+    for (what, body, line, field, msg) in cases {
+        let text = with_snat(body);
+        let e = parse_str(&text).expect_err(what);
+        let shown = e.to_string();
+        assert_eq!(e.field.as_deref(), Some(*field), "{what}: {shown}");
+        assert_eq!(e.line, Some(*line), "{what}: {shown}");
+        assert!(e.message.contains(msg), "{what}: {shown:?} lacks {msg:?}");
+        assert!(
+            shown.starts_with(&format!("rivora.yaml:{line}: {field}: ")),
+            "{what}: {shown}"
+        );
+        assert!(!e.message.contains(&format!("{field}:")), "{what}: {shown}");
+    }
+    // Not a mapping at all.
+    let e = parse_str(&format!("{GOOD}node:\n  snat: 2000-3000\n")).expect_err("snat: ports");
+    assert_eq!(
+        (e.field.as_deref(), e.line),
+        (Some("node.snat"), Some(13)),
+        "{e}"
+    );
+    assert!(e.message.contains("invalid type"), "{e}");
+    // A source out of the window's bounds above does not say "sooner".
+    let e = parse_str(&with_snat("    tcpTimeout: 31days\n")).expect_err("too long");
+    assert!(!e.message.contains("sooner"), "{e}");
+}
+
+/// A port range under a sixteenth of the flow table is accepted with a
+/// warning naming both figures (and the flag that sets the table): the
+/// range is how many full-NAT flows a backend takes from one source.
+#[test]
+fn a_snat_port_range_small_for_the_flow_table_is_warned_about() {
+    let warnings = |body: &str, flow_table_size: u32| {
+        parse_with(
+            Path::new("rivora.yaml"),
+            &with_snat(body),
+            &Capacity {
+                flow_table_size,
+                ..Capacity::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{body:?}: a warning, not an error: {e}"))
+        .warnings
+    };
+    let default = Capacity::default().flow_table_size;
+    assert_eq!(default, 131_072);
+    // 131072 / 16 = 8192 ports: that many is enough, one fewer is not.
+    assert!(warnings("    ports: \"2000-10191\"\n", default).is_empty());
+    let w = warnings("    ports: \"2000-10190\"\n", default);
+    assert_eq!(w.len(), 1, "{w:?}");
+    for s in [
+        "node.snat.ports 2000-10190 holds 8191 ports",
+        "under a sixteenth of the 131072 flows",
+        "rivorad -flow-table-size",
+        "at most 8191 full-NAT flows from one source address",
+        "fullnat_ports_exhausted",
+    ] {
+        assert!(w[0].contains(s), "{:?} lacks {s:?}", w[0]);
+    }
+    // One port.
+    let w = warnings("    ports: 5000\n", default);
+    assert!(
+        w.len() == 1 && w[0].contains("5000-5000 holds 1 ports"),
+        "{w:?}"
+    );
+    // A larger table makes the default range small: the warning comes
+    // without the file saying anything of full NAT.
+    let big = 1 << 20;
+    let w = parse_with(
+        Path::new("rivora.yaml"),
+        GOOD,
+        &Capacity {
+            flow_table_size: big,
+            ..Capacity::default()
+        },
+    )
+    .expect("valid")
+    .warnings;
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("node.snat.ports 1024-32767 holds 31744 ports")
+            && w[0].contains("of the 1048576 flows"),
+        "{w:?}"
+    );
+    // A smaller one takes a smaller range: 4096 / 16 = 256.
+    assert!(warnings("    ports: \"2000-2255\"\n", 4096).is_empty());
+    let w = warnings("    ports: \"2000-2254\"\n", 4096);
+    assert!(
+        w.len() == 1 && w[0].contains("holds 255 ports") && w[0].contains("of the 4096 flows"),
+        "{w:?}"
+    );
+}
+
+/// `mode: fullnat` is a VIP's mode like the others, with NAT's port
+/// rules. The file gives a backend no mode of its own (the model's
+/// `Backend::mode` is Kubernetes': a Service's endpoints on other nodes by
+/// full NAT), so a backend's `mode` is an unknown key.
+#[test]
+fn fullnat_mode_and_what_is_refused() {
+    let c = parse_str(&edit("    mode: nat\n", "    mode: fullnat\n")).expect("valid");
+    let v = &c.desired.vips[0];
+    assert_eq!(v.mode, Mode::FullNat);
+    assert_eq!(
+        v.backends
+            .iter()
+            .map(|b| (b.port, b.mode, b.mode_in(v.mode)))
+            .collect::<Vec<_>>(),
+        vec![(8080, None, Mode::FullNat), (0, None, Mode::FullNat)],
+        "ports translated or kept as in NAT; every backend reached the VIP's way"
+    );
+    // No tunnel source, MAC or node.snat needed (the source is then the
+    // route's); IPv6 too.
+    let v6 = edit("    mode: nat\n", "    mode: fullnat\n")
+        .replacen("address: 10.0.0.100", "address: \"fd00::100\"", 1)
+        .replacen("address: 10.1.0.1", "address: \"fd00:1::1\"", 1)
+        .replacen("address: 10.1.0.2", "address: \"fd00:1::2\"", 1);
+    let c = parse_str(&format!("{v6}node:\n  snat: {{ipv4: 10.9.0.1}}\n")).expect("valid");
+    assert_eq!(c.desired.vips[0].mode, Mode::FullNat);
+    assert_eq!(c.desired.node.fullnat.src_for(true), None);
+    // Over a port range each port goes to itself, as in NAT.
+    let range = edit("    mode: nat\n", "    mode: fullnat\n").replacen(
+        "    port: 80\n",
+        "    port: 8000-8100\n",
+        1,
+    );
+    let e = parse_str(&range).expect_err("a backend port on a range");
+    assert_eq!(
+        (e.field.as_deref(), e.line),
+        (Some("vips[0].backends[0].port"), Some(10)),
+        "{e}"
+    );
+    assert!(
+        e.message
+            .contains("backend port 8080 on a NAT or full-NAT port-range VIP"),
+        "{e}"
+    );
+    let c = parse_str(&range.replacen("        port: 8080\n", "", 1)).expect("valid");
+    assert_eq!(
+        c.desired.vips[0].ports,
+        Ports::Range {
+            first: 8000,
+            last: 8100
+        }
+    );
+
+    // Other spellings are refused, naming the modes there are.
+    for m in ["fullNat", "full-nat", "FULLNAT", "snat"] {
+        let e = parse_str(&edit("    mode: nat\n", &format!("    mode: {m}\n"))).expect_err(m);
+        assert_eq!(
+            (e.field.as_deref(), e.line),
+            (Some("vips[0].mode"), Some(7)),
+            "{e}"
+        );
+        assert!(
+            e.message.contains(&format!(
+                "unknown variant `{m}`, expected one of `nat`, `dsr`, `l3dsr`, `fullnat`"
+            )),
+            "{e}"
+        );
+    }
+    // A backend's own mode, in any of them.
+    for m in ["fullnat", "nat"] {
+        let e = parse_str(&edit(
+            "        port: 8080\n",
+            &format!("        port: 8080\n        mode: {m}\n"),
+        ))
+        .expect_err(m);
+        assert_eq!(
+            (e.field.as_deref(), e.line),
+            (Some("vips[0].backends[0].mode"), Some(11)),
+            "{e}"
+        );
+        assert!(
+            e.message.contains(
+                "unknown field `mode`, expected one of `address`, `port`, `weight`, `mac`, \
+                 `healthCheck`"
+            ),
+            "{e}"
+        );
+    }
 }
