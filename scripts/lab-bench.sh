@@ -21,6 +21,20 @@
 #                 and answer the client on-link
 #   rivora_l3dsr  the release rivorad, L3 DSR (IPIP) VIPs; backends also run
 #                 Rivora's decap program (this machine has no ipip module)
+#   rivora_fullnat
+#                 the release rivorad, full-NAT VIPs: requests leave with
+#                 the node's 10.210.2.1 and a port of node.snat.ports as
+#                 source. The backends' default route (via the node) is
+#                 removed for this path, so they have no route to the
+#                 client's subnet at all: every reply reaches the client
+#                 only because it was addressed to the node (checked before
+#                 the path is measured). udpTimeout is the shortest allowed
+#                 (2s): a new flow every packet takes every port towards
+#                 each backend within a fraction of a second (31,744 ports
+#                 x 3 backends); the measure after it waits that long, so
+#                 the following ones are not measuring an exhausted range.
+#                 Its new-flow figures are bounded by that range, not by
+#                 the node: ports x backends / udpTimeout flows a second.
 #   haproxy       haproxy in TCP mode on the node (no UDP)
 # Measures (each path, each repetition):
 #   tcp1, tcp4    iperf3, one and four streams, client TSO/GSO off
@@ -44,7 +58,7 @@
 #                 copy each frame first; keys xpps_*, xcpu_ns_*, xnode_ns_*
 #
 # Environment: LAB_NICE (nice level of the generators and the node's NAPI
-# thread, default -10), REPS (default 3), PATHS (default: all six), DURATION
+# thread, default -10), REPS (default 3), PATHS (default: all seven), DURATION
 # (seconds per TCP/HTTP measure, default 4), PPS_DURATION (seconds per
 # packet-rate measure, default 3), MEASURES (default "pps xpps tcp1 tcp4 cps rr"),
 # WRK_CONNS (default 32), RESULTS (default target/bench/results.json; empty:
@@ -60,7 +74,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPS=${REPS:-3}
-PATHS=${PATHS:-"direct nft_dnat rivora_nat rivora_dsr rivora_l3dsr haproxy"}
+PATHS=${PATHS:-"direct nft_dnat rivora_nat rivora_dsr rivora_l3dsr rivora_fullnat haproxy"}
 DURATION=${DURATION:-4}
 PPS_DURATION=${PPS_DURATION:-3}
 # Packet rates first: rivorad starts with empty flow tables for each path,
@@ -92,6 +106,10 @@ PIDS=()       # long-lived: servers, XDP holders
 NGINX_PIDS=() # the backends' nginx masters (their workers are children)
 PATH_PIDS=()  # what the current path runs (rivorad, haproxy, decap holders)
 CURRENT=""    # the path the node is set up for
+# Full NAT's UDP idle timeout in the lab (the shortest rivorad takes), and
+# the pause after a new-flow measure on a path that needs one.
+FULLNAT_UDP_TIMEOUT=2
+SETTLE_AFTER_NEW=0
 GEN_CPU=0     # trafgen
 RX_CPU=1      # the node's NAPI thread
 # The generators and the node's NAPI thread run at this nice level: on a
@@ -348,6 +366,11 @@ rivora_up() {
 		echo "  - name: $NODEIF"
 		echo "node:"
 		echo "  tunnelSource: { ipv4: $NODE_B }"
+		if [ "$mode" = fullnat ]; then
+			# The backends' side of the node, as rivorad would pick from
+			# the route anyway: said here so that the lab shows it.
+			echo "  snat: { ipv4: $NODE_B, udpTimeout: ${FULLNAT_UDP_TIMEOUT}s }"
+		fi
 		echo "healthCheck: { type: tcp, interval: 1s, timeout: 500ms, rise: 1, fall: 3 }"
 		echo "api:"
 		echo "  socket: $WORK/rivorad.sock"
@@ -394,6 +417,38 @@ dsr_backends() { # add|del
 	done
 }
 
+# Full NAT's backends have no route to the client's subnet: only the
+# connected 10.210.2.0/24, where the node's source address is. A reply
+# that reached the client by any other way than the node's source
+# rewrite would have to be routed, and cannot be.
+# And their replies leave with complete checksums (TX checksum offload
+# off): full NAT turns them back in the node's XDP program, which updates
+# the checksum it finds, and a veth hands over a locally generated packet
+# with only the pseudo-header's sum in it (CHECKSUM_PARTIAL). Sent on with
+# XDP_TX, the client dropped every SYN-ACK as corrupt. A NIC delivers
+# complete checksums; NAT's replies take the kernel's path and tc_nat,
+# which keep the partial sum's meaning, so the other paths keep offload on.
+fullnat_backends() { # del|add (the default route via the node; add: offload back on)
+	local i ns
+	for i in 1 2 3; do
+		ns=${NS_B[$((i - 1))]}
+		# Tolerant both ways: a setup that failed half-way is undone too.
+		in_ns "$ns" ip route "$1" default via "$NODE_B" 2>/dev/null || true
+		if [ "$1" = del ]; then
+			in_ns "$ns" ethtool -K "b$i" tx off >/dev/null
+		else
+			in_ns "$ns" ethtool -K "b$i" tx on >/dev/null 2>&1 || true
+		fi
+	done
+	[ "$1" = add ] && return 0
+	for ns in "${NS_B[@]}"; do
+		if in_ns "$ns" ip route get "$CLIENT" >/dev/null 2>&1; then
+			log "lab: $ns still has a route to $CLIENT: $(in_ns "$ns" ip route get "$CLIENT")"
+			return 1
+		fi
+	done
+}
+
 up_rivora_nat() { TARGET=$VIP; rivora_up nat; }
 down_rivora_nat() { rivora_down; }
 up_rivora_dsr() { TARGET=$VIP; dsr_backends add; rivora_up dsr; }
@@ -409,6 +464,15 @@ up_rivora_l3dsr() {
 	rivora_up l3dsr
 }
 down_rivora_l3dsr() { rivora_down; dsr_backends del; }
+up_rivora_fullnat() {
+	TARGET=$VIP
+	fullnat_backends del || return 1
+	rivora_up fullnat
+	# After a new flow every packet, wait until what it took is idle past
+	# udpTimeout, so the next measure finds the ports free to claim.
+	SETTLE_AFTER_NEW=$((FULLNAT_UDP_TIMEOUT + 1))
+}
+down_rivora_fullnat() { rivora_down; fullnat_backends add; SETTLE_AFTER_NEW=0; }
 
 up_haproxy() {
 	TARGET=$VIP
@@ -536,7 +600,10 @@ pin_napi() {
 switch_to() {
 	[ -n "$CURRENT" ] && "down_$CURRENT"
 	CURRENT=""
-	"up_$1" || { log "path $1: setup failed"; return 1; }
+	# A setup that failed half-way is undone (down_<path> tolerates what
+	# was never set up): a route or holder it left would change the next
+	# path.
+	"up_$1" || { log "path $1: setup failed"; "down_$1" >/dev/null 2>&1 || true; return 1; }
 	CURRENT=$1
 	# The path must carry traffic before it is measured.
 	local _
@@ -745,11 +812,13 @@ measure() { # path -> the run's key=value pairs on one line
 			# haproxy is a TCP proxy: no UDP packet rates.
 			if [ "$1" != haproxy ]; then
 				out+=" $(measure_pps 1) $(measure_pps 64k) $(measure_pps new)"
+				sleep "$SETTLE_AFTER_NEW"
 			fi
 			;;
 		xpps)
 			if [ "$1" != haproxy ]; then
 				out+=" $(measure_xpps 1) $(measure_xpps 64k) $(measure_xpps new)"
+				sleep "$SETTLE_AFTER_NEW"
 			fi
 			;;
 		*) log "unknown measure $m"; exit 1 ;;

@@ -46,6 +46,7 @@ COLORS = {
     "rivora_nat": "#1f77b4",
     "rivora_dsr": "#2ca02c",
     "rivora_l3dsr": "#17becf",
+    "rivora_fullnat": "#ff7f0e",
 }
 
 
@@ -79,7 +80,7 @@ def table(runs, paths):
         return "%.2fx" % (med[(p, m)] / b)
 
     rows = []
-    print("%-34s %-13s %-26s %-8s %-8s" % ("measure", "path", "median (min-max) n", "/direct", "/nft"))
+    print("%-34s %-14s %-26s %-8s %-8s" % ("measure", "path", "median (min-max) n", "/direct", "/nft"))
     for key, _, label, fmt, _ in MEASURES:
         if not any((p, key) in runs for p in paths):
             continue
@@ -88,26 +89,28 @@ def table(runs, paths):
             if not v:
                 continue
             s = (fmt + " (" + fmt + "-" + fmt + ") %d") % (med[(p, key)], min(v), max(v), len(v))
-            print("%-34s %-13s %-26s %-8s %-8s" % (label, p, s, ratio(p, "direct", key), ratio(p, "nft_dnat", key)))
+            print("%-34s %-14s %-26s %-8s %-8s" % (label, p, s, ratio(p, "direct", key), ratio(p, "nft_dnat", key)))
             rows.append((label, p, s, ratio(p, "direct", key), ratio(p, "nft_dnat", key)))
         print()
     return med
 
 
-# Issue 19's lab targets, per generator ("" trafgen, "x" xdpgen): the node's
-# ns per delivered packet (its receive threads' run time, which other
-# processes on its core do not inflate), and their ratios to DSR's.
+# The lab targets, per generator ("" trafgen, "x" xdpgen): the node's ns
+# per delivered packet (its receive threads' run time, which other
+# processes on its core do not inflate), and their ratios: issue 19's to
+# DSR's; full NAT's (two rewrites, a port per new flow) to NAT's.
 TARGETS = [("nat_over_dsr", "rivora_nat", "rivora_dsr", "64k", 1.15),
            ("l3dsr_over_dsr", "rivora_l3dsr", "rivora_dsr", "64k", 1.15),
-           ("newflow_nat_over_dsr", "rivora_nat", "rivora_dsr", "new", 1.3)]
+           ("newflow_nat_over_dsr", "rivora_nat", "rivora_dsr", "new", 1.3),
+           ("fullnat_over_nat", "rivora_fullnat", "rivora_nat", "64k", 1.15)]
 
 
 def summary(med):
-    """The issue 19 keys: lab_<gen>_ns_per_pkt_<mode>,
+    """The targets' keys: lab_<gen>_ns_per_pkt_<mode>,
     lab_<gen>_newflow_ns_per_pkt_<mode> and lab_<gen>_<ratio>."""
     out = {}
     for gen, pre in (("trafgen", ""), ("xdpgen", "x")):
-        for mode in ("dsr", "nat", "l3dsr"):
+        for mode in ("dsr", "nat", "l3dsr", "fullnat"):
             v = med.get(("rivora_" + mode, pre + "node_ns_64k"))
             if v is not None:
                 out["lab_%s_ns_per_pkt_%s" % (gen, mode)] = v

@@ -7,7 +7,9 @@
 //! rp_filter strict, forwarding off, a capability dropped from the
 //! bounding set, a small MTU, an interface without native XDP, a
 //! kube-ipvs0 interface (what kube-proxy's IPVS mode creates), a memory
-//! cgroup too small for the maps, an interface that does not exist.
+//! cgroup too small for the maps, an interface that does not exist, an
+//! ephemeral port range over full NAT's ports, accept_local reset under a
+//! running rivorad, /proc/sys read-only (as in a container).
 //!
 //! What cannot be made here without disturbing the machine (the kernel
 //! version, the clock source, the BPF JIT, a running kube-proxy's
@@ -20,7 +22,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::netns::Netns;
-use common::rivorad::bins;
+use common::rivorad::{bins, Home, Rivorad};
 use common::unique;
 use rivora_doctor::{Check, Mode, Report, Verdict};
 
@@ -91,7 +93,7 @@ fn only_failure(r: &Report, id: &str, blocks: &[Mode], fix: &str) {
     }
 }
 
-const ALL: &[&str] = &["-i", "v0", "--mode", "nat,dsr,l3dsr"];
+const ALL: &[&str] = &["-i", "v0", "--mode", "nat,dsr,l3dsr,fullnat"];
 
 #[test]
 fn a_ready_node_passes_every_check() {
@@ -115,8 +117,10 @@ fn a_ready_node_passes_every_check() {
         "xdp-programs",
         "tcx-programs",
         "rp-filter",
+        "accept-local",
         "mtu",
         "ip-forward",
+        "snat-ports",
         "kube-proxy",
         "clocksource",
     ] {
@@ -135,7 +139,10 @@ fn a_ready_node_passes_every_check() {
         .expect("rivora-doctor, table");
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.starts_with("CHECK"), "{table}");
-    assert!(table.contains("modes: nat, dsr, l3dsr: ready"), "{table}");
+    assert!(
+        table.contains("modes: nat, dsr, l3dsr, fullnat: ready"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -227,7 +234,7 @@ fn strict_rp_filter_blocks_dsr_only() {
     only_failure(
         &r,
         "rp-filter",
-        &[Mode::Dsr, Mode::L3dsr],
+        &[Mode::Dsr, Mode::L3dsr, Mode::Fullnat],
         "net.ipv4.conf.v0.rp_filter=2",
     );
     assert_eq!(code, 1);
@@ -255,7 +262,7 @@ fn forwarding_off_blocks_nat_and_l3dsr() {
     only_failure(
         &r,
         "ip-forward",
-        &[Mode::Nat, Mode::L3dsr],
+        &[Mode::Nat, Mode::L3dsr, Mode::Fullnat],
         "net.ipv4.ip_forward=1",
     );
     assert_eq!(code, 1);
@@ -381,6 +388,165 @@ fn a_missing_interface() {
     let (code, r) = doctor(&ns, &["-i", "nope0", "--mode", "nat"]);
     only_failure(&r, "interface", &Mode::FORWARDING, "rivorad.interfaces");
     assert_eq!(code, 1);
+}
+
+/// Full NAT's ports against the node's ephemeral range, both the
+/// namespace's own sysctls: a widened range fails full NAT until what
+/// overlaps is reserved; ports moved by the configuration are judged as
+/// configured.
+#[test]
+fn snat_ports_in_the_ephemeral_range() {
+    common::require::root_and_tools("e2e_doctor");
+    let ns = node();
+    ns.sysctls(&[("net.ipv4.ip_local_port_range", "1024 65000")]);
+    let (code, r) = doctor(&ns, ALL);
+    only_failure(
+        &r,
+        "snat-ports",
+        &[Mode::Fullnat],
+        "sysctl -w net.ipv4.ip_local_reserved_ports=1024-32767 ",
+    );
+    let found = &find(&r, "snat-ports").found;
+    assert!(
+        found.contains("node.snat.ports 1024-32767 (the default)")
+            && found.contains("ephemeral range 1024-65000"),
+        "{found}"
+    );
+    assert_eq!(code, 1);
+    // Not asked for full NAT: reported, not blocking.
+    let (code, r) = doctor(&ns, &["-i", "v0", "--mode", "nat,dsr,l3dsr"]);
+    assert_eq!(find(&r, "snat-ports").verdict, Verdict::Fail);
+    assert_eq!(code, 0, "{r:#?}");
+    // With Kubernetes, NAT VIPs reach other nodes' endpoints by full NAT.
+    let (code, r) = doctor(&ns, &["-i", "v0", "--mode", "nat", "--kubernetes"]);
+    assert_eq!(find(&r, "snat-ports").blocks, [Mode::Nat, Mode::Fullnat]);
+    assert_eq!(code, 1);
+    // The fix it gave: the overlap reserved.
+    ns.sysctls(&[("net.ipv4.ip_local_reserved_ports", "1024-32767")]);
+    let (code, r) = doctor(&ns, ALL);
+    assert_eq!(find(&r, "snat-ports").verdict, Verdict::Pass, "{r:#?}");
+    assert_eq!(code, 0);
+    // node.snat.ports from the configuration, partly reserved.
+    let dir = std::env::temp_dir().join(unique("rivora-doctor-e2e-"));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let cfg = dir.join("rivora.yaml");
+    std::fs::write(
+        &cfg,
+        "interfaces:\n  - name: v0\nnode:\n  snat: { ports: \"30000-40000\" }\n",
+    )
+    .expect("config");
+    let cfg_arg = cfg.display().to_string();
+    let (code, r) = doctor(&ns, &[ALL, &["--config", &cfg_arg]].concat());
+    let c = find(&r, "snat-ports");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+    assert!(
+        c.found
+            .contains(&format!("node.snat.ports 30000-40000 ({cfg_arg})"))
+            && c.found.contains("(32768-40000)"),
+        "{c:#?}"
+    );
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("ip_local_reserved_ports=1024-40000 "),
+        "{c:#?}"
+    );
+    assert_eq!(code, 1);
+}
+
+/// rivorad sets accept_local when it applies a full-NAT VIP; reset under
+/// it (its datapath attached, kept by -persist-datapath), the doctor
+/// names that VIP and fails L3 DSR and full NAT.
+#[test]
+fn accept_local_reset_under_rivorad() {
+    common::require::root_and_tools("e2e_doctor");
+    let ns = node();
+    ns.exec("ip addr add 10.77.0.1/24 dev v0");
+    let home = Home::new();
+    let pins = home.pin_dir().display().to_string();
+    let yaml = format!(
+        "interfaces:\n  - name: v0\n    xdpMode: native\n\
+         node:\n  snat: {{ ipv4: 10.77.0.1 }}\n\
+         api:\n  socket: {}\n\
+         vips:\n  - {{ name: web, address: 10.77.100.1, port: 80, protocol: tcp, mode: fullnat,\n\
+         \x20     healthCheck: false, backends: [{{ address: 10.77.0.2 }}] }}\n",
+        home.socket().display()
+    );
+    let rd = Rivorad::start(&ns, home, &yaml, &["-persist-datapath"]);
+    let cfg = rd.home.config().display().to_string();
+    let args = [ALL, &["--config", &cfg, "--pin-dir", &pins]].concat();
+    let (code, r) = doctor(&ns, &args);
+    let c = find(&r, "accept-local");
+    assert_eq!(c.verdict, Verdict::Pass, "rivorad set it: {c:#?}");
+    assert!(c.found.contains("v0 1"), "{c:#?}");
+    assert_eq!(
+        find(&r, "xdp-programs").verdict,
+        Verdict::Pass,
+        "rivorad's own, pinned: {r:#?}"
+    );
+    assert_eq!(code, 0, "{r:#?}");
+
+    ns.sysctls(&[("net.ipv4.conf.v0.accept_local", "0")]);
+    let (code, r) = doctor(&ns, &args);
+    only_failure(
+        &r,
+        "accept-local",
+        &[Mode::L3dsr, Mode::Fullnat],
+        "sysctl -w net.ipv4.conf.v0.accept_local=1",
+    );
+    assert!(
+        find(&r, "accept-local")
+            .found
+            .contains("VIP web is fullnat: rivorad set it to 1, and something reset it"),
+        "{r:#?}"
+    );
+    assert_eq!(code, 1);
+    // Without the configuration, the doctor cannot tell: a warning.
+    let (code, r) = doctor(&ns, &[ALL, &["--pin-dir", &pins]].concat());
+    assert_eq!(find(&r, "accept-local").verdict, Verdict::Warn, "{r:#?}");
+    assert_eq!(code, 0);
+    drop(rd);
+}
+
+/// /proc/sys read-only, as a container's is unless privileged: rivorad
+/// could not set accept_local either, so a 0 there fails L3 DSR and full
+/// NAT; a 1 set on the host passes.
+#[test]
+fn accept_local_unwritable() {
+    common::require::root_and_tools("e2e_doctor");
+    let ns = node();
+    let ro =
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\"";
+    let wrapper = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        ro,
+        "sh",
+    ];
+    let (code, r) = doctor_with(&ns, &wrapper, ALL);
+    only_failure(
+        &r,
+        "accept-local",
+        &[Mode::L3dsr, Mode::Fullnat],
+        "set it on the host: sysctl -w net.ipv4.conf.v0.accept_local=1",
+    );
+    assert!(
+        find(&r, "accept-local")
+            .found
+            .contains("Read-only file system"),
+        "{r:#?}"
+    );
+    assert_eq!(code, 1);
+    ns.sysctls(&[("net.ipv4.conf.v0.accept_local", "1")]);
+    let (code, r) = doctor_with(&ns, &wrapper, ALL);
+    assert_eq!(find(&r, "accept-local").verdict, Verdict::Pass, "{r:#?}");
+    assert_eq!(code, 0);
 }
 
 /// A memory cgroup of its own under this process's (v1's memory

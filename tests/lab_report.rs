@@ -164,3 +164,60 @@ fn issue19_generator_keys() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Full NAT's lab key: per generator, the node's ns per packet with 64k
+/// flows on rivora_fullnat over rivora_nat's, beside its own ns keys.
+#[test]
+fn fullnat_over_nat_keys() {
+    let dir = scratch("fullnat");
+    let runs = dir.join("runs.txt");
+    fs::write(
+        &runs,
+        "RESULT rep=1 path=rivora_nat pps_64k=500 node_ns_64k=2000 xnode_ns_64k=700 xnode_ns_new=1700\n\
+         RESULT rep=2 path=rivora_nat pps_64k=520 node_ns_64k=2200 xnode_ns_64k=720 xnode_ns_new=1800\n\
+         RESULT rep=1 path=rivora_fullnat pps_64k=480 node_ns_64k=2300 xnode_ns_64k=800 xnode_ns_new=2500\n\
+         RESULT rep=2 path=rivora_fullnat pps_64k=470 node_ns_64k=2500 xnode_ns_64k=900 xnode_ns_new=nan\n",
+    )
+    .expect("runs");
+    let results = dir.join("results.json");
+    let chart = dir.join("lab.svg");
+    let out = Command::new("python3")
+        .arg("scripts/lab-report.py")
+        .arg(&runs)
+        .args(["--paths", "rivora_nat rivora_fullnat"])
+        .arg("--results")
+        .arg(&results)
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .expect("running python3 scripts/lab-report.py");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "lab-report failed: {table}");
+    let got: BTreeMap<String, f64> =
+        serde_json::from_str(&fs::read_to_string(&results).expect("results written"))
+            .expect("results.json");
+    assert_eq!(got.get("lab_node_ns_pkt_64k_rivora_fullnat"), Some(&2400.0));
+    assert_eq!(got.get("lab_trafgen_ns_per_pkt_fullnat"), Some(&2400.0));
+    assert_eq!(got.get("lab_xdpgen_ns_per_pkt_fullnat"), Some(&850.0));
+    assert_eq!(
+        got.get("lab_xdpgen_newflow_ns_per_pkt_fullnat"),
+        Some(&2500.0)
+    );
+    // 2400 / 2100 and 850 / 710.
+    assert_eq!(got.get("lab_trafgen_fullnat_over_nat"), Some(&1.143));
+    assert_eq!(got.get("lab_xdpgen_fullnat_over_nat"), Some(&1.197));
+    assert!(
+        table.contains("trafgen fullnat_over_nat       1.14 (target <= 1.15: met)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("xdpgen  fullnat_over_nat       1.20 (target <= 1.15: NOT met)"),
+        "{table}"
+    );
+    let svg = fs::read_to_string(&chart).expect("chart written");
+    assert!(
+        svg.contains(">rivora_fullnat<") && svg.contains("#ff7f0e"),
+        "full NAT's bar, in its own colour: {svg}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

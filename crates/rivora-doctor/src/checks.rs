@@ -2,6 +2,7 @@
 //! it found, why it matters and the fix; a failure names the modes it
 //! blocks.
 
+use crate::ports::{self, PortRange};
 use crate::probe::{Facts, Iface, KubeProxy, Prog};
 use crate::{Check, Mode, Report, Verdict};
 
@@ -19,6 +20,42 @@ pub struct Options {
     /// The BGP listener's port (rivorad's bgp.listenPort; 0: none): below
     /// 1024 it needs NET_BIND_SERVICE.
     pub bgp_listen_port: u16,
+    /// Full NAT's source ports (node.snat.ports), and where they were
+    /// read (a file, or "the default").
+    pub snat_ports: PortRange,
+    pub snat_ports_from: String,
+    /// A VIP of rivorad's configuration for which rivorad sets
+    /// accept_local (L3 DSR or full NAT), described; None: none known.
+    pub local_source_vip: Option<String>,
+}
+
+impl Options {
+    /// The modes a full-NAT fault blocks: fullnat, and with Kubernetes nat
+    /// too, since rivorad -kubernetes reaches a NAT VIP's endpoints on
+    /// other nodes by full NAT.
+    fn fullnat_modes(&self) -> Vec<Mode> {
+        let mut m = vec![Mode::Fullnat];
+        if self.kubernetes {
+            m.push(Mode::Nat);
+        }
+        sorted(m)
+    }
+
+    /// The modes that hand the kernel packets with this node's own address
+    /// as source (what XDP cannot send yet): L3 DSR's outer header and
+    /// full NAT's rewritten source.
+    fn local_source_modes(&self) -> Vec<Mode> {
+        let mut m = self.fullnat_modes();
+        m.push(Mode::L3dsr);
+        sorted(m)
+    }
+}
+
+/// Modes in their order (nat, dsr, l3dsr, fullnat, l2, bgp), once each.
+fn sorted(mut m: Vec<Mode>) -> Vec<Mode> {
+    m.sort();
+    m.dedup();
+    m
 }
 
 /// TCX (tc_nat's attachment) is Linux 6.6's.
@@ -53,7 +90,7 @@ pub const DATAPATH_CAPS: &[Cap] = &[CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON];
 /// What an announcement mode adds, measured (tests/e2e_capabilities.rs).
 pub fn mode_caps(m: Mode, bgp_listen_port: u16) -> &'static [Cap] {
     match m {
-        Mode::Nat | Mode::Dsr | Mode::L3dsr => &[],
+        Mode::Nat | Mode::Dsr | Mode::L3dsr | Mode::Fullnat => &[],
         // AF_PACKET sockets for ARP and NDP.
         Mode::L2 => &[CAP_NET_RAW],
         // The listener on a port below 1024 (179); TCP MD5 and BFD's
@@ -237,8 +274,8 @@ fn rivora_prog(p: &Prog) -> bool {
 }
 
 /// Per interface: it exists, its driver's XDP, what is attached, its
-/// rp_filter and MTU.
-pub fn interface(f: &Facts, i: &Iface) -> Vec<Check> {
+/// rp_filter, accept_local and MTU.
+pub fn interface(f: &Facts, i: &Iface, opts: &Options) -> Vec<Check> {
     let s = Some(i.name.as_str());
     let Some(ifindex) = i.ifindex else {
         return vec![check(
@@ -255,7 +292,8 @@ pub fn interface(f: &Facts, i: &Iface) -> Vec<Check> {
         xdp_driver(i, ifindex),
         xdp_programs(i),
         tcx_programs(i),
-        rp_filter(f, i),
+        rp_filter(f, i, opts),
+        accept_local(f, i, opts),
         mtu(i),
     ]
 }
@@ -371,8 +409,8 @@ fn tcx_programs(i: &Iface) -> Check {
     .fix("make sure they pass NAT replies on (TC_NEXT): a CNI's egress program (Cilium's cil_to_netdev) usually does")
 }
 
-fn rp_filter(f: &Facts, i: &Iface) -> Check {
-    const WHY: &str = "strict reverse-path filtering (1) drops a packet whose source this node would not route out of the interface it came in on: client traffic of DSR and L3 DSR VIPs reaches backends over paths the replies do not take, and packets Rivora hands to the kernel are checked too";
+fn rp_filter(f: &Facts, i: &Iface, opts: &Options) -> Check {
+    const WHY: &str = "strict reverse-path filtering (1) drops a packet whose source this node would not route out of the interface it came in on: client traffic of DSR and L3 DSR VIPs reaches backends over paths the replies do not take, and packets Rivora hands to the kernel are checked too (L3 DSR's and full NAT's carry this node's own address as source)";
     let s = Some(i.name.as_str());
     let (Some(all), Some(own)) = (f.rp_filter_all, i.rp_filter) else {
         return check(
@@ -392,7 +430,9 @@ fn rp_filter(f: &Facts, i: &Iface) -> Check {
                 "loose mode: sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.{}.rp_filter=2 (and in /etc/sysctl.d/)",
                 i.name
             ))
-            .blocking(&[Mode::Dsr, Mode::L3dsr])
+            .blocking(&sorted(
+                [opts.local_source_modes(), vec![Mode::Dsr]].concat(),
+            ))
     } else {
         check(
             "rp-filter",
@@ -402,6 +442,135 @@ fn rp_filter(f: &Facts, i: &Iface) -> Check {
             WHY,
         )
     }
+}
+
+fn accept_local(f: &Facts, i: &Iface, opts: &Options) -> Check {
+    const WHY: &str = "L3 DSR and full NAT hand the kernel a packet XDP cannot send yet (a neighbour not resolved, an egress rivorad is not attached to) with this node's own address as source: without accept_local the kernel drops it as a martian. rivorad sets net.ipv4.conf.IF.accept_local=1 on its interfaces whenever it applies an L3 DSR or full-NAT VIP (or backend)";
+    let s = Some(i.name.as_str());
+    let (Some(all), Some(own)) = (f.accept_local_all, i.accept_local) else {
+        return check(
+            "accept-local",
+            s,
+            Verdict::Warn,
+            "net.ipv4.conf accept_local unreadable".into(),
+            WHY,
+        );
+    };
+    // The kernel takes either (IN_DEV_ORCONF).
+    let found = format!(
+        "accept_local {} (all {all}, {} {own})",
+        all.max(own),
+        i.name
+    );
+    let set = format!("sysctl -w net.ipv4.conf.{}.accept_local=1", i.name);
+    let reset = "find what reset it: a file under /etc/sysctl.d/ or /usr/lib/sysctl.d/ that sets accept_local to 0, or a network manager applying the interface's settings again";
+    if all.max(own) >= 1 {
+        return check("accept-local", s, Verdict::Pass, found, WHY);
+    }
+    if let Err(e) = &i.accept_local_writable {
+        // With the same rights and mounts (the chart's init container has
+        // rivorad's), rivorad's write fails the same way.
+        return check(
+            "accept-local",
+            s,
+            Verdict::Fail,
+            format!("{found}, and it cannot be written here ({e}): rivorad, run the same way, cannot set it either"),
+            WHY,
+        )
+        .fix(format!("set it on the host: {set} (and in /etc/sysctl.d/); a container's /proc/sys is read-only unless it is privileged"))
+        .blocking(&opts.local_source_modes());
+    }
+    if !i.rivora_attached() {
+        return check(
+            "accept-local",
+            s,
+            Verdict::Pass,
+            format!("{found}: rivorad sets it to 1 when it applies an L3 DSR or full-NAT VIP"),
+            WHY,
+        );
+    }
+    match &opts.local_source_vip {
+        Some(vip) => check(
+            "accept-local",
+            s,
+            Verdict::Fail,
+            format!("{found} while Rivora's xdp_ingress is attached and {vip}: rivorad set it to 1, and something reset it"),
+            WHY,
+        )
+        .fix(format!("{set} (rivorad sets it again on its next apply), and {reset}"))
+        .blocking(&opts.local_source_modes()),
+        None => check(
+            "accept-local",
+            s,
+            Verdict::Warn,
+            format!("{found} while Rivora's xdp_ingress is attached: rivorad has applied no L3 DSR or full-NAT VIP yet, or it did and something reset it"),
+            WHY,
+        )
+        .fix(format!("if this node serves L3 DSR or full-NAT VIPs (rivoractl status): {set}, and {reset}")),
+    }
+}
+
+pub fn snat_ports(f: &Facts, opts: &Options) -> Check {
+    const WHY: &str = "full NAT gives each flow a source port of node.snat.ports on this node's address, and the node's own connections take theirs from the ephemeral range (net.ipv4.ip_local_port_range, for IPv6 too) but for net.ipv4.ip_local_reserved_ports: a port in both can be a full-NAT flow's and a local connection's to the same backend at once (kubelet's probes of pods are such connections), so the backend sees one connection for two, and the local connection's replies are turned into the client's";
+    let snat = opts.snat_ports;
+    let from = &opts.snat_ports_from;
+    let eph = match &f.ephemeral_ports {
+        Ok(r) => *r,
+        Err(e) => {
+            return check(
+                "snat-ports",
+                None,
+                Verdict::Warn,
+                format!("node.snat.ports {snat} ({from}); the ephemeral range is unreadable: {e}"),
+                WHY,
+            )
+        }
+    };
+    let Some(overlap) = snat.intersect(eph) else {
+        return check(
+            "snat-ports",
+            None,
+            Verdict::Pass,
+            format!("node.snat.ports {snat} ({from}) is outside the ephemeral range {eph}"),
+            WHY,
+        );
+    };
+    let (reserved, unread) = match &f.reserved_ports {
+        Ok(r) => (r.clone(), None),
+        Err(e) => (Vec::new(), Some(e.clone())),
+    };
+    let open = ports::uncovered(overlap, &reserved);
+    let reserved_text = match &unread {
+        Some(e) => format!("unreadable: {e}"),
+        None => ports::list(&reserved),
+    };
+    if open.is_empty() {
+        return check(
+            "snat-ports",
+            None,
+            Verdict::Pass,
+            format!("node.snat.ports {snat} ({from}) overlaps the ephemeral range {eph} in {overlap}, all of it in ip_local_reserved_ports ({reserved_text})"),
+            WHY,
+        );
+    }
+    let count: u32 = open.iter().map(|r| r.count()).sum();
+    let mut want = reserved.clone();
+    want.extend(open.iter().copied());
+    let want = ports::list(&ports::merge(want));
+    check(
+        "snat-ports",
+        None,
+        Verdict::Fail,
+        format!(
+            "node.snat.ports {snat} ({from}) overlaps the ephemeral range {eph} (net.ipv4.ip_local_port_range) in {overlap}; {count} of those ports ({}) are not in net.ipv4.ip_local_reserved_ports ({reserved_text})",
+            ports::list(&open)
+        ),
+        WHY,
+    )
+    .fix(format!(
+        "move node.snat.ports out of {eph} (the default, 1024-32767, is below Linux's default range), or reserve the overlap for full NAT: sysctl -w net.ipv4.ip_local_reserved_ports={want} (and in /etc/sysctl.d/; it covers IPv6 too)"
+    ))
+    .blocking(&opts.fullnat_modes())
 }
 
 /// The largest MTU for which drivers accept a single-buffer XDP program
@@ -458,7 +627,7 @@ fn mtu(i: &Iface) -> Check {
 }
 
 pub fn ip_forward(f: &Facts) -> Check {
-    const WHY: &str = "NAT replies are forwarded by the kernel (tc_nat rewrites them on the way out), and NAT and L3 DSR hand the kernel what XDP cannot send itself (a neighbour not yet resolved, another egress)";
+    const WHY: &str = "NAT replies are forwarded by the kernel (tc_nat rewrites them on the way out), and NAT, L3 DSR and full NAT hand the kernel what XDP cannot send itself (a neighbour not yet resolved, another egress)";
     match (f.ip_forward, f.ipv6_forwarding) {
         (Some(true), Some(true)) => check(
             "ip-forward",
@@ -493,7 +662,7 @@ pub fn ip_forward(f: &Facts) -> Check {
             WHY,
         )
         .fix("sysctl -w net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 (and in /etc/sysctl.d/)")
-        .blocking(&[Mode::Nat, Mode::L3dsr]),
+        .blocking(&[Mode::Nat, Mode::L3dsr, Mode::Fullnat]),
     }
 }
 
@@ -659,7 +828,7 @@ pub fn evaluate(f: &Facts, opts: &Options) -> Report {
         );
     }
     for i in &f.interfaces {
-        checks.extend(interface(f, i));
+        checks.extend(interface(f, i, opts));
     }
     if f.interfaces.is_empty() && f.interfaces_error.is_none() {
         checks.push(
@@ -675,6 +844,7 @@ pub fn evaluate(f: &Facts, opts: &Options) -> Report {
         );
     }
     checks.push(ip_forward(f));
+    checks.push(snat_ports(f, opts));
     checks.push(kube_proxy(f));
     checks.push(clocksource(f));
     Report::new(opts.modes.clone(), checks)
@@ -698,7 +868,15 @@ mod tests {
             tcx: Vec::new(),
             tcx_error: None,
             rp_filter: Some(0),
+            // As rivorad leaves it (before it runs, 0 passes too: see
+            // accept_local_cases).
+            accept_local: Some(1),
+            accept_local_writable: Ok(()),
         }
+    }
+
+    fn pr(first: u16, last: u16) -> PortRange {
+        PortRange::new(first, last).expect("a range")
     }
 
     /// A node where everything passes.
@@ -714,6 +892,10 @@ mod tests {
             ip_forward: Some(true),
             ipv6_forwarding: Some(true),
             rp_filter_all: Some(0),
+            accept_local_all: Some(0),
+            // Linux's defaults.
+            ephemeral_ports: Ok(pr(32768, 60999)),
+            reserved_ports: Ok(Vec::new()),
             kube_proxy: KubeProxy::NotFound,
             memlock: Some(8 << 20),
             memory_max: None,
@@ -724,10 +906,28 @@ mod tests {
 
     fn all_modes() -> Options {
         Options {
-            modes: vec![Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::L2, Mode::Bgp],
+            modes: vec![
+                Mode::Nat,
+                Mode::Dsr,
+                Mode::L3dsr,
+                Mode::Fullnat,
+                Mode::L2,
+                Mode::Bgp,
+            ],
             flow_table_size: 131_072,
             kubernetes: false,
             bgp_listen_port: 179,
+            snat_ports: pr(1024, 32767),
+            snat_ports_from: "the default".into(),
+            local_source_vip: None,
+        }
+    }
+
+    /// Only the modes differ from [`all_modes`].
+    fn modes(m: &[Mode]) -> Options {
+        Options {
+            modes: m.to_vec(),
+            ..all_modes()
         }
     }
 
@@ -760,8 +960,10 @@ mod tests {
                 "xdp-programs",
                 "tcx-programs",
                 "rp-filter",
+                "accept-local",
                 "mtu",
                 "ip-forward",
+                "snat-ports",
                 "kube-proxy",
                 "clocksource"
             ]
@@ -888,15 +1090,62 @@ mod tests {
                 "rp-filter",
                 |f| f.interfaces[0].rp_filter = Some(1),
                 Verdict::Fail,
-                &[Mode::Dsr, Mode::L3dsr],
+                &[Mode::Dsr, Mode::L3dsr, Mode::Fullnat],
                 "rp_filter=2",
             ),
             (
                 "rp-filter",
                 |f| f.rp_filter_all = Some(1),
                 Verdict::Fail,
-                &[Mode::Dsr, Mode::L3dsr],
+                &[Mode::Dsr, Mode::L3dsr, Mode::Fullnat],
                 "rp_filter=2",
+            ),
+            (
+                "accept-local",
+                |f| {
+                    f.interfaces[0].accept_local = Some(0);
+                    f.interfaces[0].accept_local_writable =
+                        Err("/proc/sys/net/ipv4/conf/eth0/accept_local: Read-only file system (os error 30)".into())
+                },
+                Verdict::Fail,
+                &[Mode::L3dsr, Mode::Fullnat],
+                "set it on the host: sysctl -w net.ipv4.conf.eth0.accept_local=1",
+            ),
+            (
+                "accept-local",
+                |f| {
+                    f.interfaces[0].accept_local = Some(0);
+                    f.interfaces[0].xdp = vec![Prog {
+                        id: 3,
+                        name: Some("xdp_ingress".into()),
+                        hook: "xdp native".into(),
+                        pinned_by_rivora: true,
+                    }]
+                },
+                Verdict::Warn,
+                &[],
+                "sysctl -w net.ipv4.conf.eth0.accept_local=1",
+            ),
+            (
+                "accept-local",
+                |f| f.accept_local_all = None,
+                Verdict::Warn,
+                &[],
+                "",
+            ),
+            (
+                "snat-ports",
+                |f| f.ephemeral_ports = Ok(pr(1024, 65535)),
+                Verdict::Fail,
+                &[Mode::Fullnat],
+                "sysctl -w net.ipv4.ip_local_reserved_ports=1024-32767",
+            ),
+            (
+                "snat-ports",
+                |f| f.ephemeral_ports = Err("unreadable".into()),
+                Verdict::Warn,
+                &[],
+                "",
             ),
             (
                 "mtu",
@@ -916,7 +1165,7 @@ mod tests {
                 "ip-forward",
                 |f| f.ip_forward = Some(false),
                 Verdict::Fail,
-                &[Mode::Nat, Mode::L3dsr],
+                &[Mode::Nat, Mode::L3dsr, Mode::Fullnat],
                 "ip_forward=1",
             ),
             (
@@ -984,19 +1233,9 @@ mod tests {
     fn blocking_follows_the_chosen_modes() {
         let mut f = good();
         f.interfaces[0].rp_filter = Some(1);
-        let nat = Options {
-            modes: vec![Mode::Nat],
-            flow_table_size: 131_072,
-            kubernetes: false,
-            bgp_listen_port: 179,
-        };
+        let nat = modes(&[Mode::Nat]);
         assert!(!evaluate(&f, &nat).blocking);
-        let dsr = Options {
-            modes: vec![Mode::Dsr],
-            flow_table_size: 131_072,
-            kubernetes: false,
-            bgp_listen_port: 179,
-        };
+        let dsr = modes(&[Mode::Dsr]);
         assert!(evaluate(&f, &dsr).blocking);
         // Missing NET_RAW matters only to l2.
         let mut f = good();
@@ -1024,10 +1263,9 @@ mod tests {
         let mut f = good();
         f.capabilities = Ok(ALL_CAPS & !(1 << CAP_NET_BIND_SERVICE.0));
         let at = |port: u16| Options {
-            modes: vec![Mode::Nat, Mode::Bgp],
-            flow_table_size: 131_072,
             kubernetes: true,
             bgp_listen_port: port,
+            ..modes(&[Mode::Nat, Mode::Bgp])
         };
         let r = evaluate(&f, &at(179));
         let c = find(&r, "capabilities");
@@ -1079,12 +1317,235 @@ mod tests {
         );
     }
 
+    /// The full-NAT port check from parsed ranges: node.snat.ports
+    /// against the ephemeral range, less the reserved ports.
+    #[test]
+    fn snat_ports_against_the_ephemeral_range() {
+        let judge = |snat: PortRange, eph: PortRange, reserved: Vec<PortRange>| {
+            let mut f = good();
+            f.ephemeral_ports = Ok(eph);
+            f.reserved_ports = Ok(reserved);
+            let opts = Options {
+                snat_ports: snat,
+                snat_ports_from: "/etc/rivora/rivora.yaml".into(),
+                ..all_modes()
+            };
+            snat_ports(&f, &opts)
+        };
+        // The defaults: below the range.
+        let c = judge(pr(1024, 32767), pr(32768, 60999), vec![]);
+        assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+        assert!(
+            c.found.contains("outside the ephemeral range 32768-60999"),
+            "{c:#?}"
+        );
+        // Above it, and touching neither end.
+        assert_eq!(
+            judge(pr(61000, 65535), pr(32768, 60999), vec![]).verdict,
+            Verdict::Pass
+        );
+        // A widened ephemeral range takes full NAT's ports.
+        let c = judge(pr(1024, 32767), pr(1024, 65535), vec![]);
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert_eq!(c.blocks, vec![Mode::Fullnat]);
+        assert!(
+            c.found
+                .contains("node.snat.ports 1024-32767 (/etc/rivora/rivora.yaml)")
+                && c.found.contains("ephemeral range 1024-65535")
+                && c.found.contains("31744 of those ports (1024-32767)")
+                && c.found.contains("ip_local_reserved_ports ((none))"),
+            "{c:#?}"
+        );
+        let fix = c.fix.as_deref().unwrap_or("");
+        assert!(
+            fix.contains("move node.snat.ports out of 1024-65535"),
+            "{fix}"
+        );
+        assert!(fix.contains("ip_local_reserved_ports=1024-32767 "), "{fix}");
+        // Every overlapping port reserved: fine.
+        let c = judge(
+            pr(30000, 40000),
+            pr(32768, 60999),
+            vec![pr(8080, 8080), pr(32000, 45000)],
+        );
+        assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+        assert!(c.found.contains("in 32768-40000, all of it"), "{c:#?}");
+        // Part of it reserved: the rest named, and the fix keeps what is
+        // reserved already beside it.
+        let c = judge(
+            pr(30000, 40000),
+            pr(32768, 60999),
+            vec![pr(8080, 8080), pr(35000, 36000)],
+        );
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert!(c.found.contains("(32768-34999,36001-40000)"), "{c:#?}");
+        assert!(
+            c.fix
+                .as_deref()
+                .unwrap_or("")
+                .contains("ip_local_reserved_ports=8080,32768-40000 "),
+            "{c:#?}"
+        );
+        // One port of overlap is an overlap.
+        let c = judge(pr(1024, 32768), pr(32768, 60999), vec![]);
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert!(c.found.contains("1 of those ports (32768)"), "{c:#?}");
+        // Unreadable reserved ports: the overlap is not known to be held
+        // back.
+        let mut f = good();
+        f.ephemeral_ports = Ok(pr(1024, 65535));
+        f.reserved_ports = Err("no such file".into());
+        let c = snat_ports(&f, &all_modes());
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert!(c.found.contains("unreadable: no such file"), "{c:#?}");
+    }
+
+    /// With Kubernetes, NAT VIPs reach other nodes' endpoints by full NAT:
+    /// the full-NAT checks block nat too.
+    #[test]
+    fn kubernetes_nat_is_full_nat_too() {
+        let mut f = good();
+        f.ephemeral_ports = Ok(pr(1024, 65535));
+        f.interfaces[0].accept_local = Some(0);
+        f.interfaces[0].accept_local_writable = Err("read-only".into());
+        let k8s_nat = Options {
+            kubernetes: true,
+            ..modes(&[Mode::Nat])
+        };
+        let r = evaluate(&f, &k8s_nat);
+        assert_eq!(
+            find(&r, "snat-ports").blocks,
+            vec![Mode::Nat, Mode::Fullnat]
+        );
+        assert_eq!(
+            find(&r, "accept-local").blocks,
+            vec![Mode::Nat, Mode::L3dsr, Mode::Fullnat]
+        );
+        assert!(r.blocking);
+        // A static NAT node does not use full NAT unless asked.
+        let r = evaluate(&f, &modes(&[Mode::Nat]));
+        assert_eq!(find(&r, "snat-ports").blocks, vec![Mode::Fullnat]);
+        assert!(!r.blocking, "{r:#?}");
+        let mut f = good();
+        f.interfaces[0].rp_filter = Some(1);
+        assert_eq!(
+            find(&evaluate(&f, &k8s_nat), "rp-filter").blocks,
+            vec![Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::Fullnat]
+        );
+    }
+
+    /// accept_local: passes at 1 (either `all` or the interface's), and at
+    /// 0 before rivorad runs (it sets it); with Rivora's datapath attached
+    /// at 0, fails if the configuration has a VIP for which rivorad set it
+    /// (something reset it), warns if not; fails whenever rivorad could
+    /// not write it.
+    #[test]
+    fn accept_local_cases() {
+        let attached = vec![Prog {
+            id: 3,
+            name: None,
+            hook: "xdp native".into(),
+            pinned_by_rivora: true,
+        }];
+        let with_vip = Options {
+            local_source_vip: Some("VIP web is fullnat".into()),
+            ..all_modes()
+        };
+        let judge = |all: u32, own: u32, xdp: &[Prog], opts: &Options| {
+            // (good() has it at 1.)
+            let mut f = good();
+            f.accept_local_all = Some(all);
+            f.interfaces[0].accept_local = Some(own);
+            f.interfaces[0].xdp = xdp.to_vec();
+            accept_local(&f, &f.interfaces[0], opts)
+        };
+        for (all, own) in [(1, 0), (0, 1), (1, 1)] {
+            let c = judge(all, own, &attached, &with_vip);
+            assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+            assert!(c.found.starts_with("accept_local 1"), "{c:#?}");
+        }
+        let c = judge(0, 0, &[], &with_vip);
+        assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+        assert!(c.found.contains("rivorad sets it to 1"), "{c:#?}");
+        let c = judge(0, 0, &attached, &with_vip);
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert_eq!(c.blocks, vec![Mode::L3dsr, Mode::Fullnat]);
+        assert!(
+            c.found.contains("VIP web is fullnat") && c.found.contains("something reset it"),
+            "{c:#?}"
+        );
+        assert!(
+            c.fix.as_deref().unwrap_or("").contains("/etc/sysctl.d/"),
+            "{c:#?}"
+        );
+        // Another rivorad's xdp_ingress counts as attached too.
+        let other = vec![Prog {
+            id: 4,
+            name: Some("xdp_ingress".into()),
+            hook: "xdp native".into(),
+            pinned_by_rivora: false,
+        }];
+        assert_eq!(judge(0, 0, &other, &with_vip).verdict, Verdict::Fail);
+        let c = judge(0, 0, &attached, &all_modes());
+        assert_eq!(c.verdict, Verdict::Warn, "{c:#?}");
+        assert!(c.blocks.is_empty());
+        // Not writable: rivorad cannot set it, attached or not.
+        let mut f = good();
+        f.interfaces[0].accept_local = Some(0);
+        f.interfaces[0].accept_local_writable = Err("Read-only file system".into());
+        let c = accept_local(&f, &f.interfaces[0], &all_modes());
+        assert_eq!(c.verdict, Verdict::Fail, "{c:#?}");
+        assert!(c.found.contains("Read-only file system"), "{c:#?}");
+        // ... which does not matter once it is 1.
+        f.interfaces[0].accept_local = Some(1);
+        let c = accept_local(&f, &f.interfaces[0], &all_modes());
+        assert_eq!(c.verdict, Verdict::Pass, "{c:#?}");
+    }
+
     #[test]
     fn kernel_versions() {
         assert_eq!(kernel_version("6.18.44-fc-v1098"), Some((6, 18)));
         assert_eq!(kernel_version("6.6.0"), Some((6, 6)));
         assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
         assert_eq!(kernel_version("x"), None);
+    }
+
+    /// What the checks take from rivorad's configuration: interfaces,
+    /// node.snat.ports (or its default) and a VIP for which rivorad sets
+    /// accept_local (the file gives backends no mode of their own).
+    #[test]
+    fn node_config_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("rivora-doctor-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rivora.yaml");
+        let read = |yaml: &str| {
+            std::fs::write(&file, yaml).unwrap();
+            crate::probe::node_config(Some(&file))
+                .expect("a valid config")
+                .expect("the file given")
+        };
+        let nat = "interfaces:\n  - name: eth0\n\
+                   vips:\n  - { name: web, address: 10.0.0.100, port: 80, protocol: tcp, mode: nat,\n\
+                   \x20     backends: [{ address: 10.1.0.11 }] }\n";
+        let c = read(nat);
+        assert_eq!(c.interfaces, ["eth0"]);
+        assert_eq!(c.snat_ports, pr(1024, 32767));
+        assert_eq!(c.local_source_vip, None);
+        let c = read(&format!(
+            "{nat}node:\n  snat: {{ ipv4: 10.0.0.2, ports: \"40000-50000\" }}\n"
+        ));
+        assert_eq!(c.snat_ports, pr(40000, 50000));
+        assert_eq!(c.local_source_vip, None);
+        let c = read(&nat.replace("mode: nat", "mode: fullnat"));
+        assert_eq!(c.local_source_vip.as_deref(), Some("VIP web is fullnat"));
+        let c = read(&format!(
+            "{}node:\n  tunnelSource: {{ ipv4: 10.0.0.2 }}\n",
+            nat.replace("mode: nat", "mode: l3dsr")
+        ));
+        assert_eq!(c.local_source_vip.as_deref(), Some("VIP web is l3dsr"));
+        std::fs::write(&file, "interfaces: [").unwrap();
+        assert!(crate::probe::node_config(Some(&file)).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

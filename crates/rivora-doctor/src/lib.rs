@@ -8,6 +8,7 @@
 //! a failure blocks; [`Report::blocking`] is what the exit code follows.
 
 pub mod checks;
+pub mod ports;
 pub mod probe;
 pub mod render;
 
@@ -21,6 +22,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use checks::{evaluate, Options};
+pub use ports::PortRange;
 pub use probe::{Facts, Iface, KubeProxy, Prog};
 
 /// What a node may be asked to serve: the forwarding modes of its VIPs and
@@ -31,18 +33,20 @@ pub enum Mode {
     Nat,
     Dsr,
     L3dsr,
+    Fullnat,
     L2,
     Bgp,
 }
 
 impl Mode {
-    pub const FORWARDING: [Mode; 3] = [Mode::Nat, Mode::Dsr, Mode::L3dsr];
+    pub const FORWARDING: [Mode; 4] = [Mode::Nat, Mode::Dsr, Mode::L3dsr, Mode::Fullnat];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Nat => "nat",
             Mode::Dsr => "dsr",
             Mode::L3dsr => "l3dsr",
+            Mode::Fullnat => "fullnat",
             Mode::L2 => "l2",
             Mode::Bgp => "bgp",
         }
@@ -62,9 +66,12 @@ impl FromStr for Mode {
             "nat" => Ok(Mode::Nat),
             "dsr" => Ok(Mode::Dsr),
             "l3dsr" => Ok(Mode::L3dsr),
+            "fullnat" => Ok(Mode::Fullnat),
             "l2" => Ok(Mode::L2),
             "bgp" => Ok(Mode::Bgp),
-            _ => Err(format!("{s:?} is not a mode: nat, dsr, l3dsr, l2 or bgp")),
+            _ => Err(format!(
+                "{s:?} is not a mode: nat, dsr, l3dsr, fullnat, l2 or bgp"
+            )),
         }
     }
 }
@@ -92,8 +99,8 @@ impl Verdict {
 pub struct Check {
     /// `kernel`, `btf`, `bpffs`, `capabilities`, `interface`,
     /// `xdp-driver`, `xdp-programs`, `tcx-programs`, `ip-forward`,
-    /// `rp-filter`, `mtu`, `kube-proxy`, `memory`, `clocksource`,
-    /// `bpf-jit`.
+    /// `rp-filter`, `accept-local`, `mtu`, `snat-ports`, `kube-proxy`,
+    /// `memory`, `clocksource`, `bpf-jit`.
     pub id: String,
     /// The interface a per-interface check is about.
     pub subject: Option<String>,

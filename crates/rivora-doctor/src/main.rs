@@ -6,22 +6,24 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use rivora_doctor::probe::{self, Sources};
-use rivora_doctor::{checks, render, Mode};
+use rivora_doctor::{checks, render, Mode, PortRange};
+use rivora_model::model::FullNatSettings;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "rivora-doctor",
     version,
-    about = "Whether this node can run Rivora: kernel, BTF, bpffs, capabilities, XDP and TCX, sysctls, MTU, kube-proxy, memory, clock source",
+    about = "Whether this node can run Rivora: kernel, BTF, bpffs, capabilities, XDP and TCX, sysctls, MTU, full NAT's ports, kube-proxy, memory, clock source",
     after_help = "Exit status: 0 when nothing blocks the chosen modes, 1 when a failed check does, 2 on a usage error."
 )]
 struct Args {
-    /// Forwarding modes the node must serve (nat, dsr, l3dsr), comma-separated.
+    /// Forwarding modes the node must serve (nat, dsr, l3dsr, fullnat),
+    /// comma-separated.
     #[arg(
         long,
         value_name = "MODES",
         value_delimiter = ',',
-        default_value = "nat,dsr,l3dsr"
+        default_value = "nat,dsr,l3dsr,fullnat"
     )]
     mode: Vec<Mode>,
     /// How VIPs are announced: l2, bgp or none.
@@ -31,8 +33,9 @@ struct Args {
     /// those of --config, else every NIC that is up.
     #[arg(long = "interface", short = 'i', value_name = "NAME")]
     interfaces: Vec<String>,
-    /// rivorad's configuration file, for its interfaces. Default:
-    /// /etc/rivora/rivora.yaml when it exists.
+    /// rivorad's configuration file, for its interfaces (unless -i),
+    /// node.snat.ports and whether its VIPs use L3 DSR or full NAT.
+    /// Default: /etc/rivora/rivora.yaml when it exists.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// rivorad's -pin-dir (its pinned links mark Rivora's own programs).
@@ -60,7 +63,7 @@ fn main() -> ExitCode {
     let mut modes: Vec<Mode> = Vec::new();
     for m in &args.mode {
         if !Mode::FORWARDING.contains(m) {
-            eprintln!("rivora-doctor: --mode {m}: a forwarding mode is nat, dsr or l3dsr (l2 and bgp go with --announce)");
+            eprintln!("rivora-doctor: --mode {m}: a forwarding mode is nat, dsr, l3dsr or fullnat (l2 and bgp go with --announce)");
             return ExitCode::from(2);
         }
         if !modes.contains(m) {
@@ -72,8 +75,15 @@ fn main() -> ExitCode {
         "bgp" => modes.push(Mode::Bgp),
         _ => {}
     }
+    let config = match probe::node_config(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rivora-doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let interfaces = if args.interfaces.is_empty() {
-        match probe::default_interfaces(args.config.as_deref()) {
+        match probe::default_interfaces(config.as_ref()) {
             Ok(i) => i,
             Err(e) => {
                 eprintln!("rivora-doctor: {e}");
@@ -94,6 +104,17 @@ fn main() -> ExitCode {
         ..Sources::default()
     };
     let facts = probe::gather(&src, &interfaces);
+    let default_snat = FullNatSettings::default();
+    let (snat_ports, snat_ports_from) = match &config {
+        Some(c) => (c.snat_ports, c.path.display().to_string()),
+        None => (
+            PortRange {
+                first: default_snat.port_min,
+                last: default_snat.port_max,
+            },
+            "the default".to_string(),
+        ),
+    };
     let report = checks::evaluate(
         &facts,
         &checks::Options {
@@ -101,6 +122,9 @@ fn main() -> ExitCode {
             flow_table_size: args.flow_table_size,
             kubernetes: args.kubernetes,
             bgp_listen_port: args.bgp_listen_port,
+            snat_ports,
+            snat_ports_from,
+            local_source_vip: config.and_then(|c| c.local_source_vip),
         },
     );
     if args.output == "json" {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::ports::{self, PortRange};
 use crate::{bpf, genl, links};
 
 /// `statfs(2)`'s f_type of a bpf filesystem (linux/magic.h).
@@ -85,6 +86,22 @@ pub struct Iface {
     pub tcx_error: Option<String>,
     /// net.ipv4.conf.<name>.rp_filter.
     pub rp_filter: Option<u32>,
+    /// net.ipv4.conf.<name>.accept_local.
+    pub accept_local: Option<u32>,
+    /// Whether this process may write net.ipv4.conf.<name>.accept_local,
+    /// as rivorad (with the same rights and mounts) would: why not, if
+    /// not (a container's read-only /proc/sys).
+    pub accept_local_writable: Result<(), String>,
+}
+
+impl Iface {
+    /// Rivora's xdp_ingress is attached: this pin directory's, or another
+    /// rivorad's.
+    pub fn rivora_attached(&self) -> bool {
+        self.xdp
+            .iter()
+            .any(|p| p.pinned_by_rivora || p.name.as_deref() == Some("xdp_ingress"))
+    }
 }
 
 /// kube-proxy on this node, as far as it can be seen from here.
@@ -119,6 +136,14 @@ pub struct Facts {
     pub ipv6_forwarding: Option<bool>,
     /// net.ipv4.conf.all.rp_filter.
     pub rp_filter_all: Option<u32>,
+    /// net.ipv4.conf.all.accept_local.
+    pub accept_local_all: Option<u32>,
+    /// net.ipv4.ip_local_port_range: the node's own connections' source
+    /// ports (IPv6's too).
+    pub ephemeral_ports: Result<PortRange, String>,
+    /// net.ipv4.ip_local_reserved_ports: ports the ephemeral range skips
+    /// (IPv6's too), merged.
+    pub reserved_ports: Result<Vec<PortRange>, String>,
     pub kube_proxy: KubeProxy,
     /// RLIMIT_MEMLOCK (soft), bytes; None: unlimited.
     pub memlock: Option<u64>,
@@ -136,8 +161,33 @@ fn read_trim(p: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// A sysctl's file. Interface names may hold dots: only the prefix's
+/// dots are separators.
+fn sysctl_path(src: &Sources, key: &str) -> PathBuf {
+    match key.strip_prefix("net.ipv4.conf.") {
+        Some(rest) => {
+            let (ifname, leaf) = rest.rsplit_once('.').unwrap_or((rest, ""));
+            src.proc_sys.join("net/ipv4/conf").join(ifname).join(leaf)
+        }
+        None => src.proc_sys.join(key.replace('.', "/")),
+    }
+}
+
 fn sysctl(src: &Sources, key: &str) -> Option<String> {
-    read_trim(&src.proc_sys.join(key.replace('.', "/")))
+    read_trim(&sysctl_path(src, key))
+}
+
+/// A sysctl's text, or why it cannot be read.
+fn sysctl_text(src: &Sources, key: &str) -> Result<String, String> {
+    let p = sysctl_path(src, key);
+    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Whether this process may write `p` (access(2): the mount's read-only
+/// flag and the sysctl's permissions both count), or why not.
+fn writable(p: &Path) -> Result<(), String> {
+    nix::unistd::access(p, nix::unistd::AccessFlags::W_OK)
+        .map_err(|e| format!("{}: {}", p.display(), std::io::Error::from(e)))
 }
 
 fn sysctl_u32(src: &Sources, key: &str) -> Option<u32> {
@@ -254,15 +304,71 @@ fn kube_proxy_process() -> Option<(u32, Vec<String>)> {
     None
 }
 
+/// What rivorad's configuration file says that the checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub path: PathBuf,
+    pub interfaces: Vec<String>,
+    /// node.snat.ports, or its default.
+    pub snat_ports: PortRange,
+    /// A VIP for which rivorad sets accept_local (L3 DSR or full NAT, its
+    /// own mode or a backend's), described.
+    pub local_source_vip: Option<String>,
+}
+
+/// rivorad's configuration: `config`, else /etc/rivora/rivora.yaml if it
+/// exists; None without either. A file rivorad would refuse is an error.
+pub fn node_config(config: Option<&Path>) -> Result<Option<NodeConfig>, String> {
+    let default = Path::new("/etc/rivora/rivora.yaml");
+    let Some(path) = config.or(default.exists().then_some(default)) else {
+        return Ok(None);
+    };
+    let cfg = rivora_model::config::load(path).map_err(|e| e.to_string())?;
+    let fullnat = &cfg.desired.node.fullnat;
+    let snat_ports = PortRange::new(fullnat.port_min, fullnat.port_max).ok_or_else(|| {
+        format!(
+            "{}: node.snat.ports {}-{}",
+            path.display(),
+            fullnat.port_min,
+            fullnat.port_max
+        )
+    })?;
+    let local = |m: rivora_model::model::Mode| {
+        matches!(
+            m,
+            rivora_model::model::Mode::L3Dsr | rivora_model::model::Mode::FullNat
+        )
+    };
+    // The reconciler's rule for calling prepare_local_source.
+    let local_source_vip = cfg.desired.vips.iter().find_map(|v| {
+        let key = v.key();
+        let name = cfg
+            .names
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| key.to_string());
+        if local(v.mode) {
+            return Some(format!("VIP {name} is {}", v.mode));
+        }
+        v.backends
+            .iter()
+            .find_map(|b| b.mode.filter(|m| local(*m)))
+            .map(|m| format!("VIP {name} has a {m} backend"))
+    });
+    Ok(Some(NodeConfig {
+        path: path.to_path_buf(),
+        interfaces: cfg.file.interfaces.iter().map(|i| i.name.clone()).collect(),
+        snat_ports,
+        local_source_vip,
+    }))
+}
+
 /// The interfaces to look at when none is named: those of rivorad's
 /// configuration file, else every interface that is up, not loopback and
 /// backed by a device (a NIC, not a bridge or a veth).
-pub fn default_interfaces(config: Option<&Path>) -> Result<Vec<String>, String> {
-    let default = Path::new("/etc/rivora/rivora.yaml");
-    let file = config.or(default.exists().then_some(default));
-    if let Some(f) = file {
-        let cfg = rivora_model::config::load(f).map_err(|e| e.to_string())?;
-        return Ok(cfg.file.interfaces.iter().map(|i| i.name.clone()).collect());
+pub fn default_interfaces(config: Option<&NodeConfig>) -> Result<Vec<String>, String> {
+    if let Some(c) = config {
+        return Ok(c.interfaces.clone());
     }
     let links = links::dump().map_err(|e| format!("listing interfaces: {e}"))?;
     Ok(links
@@ -307,6 +413,11 @@ pub fn gather(src: &Sources, interfaces: &[String]) -> Facts {
         .map(|name| {
             let link = all_links.iter().find(|l| &l.name == name);
             let rp_filter = sysctl_u32(src, &format!("net.ipv4.conf.{name}.rp_filter"));
+            let accept_local = sysctl_u32(src, &format!("net.ipv4.conf.{name}.accept_local"));
+            let accept_local_writable = writable(&sysctl_path(
+                src,
+                &format!("net.ipv4.conf.{name}.accept_local"),
+            ));
             let Some(link) = link else {
                 return Iface {
                     name: name.clone(),
@@ -317,6 +428,8 @@ pub fn gather(src: &Sources, interfaces: &[String]) -> Facts {
                     tcx: Vec::new(),
                     tcx_error: None,
                     rp_filter,
+                    accept_local,
+                    accept_local_writable,
                 };
             };
             let rivora_xdp = pinned("xdp", name);
@@ -356,6 +469,8 @@ pub fn gather(src: &Sources, interfaces: &[String]) -> Facts {
                 tcx,
                 tcx_error,
                 rp_filter,
+                accept_local,
+                accept_local_writable,
             }
         })
         .collect();
@@ -373,6 +488,11 @@ pub fn gather(src: &Sources, interfaces: &[String]) -> Facts {
         ip_forward: sysctl(src, "net.ipv4.ip_forward").map(|v| v == "1"),
         ipv6_forwarding: sysctl(src, "net.ipv6.conf.all.forwarding").map(|v| v == "1"),
         rp_filter_all: sysctl_u32(src, "net.ipv4.conf.all.rp_filter"),
+        accept_local_all: sysctl_u32(src, "net.ipv4.conf.all.accept_local"),
+        ephemeral_ports: sysctl_text(src, "net.ipv4.ip_local_port_range")
+            .and_then(|s| ports::parse_port_range(&s)),
+        reserved_ports: sysctl_text(src, "net.ipv4.ip_local_reserved_ports")
+            .and_then(|s| ports::parse_port_list(&s)),
         kube_proxy: kube_proxy(src, &all_links),
         memlock,
         memory_max: memory_max(),
