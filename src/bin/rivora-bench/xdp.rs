@@ -877,6 +877,24 @@ fn measure() -> Result<(Measured, Option<Exhaustion>)> {
     }
     let fnat_fd = fnat.as_ref().map(FullNat::xdp_fd);
 
+    // The new-flow cases take each run's flow from the wrapper's counter,
+    // which is per CPU. The bench thread may move to the other CPU between
+    // batches and go on from that CPU's count, which may repeat counts the
+    // first CPU sent moments ago: such a run is an established flow, not a
+    // new one (seen: a full-NAT slice with one allocation fewer than its
+    // runs). Each CPU counts from its own share of the 32 bits instead (a
+    // run's flow is a one-to-one function of the count), far more than a
+    // whole run of the bench sends.
+    let ncpus = libbpf_rs::num_possible_cpus().context("possible CPUs")?;
+    let stride = (1u64 << 32) / ncpus.max(1) as u64;
+    let starts: Vec<Vec<u8>> = (0..ncpus as u64)
+        .map(|i| ((i * stride) as u32).to_ne_bytes().to_vec())
+        .collect();
+    bench
+        .maps
+        .bench_ctr
+        .update_percpu(&0u32.to_ne_bytes(), &starts, MapFlags::ANY)
+        .context("bench_ctr")?;
     let xdp_progs = &bench.maps.bench_xdp_progs;
     let tc_progs = &bench.maps.bench_tc_progs;
     let set_target = |map: &libbpf_rs::MapMut<'_>, fd: i32| -> Result<()> {
