@@ -9,6 +9,11 @@
 //! and the table also prints each key's spread over the rounds.
 //! `RIVORA_BENCH_ONLY=key,key` measures only those keys (while looking into
 //! one path).
+//!
+//! Full NAT's cases (issue 27) run on a datapath of their own, filled by the
+//! real writer, in the same rounds and slices: `xdp/fullnat.rs`.
+
+mod fullnat;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -29,6 +34,7 @@ use rivora::dataplane::render::NextHop;
 use rivora::dataplane::{Datapath, LoadOptions};
 
 use crate::{median, Results};
+use fullnat::{Exhaustion, Fam, FullNat, Role};
 
 /// This shared VM's noise comes in stretches of a fraction of a second to
 /// seconds (about one long batch in five ran 20-40% slow). A round runs each
@@ -72,6 +78,8 @@ struct Case {
 enum Prog {
     XdpFloor,
     Xdp,
+    /// xdp_ingress of the full-NAT datapath (`fullnat::FullNat`).
+    XdpFullNat(Role, Fam),
     TcFloor,
     Tc,
 }
@@ -144,9 +152,13 @@ fn pad8(mut v: Vec<u8>) -> Vec<u8> {
 }
 
 fn tcp4(dst: [u8; 4], syn: bool) -> Vec<u8> {
+    tcp4_from(40000, dst, syn)
+}
+
+fn tcp4_from(sport: u16, dst: [u8; 4], syn: bool) -> Vec<u8> {
     let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
         .ipv4(CLIENT, dst, 64)
-        .tcp(40000, 80, 1, 65535);
+        .tcp(sport, 80, 1, 65535);
     let b = if syn { b.syn() } else { b.ack(1) };
     let mut v = Vec::new();
     // 14 + 20 + 20 + 10 = 64 bytes.
@@ -429,9 +441,11 @@ fn set_pkt(map: &libbpf_rs::MapMut<'_>, case: &Case) -> Result<()> {
     );
     p.bytes[..case.pkt.len()].copy_from_slice(&case.pkt);
     // Vary the low half of the source address and the source port: the
-    // IPv4 source address is at 14 + 12, the TCP/UDP source port at 14 + 20.
-    p.ip_off = 26;
-    p.port_off = 34;
+    // IPv4 source address is at 14 + 12, the TCP/UDP source port at 14 + 20;
+    // IPv6's source address ends at 14 + 8 + 16 (the wrapper writes the
+    // last 16 bits of the word at ip_off), its L4 header is at 14 + 40.
+    let ipv6 = case.pkt.get(12..14) == Some(&[0x86, 0xdd][..]);
+    (p.ip_off, p.port_off) = if ipv6 { (34, 54) } else { (26, 34) };
     // SAFETY: rv_bench_pkt is a plain repr(C) struct with explicit fields.
     let bytes = unsafe {
         std::slice::from_raw_parts(
@@ -459,6 +473,17 @@ fn test_run(
     repeat: u32,
     ctx: Option<&[u8]>,
 ) -> Result<(u32, f64)> {
+    let (v, ns, _) = test_run_out(prog, pkt, repeat, ctx)?;
+    Ok((v, ns))
+}
+
+/// [`test_run`], with the packet as the last run left it.
+fn test_run_out(
+    prog: &ProgramMut<'_>,
+    pkt: &[u8],
+    repeat: u32,
+    ctx: Option<&[u8]>,
+) -> Result<(u32, f64, Vec<u8>)> {
     let mut out = vec![0u8; pkt.len() + 256];
     let mut ctx = ctx.map(<[u8]>::to_vec);
     let input = ProgramInput {
@@ -469,20 +494,22 @@ fn test_run(
         ..Default::default()
     };
     let o = prog.test_run(input).context("BPF_PROG_TEST_RUN")?;
-    Ok((o.return_value, o.duration.as_nanos() as f64))
+    let data = o.data.map(|d| d.to_vec()).unwrap_or_default();
+    Ok((o.return_value, o.duration.as_nanos() as f64, data))
 }
 
 pub fn run(results: &mut Results) -> Result<()> {
     let ns = BenchNs::new()?;
     let path = format!("/run/netns/{}", ns.0);
     // Everything runs on a thread inside the namespace.
-    let measured = std::thread::spawn(move || -> Result<Measured> {
-        let f = File::open(&path).context("opening the bench netns")?;
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
-        measure()
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
+    let (measured, exhaustion) =
+        std::thread::spawn(move || -> Result<(Measured, Option<Exhaustion>)> {
+            let f = File::open(&path).context("opening the bench netns")?;
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
+            measure()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
     drop(ns);
 
     let get = |k: &str| {
@@ -534,8 +561,55 @@ pub fn run(results: &mut Results) -> Result<()> {
         net("xdp_established_nat_v4_ns") / net("xdp_established_dsr_v4_ns"),
         net("xdp_established_l3dsr_v4_ns") / net("xdp_established_dsr_v4_ns"),
     ));
+    if FULLNAT_CASES
+        .iter()
+        .any(|(k, ..)| measured.iter().any(|(n, ..)| n == k))
+    {
+        results.note(format!(
+            "  issue 27: fullnat/dsr established v4 {:.2} (<= 1.15), fullnat reply/dsr established v4 {:.2} (<= 1.15), syn fullnat/nat v4 {:.2} (<= 1.2), v6/v4 fullnat established {:.2} reply {:.2} syn {:.2} (<= 1.15)",
+            ratio("xdp_established_fullnat_v4_ns", "xdp_established_dsr_v4_ns"),
+            ratio("xdp_fullnat_reply_v4_ns", "xdp_established_dsr_v4_ns"),
+            ratio("xdp_syn_fullnat_v4_ns", "xdp_syn_nat_v4_ns"),
+            ratio("xdp_established_fullnat_v6_ns", "xdp_established_fullnat_v4_ns"),
+            ratio("xdp_fullnat_reply_v6_ns", "xdp_fullnat_reply_v4_ns"),
+            ratio("xdp_syn_fullnat_v6_ns", "xdp_syn_fullnat_v4_ns"),
+        ));
+    }
+    if let Some(e) = exhaustion {
+        results.set("fullnat_port_exhaustion_admitted", e.admitted as f64);
+        results.set("fullnat_port_exhaustion_dropped", e.dropped as f64);
+        results.set("fullnat_port_exhaustion_collisions", e.collisions as f64);
+        results.note(format!(
+            "  issue 27, full NAT's ports: {} ports, one backend, {} new flows from {} CPUs: {} admitted ({}), {} dropped as exhausted ({}), {} flows sharing a tuple with another (0)",
+            e.ports,
+            e.offered,
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),
+            e.admitted,
+            e.ports,
+            e.dropped,
+            e.offered - e.ports,
+            e.collisions
+        ));
+    }
     Ok(())
 }
+
+/// Full NAT's timed cases (`fullnat.rs`): key, what is sent, the family.
+const FULLNAT_CASES: [(&str, Role, Fam); 6] = [
+    ("xdp_established_fullnat_v4_ns", Role::Established, Fam::V4),
+    ("xdp_established_fullnat_v6_ns", Role::Established, Fam::V6),
+    ("xdp_fullnat_reply_v4_ns", Role::Reply, Fam::V4),
+    ("xdp_fullnat_reply_v6_ns", Role::Reply, Fam::V6),
+    ("xdp_syn_fullnat_v4_ns", Role::NewFlow, Fam::V4),
+    ("xdp_syn_fullnat_v6_ns", Role::NewFlow, Fam::V6),
+];
+
+/// `fullnat::port_exhaustion`'s keys: counts, not times.
+const EXHAUSTION_KEYS: [&str; 3] = [
+    "fullnat_port_exhaustion_admitted",
+    "fullnat_port_exhaustion_dropped",
+    "fullnat_port_exhaustion_collisions",
+];
 
 /// The baseline's xdp_ingress (build.rs), loaded with maps of its own
 /// pinned under `dir`: the program and the object that keeps it alive.
@@ -565,7 +639,7 @@ fn load_baseline<'a>(
 /// Per key: the median of the rounds, and their (min, max).
 type Measured = Vec<(String, f64, (f64, f64))>;
 
-fn measure() -> Result<Measured> {
+fn measure() -> Result<(Measured, Option<Exhaustion>)> {
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rivora-bench-{}", std::process::id()));
     let base_dir = PathBuf::from(format!(
         "/sys/fs/bpf/rivora-bench-base-{}",
@@ -604,6 +678,23 @@ fn measure() -> Result<Measured> {
     );
     program_maps(&PinWriter(pin_dir.clone()), &nh, rvb0)?;
 
+    let only = std::env::var("RIVORA_BENCH_ONLY").ok();
+    let wanted = |key: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|k| k == key))
+    };
+    // Counts, not times: on a datapath of its own, before the rounds.
+    let exhaustion = if EXHAUSTION_KEYS.iter().any(|k| wanted(k)) {
+        Some(fullnat::port_exhaustion(&nh, rvb0).context("full NAT's port exhaustion")?)
+    } else {
+        None
+    };
+    let fnat = if FULLNAT_CASES.iter().any(|(k, ..)| wanted(k)) {
+        Some(FullNat::measured(&nh, rvb0).context("the full-NAT datapath")?)
+    } else {
+        None
+    };
+
     let mut base_storage = MaybeUninit::<OpenObject>::uninit();
     #[cfg(rivora_baseline)]
     let base = {
@@ -640,7 +731,7 @@ fn measure() -> Result<Measured> {
         ok,
     };
     const TX: &[u32] = &[XDP_TX];
-    let cases = vec![
+    let mut cases = vec![
         case(
             "xdp_floor_ns",
             false,
@@ -762,7 +853,49 @@ fn measure() -> Result<Measured> {
             &[0],
         ),
     ];
+    if let Some(f) = &fnat {
+        for (key, role, fam) in FULLNAT_CASES {
+            let pkt = match role {
+                Role::Established => fullnat::request(fam, false),
+                Role::NewFlow => fullnat::request(fam, true),
+                // The reply to the established flow's port: its reverse
+                // entry stays for the whole run (clear_new_flows keeps
+                // it, and it does not expire: the replies refresh it).
+                Role::Reply => {
+                    let (backend, port) = f.prime(fam)?;
+                    fullnat::reply(fam, backend, port)?
+                }
+            };
+            cases.push(case(
+                key,
+                false,
+                pkt,
+                role == Role::NewFlow,
+                Prog::XdpFullNat(role, fam),
+                TX,
+            ));
+        }
+    }
+    let fnat_fd = fnat.as_ref().map(FullNat::xdp_fd);
 
+    // The new-flow cases take each run's flow from the wrapper's counter,
+    // which is per CPU. The bench thread may move to the other CPU between
+    // batches and go on from that CPU's count, which may repeat counts the
+    // first CPU sent moments ago: such a run is an established flow, not a
+    // new one (seen: a full-NAT slice with one allocation fewer than its
+    // runs). Each CPU counts from its own share of the 32 bits instead (a
+    // run's flow is a one-to-one function of the count), far more than a
+    // whole run of the bench sends.
+    let ncpus = libbpf_rs::num_possible_cpus().context("possible CPUs")?;
+    let stride = (1u64 << 32) / ncpus.max(1) as u64;
+    let starts: Vec<Vec<u8>> = (0..ncpus as u64)
+        .map(|i| ((i * stride) as u32).to_ne_bytes().to_vec())
+        .collect();
+    bench
+        .maps
+        .bench_ctr
+        .update_percpu(&0u32.to_ne_bytes(), &starts, MapFlags::ANY)
+        .context("bench_ctr")?;
     let xdp_progs = &bench.maps.bench_xdp_progs;
     let tc_progs = &bench.maps.bench_tc_progs;
     let set_target = |map: &libbpf_rs::MapMut<'_>, fd: i32| -> Result<()> {
@@ -784,14 +917,7 @@ fn measure() -> Result<Measured> {
     prime_flow()?;
 
     let new_fd = dp.xdp().progs.xdp_ingress.as_fd().as_raw_fd();
-    let only = std::env::var("RIVORA_BENCH_ONLY").ok();
-    let cases: Vec<&Case> = cases
-        .iter()
-        .filter(|c| {
-            only.as_deref()
-                .is_none_or(|o| o.split(',').any(|k| k == c.key))
-        })
-        .collect();
+    let cases: Vec<&Case> = cases.iter().filter(|c| wanted(c.key)).collect();
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for _round in 0..ROUNDS {
         // Per key: the round's total ns and runs, over its slices.
@@ -800,6 +926,18 @@ fn measure() -> Result<Measured> {
             if matches!(c.prog, Prog::Tc) {
                 prime_flow()?;
             }
+            // Full NAT: the established flow in place (the new-flow cases
+            // may have evicted its affinity entry), and the drops so far.
+            let fnat_drops = match c.prog {
+                Prog::XdpFullNat(role, fam) => {
+                    let f = fnat.as_ref().context("the full-NAT datapath")?;
+                    if role == Role::Established {
+                        f.prime(fam)?;
+                    }
+                    Some(f.drops()?)
+                }
+                _ => None,
+            };
             set_pkt(&bench.maps.bench_pkt_map, c)?;
             let ctx = xdp_ctx(c.pkt.len(), rvb0);
             // Today's program, then (interleaved, same packet) the
@@ -823,6 +961,12 @@ fn measure() -> Result<Measured> {
                         ));
                     }
                 }
+                Prog::XdpFullNat(..) => runs.push((
+                    c.key.to_string(),
+                    &bench.progs.bench_wrap_xdp,
+                    fnat_fd.context("the full-NAT datapath")?,
+                    true,
+                )),
                 Prog::TcFloor => runs.push((
                     c.key.to_string(),
                     &bench.progs.bench_wrap_tc,
@@ -861,13 +1005,32 @@ fn measure() -> Result<Measured> {
                 t.0 += ns * f64::from(REPEAT / SLICES);
                 t.1 += f64::from(REPEAT / SLICES);
             }
+            // Full NAT, beyond the verdicts of the batch's first and last
+            // runs: no run of it dropped, and each new-flow run allocated
+            // a port (its reverse entry, deleted here, outside the timed
+            // part, so that the next slice's allocations find every port
+            // free: fullnat.rs).
+            if let (Prog::XdpFullNat(role, fam), Some(before)) = (c.prog, fnat_drops) {
+                let f = fnat.as_ref().context("the full-NAT datapath")?;
+                let dropped = f.drops()? - before;
+                ensure!(dropped == 0, "{}: {dropped} runs dropped", c.key);
+                if role == Role::NewFlow {
+                    let runs = 1 + REPEAT / SLICES;
+                    let n = f.clear_new_flows(fam)?;
+                    ensure!(
+                        n == runs as usize,
+                        "{}: {n} ports allocated in {runs} runs, one a run expected",
+                        c.key
+                    );
+                }
+            }
         }
         for (key, (total, runs)) in round {
             samples.entry(key).or_default().push(total / runs);
         }
     }
     drop(base);
-    Ok(samples
+    let measured = samples
         .into_iter()
         .map(|(k, s)| {
             let spread = s
@@ -876,5 +1039,6 @@ fn measure() -> Result<Measured> {
                 .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
             (k, median(s), spread)
         })
-        .collect())
+        .collect();
+    Ok((measured, exhaustion))
 }
