@@ -87,8 +87,10 @@ fn programs_load_and_share_pinned_maps() {
         for m in object.maps() {
             let name = m.name().to_string_lossy().into_owned();
             let id = m.info().expect("map info").info.id;
-            // .rodata and friends belong to the object alone.
-            if name.contains('.') {
+            // .rodata and friends belong to the object alone, and so do
+            // the per-CPU scratch maps, pinned by no one (rivorad's maps
+            // are Maps::NAMES, each pinned).
+            if name.contains('.') || !Maps::NAMES.contains(&name.as_str()) {
                 private.insert(id);
                 continue;
             }
@@ -219,6 +221,8 @@ fn flow_tables(maps: &Maps) -> Vec<(&'static str, u32, u32)> {
         &maps.connection_affinity_map6,
         &maps.nat_reverse_map,
         &maps.nat_reverse_map6,
+        &maps.fullnat_rev_map,
+        &maps.fullnat_rev_map6,
     ]
     .into_iter()
     .map(|m| {
@@ -228,18 +232,31 @@ fn flow_tables(maps: &Maps) -> Vec<(&'static str, u32, u32)> {
     .collect()
 }
 
+/// The size a flow table loaded with `size` has: the kernel rounds a
+/// per-CPU LRU's up to a multiple of the CPUs; full NAT's port tables are
+/// plain hashes (an entry is a port's allocation, never evicted), taken
+/// as they are.
+fn sized(name: &str, size: u32) -> u32 {
+    if name.starts_with("fullnat_rev_map") {
+        size
+    } else {
+        size.next_multiple_of(possible_cpus())
+    }
+}
+
 #[test]
 fn flow_tables_default_size() {
     let t = TestDp::new();
-    // The kernel rounds per-CPU LRU sizes up to a multiple of the CPUs.
-    let want = FLOW_TABLE_DEFAULT_SIZE.next_multiple_of(possible_cpus());
     for (name, size, _) in flow_tables(&t.maps) {
-        assert_eq!(size, want, "{name}");
+        assert_eq!(size, sized(name, FLOW_TABLE_DEFAULT_SIZE), "{name}");
     }
-    assert_eq!(t.dp.flow_table_size(), want);
+    assert_eq!(
+        t.dp.flow_table_size(),
+        FLOW_TABLE_DEFAULT_SIZE.next_multiple_of(possible_cpus())
+    );
 }
 
-/// Loaded with a size of its own, all four flow tables (shared by
+/// Loaded with a size of its own, all six flow tables (shared by
 /// xdp_ingress and tc_nat) are pinned at it, and nothing else changes
 /// size. A preflight or load over those pins with another size is
 /// refused, naming the map, both sizes and the migration, and leaves the
@@ -256,10 +273,10 @@ fn flow_table_size_is_set_at_load_and_checked_against_the_pins() {
     assert_eq!(
         before.iter().map(|f| f.0).collect::<Vec<_>>(),
         FLOW_TABLES,
-        "the four flow tables"
+        "the six flow tables"
     );
     for (name, size, _) in &before {
-        assert_eq!(*size, want, "{name} sized at load");
+        assert_eq!(*size, sized(name, SIZE), "{name} sized at load");
     }
     // Both objects declare the flow tables and see the one size.
     let tc = &t.dp.tc().maps;
@@ -338,7 +355,6 @@ fn flow_table_size_is_set_at_load_and_checked_against_the_pins() {
         flow_table_size: FLOW_TABLE_DEFAULT_SIZE,
         ..Default::default()
     };
-    let other_size = FLOW_TABLE_DEFAULT_SIZE.next_multiple_of(possible_cpus());
     let refusals = [
         ("preflight", Datapath::preflight(&other).err()),
         ("load", Datapath::load(&other).err()),
@@ -347,11 +363,17 @@ fn flow_table_size_is_set_at_load_and_checked_against_the_pins() {
         let e = err
             .unwrap_or_else(|| panic!("{what} with another size accepted"))
             .to_string();
+        // The first flow table the loader meets (the object's order).
+        let named = FLOW_TABLES
+            .iter()
+            .find(|m| e.contains(&format!("pinned map {m} has max entries ")))
+            .unwrap_or_else(|| panic!("{what}: the refusal names no flow table: {e}"));
         assert!(
             e.contains(&format!(
-                "pinned map connection_affinity_map has max entries {want}, \
-                 this binary expects {other_size}"
-            )) && e.contains(&format!("-flow-table-size {want}"))
+                "pinned map {named} has max entries {}, this binary expects {}",
+                sized(named, SIZE),
+                sized(named, FLOW_TABLE_DEFAULT_SIZE)
+            )) && e.contains(&format!("-flow-table-size {}", sized(named, SIZE)))
                 && e.contains("rivorad -cleanup"),
             "{what}: the refusal names the map, both sizes and the migration: {e}"
         );
