@@ -479,6 +479,34 @@ fn removing_the_vip_takes_its_tunnel_endpoints() {
     vip.backends[0].node = Some("node-1".into());
     fx.apply(&vip);
     assert_eq!(entries(t).len(), 1, "back");
+    // Reached by NAT but on no node (a static file's backend): no tunnel
+    // reaches it.
+    vip.backends[0].node = None;
+    fx.apply(&vip);
+    assert!(entries(t).is_empty(), "a NAT backend on no node");
     fx.remove(&vip);
     assert!(entries(t).is_empty(), "the VIP's removal takes them");
+    // preserveClientIP as Kubernetes writes it: a NAT VIP, this node's
+    // endpoint by NAT on this node, another node's by the tunnel.
+    let mut nat = across(false, PROTO_TCP, VPORT);
+    nat.mode = Mode::Nat;
+    nat.backends[0].mode = None;
+    nat.backends[1].mode = Some(Mode::L3Dsr);
+    let placed = fx.apply(&nat);
+    let got = entries(t);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].1.backend_id, placed.ids[0]);
+    let f = request(false, PROTO_TCP, 49001, VPORT);
+    run_case(
+        t,
+        &Case {
+            desc: "a NAT VIP's endpoint here, tunnelled to".into(),
+            input: tunnelled(&f, HERE4),
+            want: nat_of(&f, &here(false, placed.ids[0])).build(),
+            verdict: XDP_PASS,
+            drop: None,
+        },
+    );
+    fx.remove(&nat);
+    assert!(entries(t).is_empty());
 }

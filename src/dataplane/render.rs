@@ -340,18 +340,16 @@ pub fn nat_owner_key(vip: &Vip, b: &crate::model::Backend) -> Option<NatOwnerKey
     })
 }
 
-/// tunnel_ep_map's entries of a VIP whose backends got `ids`: under L3
-/// DSR, the backends this node reaches by NAT (its own endpoints; another
-/// node's L3 DSR tunnels to their addresses through it) by address. The
-/// first backend at an address takes it: the tunnel's outer destination
-/// names an address, not a port.
+/// tunnel_ep_map's entries of a VIP whose backends got `ids`: the
+/// backends this node reaches by NAT that a source placed on a node
+/// (Kubernetes' endpoints on this node), by address. Another node's DSR
+/// across nodes tunnels to their addresses through this one. The first
+/// backend at an address takes it: the tunnel's outer destination names an
+/// address, not a port.
 pub fn tunnel_eps(vip: &Vip, ids: &[u32]) -> BTreeMap<IpAddr, u32> {
     let mut eps = BTreeMap::new();
-    if vip.mode != Mode::L3Dsr {
-        return eps;
-    }
     for (b, id) in vip.backends.iter().zip(ids) {
-        if b.mode_in(vip.mode) == Mode::Nat {
+        if b.node.is_some() && b.mode_in(vip.mode) == Mode::Nat {
             eps.entry(b.addr).or_insert(*id);
         }
     }

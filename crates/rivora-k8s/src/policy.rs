@@ -80,18 +80,21 @@ pub struct ServicePolicySpec {
     /// receiving node by NAT, which keeps the client's address, endpoints
     /// on other nodes by full NAT, whose replies come back through the
     /// receiving node (those endpoints see its address). `fullnat`: every
-    /// endpoint by full NAT. `dsr` or `l3dsr` (the same for a Service: DSR
-    /// across nodes): an endpoint on another node is reached by IP-in-IP
-    /// to its address, its node's Rivora takes the tunnel off and NATs
-    /// the packet to it, and its reply leaves from that node straight to
-    /// the client; every endpoint sees the client's address. DSR across
-    /// nodes needs Rivora on every node and a nodeName on every endpoint.
+    /// endpoint by full NAT. `dsr` or `l3dsr`: an endpoint on another node
+    /// by DSR across nodes (IP-in-IP to its address; its node's Rivora
+    /// takes the tunnel off and NATs the packet to it, and its reply leaves
+    /// from that node straight to the client), the receiving node's own by
+    /// NAT: every endpoint sees the client's address. An endpoint on no
+    /// node (a host named by hand in the slices) is reached by the mode
+    /// itself: it must hold the VIP (`dsr`: on the same L2 segment) and
+    /// serve the Service's port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<PolicyMode>,
 
     /// Keep the client's address for endpoints on other nodes too, with
-    /// `externalTrafficPolicy: Cluster`: DSR across nodes (as `mode: dsr`)
-    /// instead of full NAT. Contradicts `mode: fullnat`.
+    /// `externalTrafficPolicy: Cluster`: under `nat`, DSR across nodes
+    /// instead of full NAT (every endpoint needs a nodeName). Contradicts
+    /// `mode: fullnat`.
     #[serde(
         default,
         rename = "preserveClientIP",
@@ -307,6 +310,9 @@ pub struct ServicePolicyStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct EffectivePolicy {
     pub mode: Option<Mode>,
+    /// Keep the client's address for endpoints on other nodes too (DSR
+    /// across nodes under NAT).
+    pub preserve_client_ip: bool,
     pub rate_limit: Option<RateLimit>,
     pub health: Option<Arc<HealthCheckSpec>>,
     pub affinity: Option<Affinity>,
@@ -417,18 +423,16 @@ pub fn check_policy(spec: &ServicePolicySpec) -> Result<EffectivePolicy, PolicyI
         }
         weights.push((sel, w.weight));
     }
-    let mode = match (spec.mode, spec.preserve_client_ip) {
-        (Some(PolicyMode::Fullnat), Some(true)) => {
-            return Err(PolicyIssue::new(
-                REASON_INVALID_VALUE,
-                "preserveClientIP: true contradicts mode: fullnat, which gives every endpoint the receiving node's address".to_string(),
-            ))
-        }
-        (_, Some(true)) => Some(Mode::L3Dsr),
-        (m, _) => m.map(Mode::from),
-    };
+    let preserve_client_ip = spec.preserve_client_ip == Some(true);
+    if preserve_client_ip && spec.mode == Some(PolicyMode::Fullnat) {
+        return Err(PolicyIssue::new(
+            REASON_INVALID_VALUE,
+            "preserveClientIP: true contradicts mode: fullnat, which gives every endpoint the receiving node's address".to_string(),
+        ));
+    }
     Ok(EffectivePolicy {
-        mode,
+        mode: spec.mode.map(Mode::from),
+        preserve_client_ip,
         rate_limit,
         health,
         affinity,

@@ -283,6 +283,7 @@ fn translate<S: Borrow<EndpointSlice>>(
     }
 
     let mode = policy.and_then(|p| p.mode).unwrap_or(Mode::Nat);
+    let preserve = policy.is_some_and(|p| p.preserve_client_ip);
     let affinity = match policy.and_then(|p| p.affinity) {
         Some(a) => a,
         None if spec.session_affinity.as_deref() == Some("ClientIP") => {
@@ -368,7 +369,7 @@ fn translate<S: Borrow<EndpointSlice>>(
                 rate_limit: policy.and_then(|p| p.rate_limit),
                 backends,
             };
-            place_backends(&mut vip, node, &nodes).map_err(|why| PolicyIssue {
+            place_backends(&mut vip, node, &nodes, preserve).map_err(|why| PolicyIssue {
                 reason: REASON_MODE_NOT_APPLICABLE,
                 message: format!(
                     "mode {mode} cannot serve Service {namespace}/{name} port {}: {why}",
@@ -409,39 +410,56 @@ pub fn endpoint_nodes<S: Borrow<EndpointSlice>>(slices: &[S]) -> BTreeMap<IpAddr
 }
 
 /// How this node (`node`) reaches each backend of `vip`, from where each
-/// lives (`nodes`, [`endpoint_nodes`]), and the VIP's mode that follows:
+/// lives (`nodes`, [`endpoint_nodes`]):
 /// - `nat`: this node's endpoints by NAT (their replies come back through
 ///   this node, their gateway), every other one (an endpoint with no node
 ///   known too) by full NAT, whose replies come back here whatever the
-///   other node routes;
+///   other node routes. With `preserve_client_ip`, another node's
+///   endpoints by DSR across nodes instead (below), and an endpoint on no
+///   known node cannot be served: the error names it;
 /// - `fullnat`: every endpoint by full NAT;
-/// - `dsr`, `l3dsr` (DSR across nodes, the client's address kept): the VIP
-///   is L3 DSR; an endpoint on another node is reached by IP-in-IP to its
-///   own address, which routes to its node, whose Rivora takes the tunnel
-///   off and NATs the packet to it (so its port may differ from the
-///   VIP's); this node's own endpoints by NAT, which also makes them the
-///   endpoints other nodes' tunnels may reach here. An endpoint with no
-///   node known cannot be reached this way: the error names it.
+/// - `dsr`, `l3dsr`: an endpoint on another node by DSR across nodes:
+///   IP-in-IP to its own address, which routes to its node, whose Rivora
+///   takes the tunnel off and NATs the packet to it (so its port may
+///   differ from the VIP's), the client's address kept; this node's own
+///   endpoints by NAT. An endpoint on no known node (a host the Service's
+///   slices name by hand) is reached by the mode itself: it holds the VIP
+///   and serves the VIP's port, or the error says why not.
 ///
-/// Each backend is told its node, for `vip show` and for the port rule.
+/// Each backend is told its node: `vip show` says it, the model lets an
+/// L3 DSR backend on a node remap the port, and the writer makes this
+/// node's own endpoints (reached by NAT, on a node) the ones other nodes'
+/// tunnels may reach here.
 pub fn place_backends(
     vip: &mut Vip,
     node: &str,
     nodes: &BTreeMap<IpAddr, String>,
+    preserve_client_ip: bool,
 ) -> Result<(), String> {
-    if vip.mode == Mode::Dsr {
-        vip.mode = Mode::L3Dsr;
-    }
+    let vport = match vip.ports {
+        Ports::One(p) => p,
+        Ports::Range { first, .. } => first,
+    };
     for b in &mut vip.backends {
         b.node = nodes.get(&b.addr).cloned();
         let local = b.node.as_deref() == Some(node);
-        b.mode = match vip.mode {
-            Mode::Nat if !local => Some(Mode::FullNat),
-            Mode::L3Dsr if local => Some(Mode::Nat),
-            Mode::L3Dsr if b.node.is_none() => {
+        let known = b.node.is_some();
+        b.mode = match (vip.mode, local, known) {
+            (Mode::FullNat, ..) | (Mode::Nat, true, _) => None,
+            (_, true, _) => Some(Mode::Nat),
+            (Mode::Nat, false, true) if preserve_client_ip => Some(Mode::L3Dsr),
+            (Mode::Nat, false, false) if preserve_client_ip => {
                 return Err(format!(
-                    "endpoint {} has no nodeName: DSR across nodes tunnels to the endpoint's node",
+                    "endpoint {} has no nodeName: its client's address can only be kept by DSR across nodes, to the endpoint's node",
                     b.addr
+                ))
+            }
+            (Mode::Nat, false, _) => Some(Mode::FullNat),
+            (Mode::Dsr, false, true) => Some(Mode::L3Dsr),
+            (Mode::Dsr | Mode::L3Dsr, false, false) if b.port != 0 && b.port != vport => {
+                return Err(format!(
+                    "endpoint {} is on no known node, so it is reached by {} itself, which keeps the destination port; it listens on port {}, not {vport}",
+                    b.addr, vip.mode, b.port
                 ))
             }
             _ => None,

@@ -555,7 +555,7 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
                 // The resolution refused a mode that cannot reach every
                 // endpoint, so this places them all; were it not so, the
                 // VIP is kept with no backend rather than half broken.
-                if let Err(why) = place_backends(&mut d.vip, &state.opts.node_name, &nodes) {
+                if let Err(why) = place_backends(&mut d.vip, &state.opts.node_name, &nodes, false) {
                     warn!(vip = %d.name, %why, "not programmed");
                     d.vip.backends.clear();
                     d.health.clear();

@@ -372,10 +372,8 @@ async fn a_policy_resends_the_services_of_its_namespace_only() {
     );
     let sent = h.feed(vec![Msg::Policy(Ok(Event::Apply(p)))]);
     assert_eq!(sent.set, set(&[("a/web", &["tcp/10.0.0.1:80"])]));
-    // A Service's dsr is DSR across nodes: L3 DSR to the endpoints'
-    // nodes (a pod does not hold the VIP).
     let mode = h.state.sent[&ObjectRef::new("a", "web")].vips[0].vip.mode;
-    assert_eq!(mode, crate::model::Mode::L3Dsr);
+    assert_eq!(mode, crate::model::Mode::Dsr);
 }
 
 #[tokio::test]

@@ -68,11 +68,12 @@
 //!   backends all fail keeps its VIPs with no backend.
 //! - **ServicePolicy.** A policy's `listeners` entry (its own namespace's
 //!   Gateway, by listener name) sets the listener's VIPs' mode, SYN rate
-//!   limit, affinity and health check, as for a Service. A DSR mode (DSR
-//!   across nodes) with an endpoint whose node is not known is not applied
-//!   ([`ListenerResult::policy`]). Each node then places the backends
-//!   ([`crate::translate::place_backends`]): its own endpoints and the
-//!   others' each reached the way the mode says.
+//!   limit, affinity and health check, as for a Service. Each node places
+//!   the backends as for a Service ([`crate::translate::place_backends`]);
+//!   a policy a listener's endpoints cannot be served under (a DSR mode
+//!   and an endpoint on no known node on another port, or
+//!   `preserveClientIP` and an endpoint on no known node) is not applied
+//!   ([`ListenerResult::policy`]).
 //!
 //! Not done: the spec asks that the share of connections an invalid
 //! backendRef would have taken be rejected; Rivora gives the valid
@@ -1044,10 +1045,13 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                 built.push((addr, backends));
             }
             let mut effective = effective;
-            if let Some(e) = &effective {
-                // DSR across nodes tunnels to each endpoint's node: one
-                // with no node known cannot be reached (every node reads
-                // the same slices, so all of them agree).
+            if let Some(e) = &mut effective {
+                // Each node places the backends (translate::place_backends):
+                // an endpoint on a node by DSR across nodes, which NATs
+                // there; an endpoint on no known node by the mode itself,
+                // so it must serve the listener's port, and cannot have
+                // its client's address kept under NAT. Every node reads
+                // the same slices, so all of them agree on a refusal.
                 let mode = e.mode.unwrap_or(Mode::Nat);
                 let nodes: BTreeMap<IpAddr, String> = refs
                     .iter()
@@ -1055,19 +1059,35 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                         endpoint_nodes(&cluster.endpoint_slices(&r.key.namespace, &r.key.name))
                     })
                     .collect();
-                let homeless = built
-                    .iter()
-                    .flat_map(|(_, bs)| bs.iter())
-                    .find(|b| !nodes.contains_key(&b.addr));
-                if let (true, Some(b)) = (matches!(mode, Mode::Dsr | Mode::L3Dsr), homeless) {
+                let homeless = |b: &&Backend| !nodes.contains_key(&b.addr);
+                let mut all = built.iter().flat_map(|(_, bs)| bs.iter());
+                let issue = if e.preserve_client_ip && mode == Mode::Nat {
+                    all.find(homeless).map(|b| {
+                        format!(
+                            "preserveClientIP cannot serve {lref}: endpoint {} has no nodeName, and its client's address can only be kept by DSR across nodes, to the endpoint's node",
+                            b.addr
+                        )
+                    })
+                } else if matches!(mode, Mode::Dsr | Mode::L3Dsr) {
+                    all.find(|b| homeless(b) && b.port != port).map(|b| {
+                        format!(
+                            "mode {mode} keeps the destination port for an endpoint on no known node, but {lref} (port {port}) sends to {} port {}",
+                            b.addr, b.port
+                        )
+                    })
+                } else {
+                    None
+                };
+                if let Some(message) = issue {
                     used = PolicyUse::Rejected(crate::policy::PolicyIssue {
                         reason: REASON_MODE_NOT_APPLICABLE,
-                        message: format!(
-                            "mode {mode} cannot serve {lref}: endpoint {} has no nodeName: DSR across nodes tunnels to the endpoint's node",
-                            b.addr
-                        ),
+                        message,
                     });
                     effective = None;
+                } else if e.preserve_client_ip && mode == Mode::Nat {
+                    // The VIP says it: this node's endpoints by NAT, the
+                    // others' by the tunnel to their node.
+                    e.mode = Some(Mode::L3Dsr);
                 }
             }
             lr.policy = used;

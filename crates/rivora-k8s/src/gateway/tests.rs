@@ -793,7 +793,34 @@ fn service_policy_on_a_listener() {
             not: &[],
         },
         Row {
-            rule: "a DSR policy on a listener whose endpoints have no nodeName is not applied",
+            rule: "preserveClientIP: DSR across nodes, said by the VIP's mode",
+            cluster: |s| {
+                s.tcp_routes.push(db_route());
+                for sl in &mut s.slices {
+                    *sl = on_node(sl.clone(), "node-b");
+                }
+                s.policies.push(from(json!({
+                    "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
+                    "metadata": {"name": "p", "namespace": "infra"},
+                    "spec": {"listeners": [{"gateway": "gw", "listener": "tcp"}], "preserveClientIP": true}})));
+            },
+            want: &["vip tcp/203.0.113.10:5432 [10.1.0.1:6432*1 10.1.0.2:6432*1] mode=l3dsr"],
+            not: &[],
+        },
+        Row {
+            rule: "preserveClientIP with an endpoint on no known node is not applied",
+            cluster: |s| {
+                s.tcp_routes.push(db_route());
+                s.policies.push(from(json!({
+                    "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
+                    "metadata": {"name": "p", "namespace": "infra"},
+                    "spec": {"listeners": [{"gateway": "gw", "listener": "tcp"}], "preserveClientIP": true}})));
+            },
+            want: &["vip tcp/203.0.113.10:5432 [10.1.0.1:6432*1 10.1.0.2:6432*1]"],
+            not: &["vip tcp/203.0.113.10:5432 [10.1.0.1:6432*1 10.1.0.2:6432*1] mode"],
+        },
+        Row {
+            rule: "a DSR policy on a listener whose endpoints are on no known node and on another port is not applied",
             cluster: |s| {
                 s.tcp_routes.push(db_route());
                 s.policies.push(from(json!({
@@ -819,7 +846,7 @@ fn service_policy_on_a_listener() {
             assert_eq!(i.reason, REASON_MODE_NOT_APPLICABLE);
             assert!(
                 i.message
-                    .contains("Gateway infra/gw listener tcp: endpoint 10.1.0.1 has no nodeName"),
+                    .contains("keeps the destination port for an endpoint on no known node, but Gateway infra/gw listener tcp (port 5432) sends to 10.1.0.1 port 6432"),
                 "{i}"
             );
         }

@@ -84,7 +84,7 @@ fn summary(t: &Translation) -> Vec<String> {
                         None => format!("{} w{}", b.target(), b.weight),
                     };
                     // Where DSR across nodes sends each one.
-                    if let (Mode::L3Dsr, Some(n)) = (v.mode, &b.node) {
+                    if let (Mode::L3Dsr, Some(n)) = (b.mode_in(v.mode), &b.node) {
                         s.push_str(&format!(" @{n}"));
                     }
                     s
@@ -354,7 +354,17 @@ fn every_rule() {
                 "policy dsr: DSR across nodes, this node's endpoints by NAT, another node's by the tunnel to it, which NATs (the port may change)",
                 service(json!({})),
                 vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
-                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a, 10.1.0.2:8080 w1 @node-b]"],
+                vec!["tcp/203.0.113.10:80 dsr none rl=- [10.1.0.1:8080 w1 via nat, 10.1.0.2:8080 w1 via l3dsr @node-b]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "mode": "dsr"}))),
+            policy_use: "applied",
+            ..row(
+                "policy dsr: an endpoint on no known node (a host named by hand) holds the VIP: DSR to it, the port kept",
+                service(json!({})),
+                vec![slice(json!({"ports": [{"name": "http", "port": 80}], "endpoints": [ep_with("10.1.0.1", json!({"nodeName": null}))]}))],
+                vec!["tcp/203.0.113.10:80 dsr none rl=- [10.1.0.1:80 w1]"],
             )
         },
         Row {
@@ -377,7 +387,7 @@ fn every_rule() {
             policy_use: "rejected:ModeNotApplicable",
             warnings: vec![WARN_INVALID_POLICY],
             ..row(
-                "policy dsr: an endpoint with no nodeName cannot be tunnelled to: not applied at all",
+                "policy dsr: an endpoint on no known node cannot remap the port (DSR keeps it): not applied at all",
                 service(json!({})),
                 vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.3", json!({"nodeName": null}))]}))],
                 vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.3:8080 w1 via fullnat]"],
@@ -390,7 +400,18 @@ fn every_rule() {
                 "policy preserveClientIP: DSR across nodes with externalTrafficPolicy Cluster",
                 service(json!({})),
                 vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
-                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a, 10.1.0.2:8080 w1 @node-b]"],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1 via l3dsr @node-b]"],
+            )
+        },
+        Row {
+            policy: Some(policy(json!({"services": ["web"], "preserveClientIP": true}))),
+            policy_use: "rejected:ModeNotApplicable",
+            warnings: vec![WARN_INVALID_POLICY],
+            ..row(
+                "policy preserveClientIP: an endpoint with no nodeName cannot keep its client's address: not applied",
+                service(json!({})),
+                vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.3", json!({"nodeName": null}))]}))],
+                vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.3:8080 w1 via fullnat]"],
             )
         },
         Row {
@@ -421,7 +442,7 @@ fn every_rule() {
                 "policy dsr with externalTrafficPolicy Local: this node's endpoints only, by NAT",
                 service(json!({"spec": {"externalTrafficPolicy": "Local"}})),
                 vec![slice(json!({"endpoints": [ep("10.1.0.1"), ep_with("10.1.0.2", json!({"nodeName": "node-b"}))]}))],
-                vec!["tcp/203.0.113.10:80 l3dsr none rl=- [10.1.0.1:8080 w1 via nat @node-a]"],
+                vec!["tcp/203.0.113.10:80 dsr none rl=- [10.1.0.1:8080 w1 via nat]"],
             )
         },
         Row {
