@@ -5,7 +5,9 @@
 //! etherparse through xdp_ingress (BPF_PROG_TEST_RUN) as if they arrived on
 //! an interface rivorad is attached to. Port ranges, clientIP affinity and
 //! its timeout, SYN rate limits (per VIP and node-wide) and weights, for
-//! every mode (NAT, DSR, L3 DSR) and both families.
+//! every mode (NAT, DSR, L3 DSR, full NAT) and both families. Full NAT's
+//! source port is the datapath's choice: read from the frame sent, checked
+//! against `node.snat.ports`, every other byte built here.
 //!
 //! Nothing the test expects comes from the writer's renderer: which backend
 //! a flow must reach is the hashed slot of the slice read back from
@@ -45,7 +47,10 @@ const TUN4: &str = "10.250.0.1";
 const TUN6: &str = "fd00:fa:ff::1";
 /// Where a NAT VIP on one port sends: the port is translated.
 const NAT_PORT: u16 = 8080;
-const MODES: [Mode; 3] = [Mode::Nat, Mode::Dsr, Mode::L3Dsr];
+const MODES: [Mode; 4] = [Mode::Nat, Mode::Dsr, Mode::L3Dsr, Mode::FullNat];
+/// Full NAT's source ports (node.snat): the port a flow got is read from
+/// the frame sent, and must be one of these.
+const SNAT_PORTS: std::ops::RangeInclusive<u16> = 40000..=49999;
 const FAMS: [Fam; 2] = [Fam::V4, Fam::V6];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +148,7 @@ impl VipSpec {
     /// VIP's; a range (NAT) and DSR keep the client's.
     fn backend_port(&self) -> Option<u16> {
         match (self.mode, self.ports) {
-            (Mode::Nat, Ports::One(_)) => Some(NAT_PORT),
+            (Mode::Nat | Mode::FullNat, Ports::One(_)) => Some(NAT_PORT),
             _ => None,
         }
     }
@@ -200,8 +205,11 @@ impl VipSpec {
         }
     }
 
-    /// The frame xdp_ingress must send for `f` to backend `host`.
-    fn forwarded(&self, f: &Frame, host: u8) -> Vec<u8> {
+    /// The frame xdp_ingress must send for `f` to backend `host`. Full
+    /// NAT's source port is the datapath's choice: the one `sent` carries
+    /// (checked against the range by the caller); every other byte is
+    /// built here.
+    fn forwarded(&self, f: &Frame, host: u8, sent: &[u8]) -> Vec<u8> {
         let b = self.backend_addr(host);
         match self.mode {
             // Routed from XDP: TTL less one, the FIB's MACs.
@@ -211,18 +219,41 @@ impl VipSpec {
             }
             Mode::Dsr => f.clone().macs(VETH_MAC, self.backend_mac(host)).build(),
             Mode::L3Dsr => encapsulated(f, b),
-            Mode::FullNat => panic!("full NAT is not among MODES yet"),
+            // Routed from XDP, from the node's source.
+            Mode::FullNat => {
+                let port = self.backend_port().unwrap_or(f.dport());
+                let src: IpAddr = match self.fam {
+                    Fam::V4 => TUN4.parse().expect("TUN4"),
+                    Fam::V6 => TUN6.parse().expect("TUN6"),
+                };
+                f.clone()
+                    .from(src, sent_sport(f, sent))
+                    .to(b, port)
+                    .macs(VETH_MAC, GW_MAC)
+                    .ttl(63)
+                    .build()
+            }
         }
     }
 }
 
-/// A file with `vips`, the node's tunnel sources and `node_extra` (more
-/// keys of `node:`).
+/// The source port of a frame `f` came out as (0 if too short).
+fn sent_sport(f: &Frame, sent: &[u8]) -> u16 {
+    let at = f.l4_off();
+    sent.get(at..at + 2)
+        .map_or(0, |p| u16::from_be_bytes([p[0], p[1]]))
+}
+
+/// A file with `vips`, the node's tunnel and full-NAT sources and
+/// `node_extra` (more keys of `node:`).
 fn yaml(node_extra: &str, vips: &[VipSpec]) -> String {
     let mut y = format!(
         "interfaces:\n  - name: veth0\n\
-         node:\n  tunnelSource: {{ ipv4: {TUN4}, ipv6: \"{TUN6}\" }}\n{node_extra}\
-         vips:\n"
+         node:\n  tunnelSource: {{ ipv4: {TUN4}, ipv6: \"{TUN6}\" }}\n\
+         \x20 snat: {{ ipv4: {TUN4}, ipv6: \"{TUN6}\", ports: \"{}-{}\" }}\n{node_extra}\
+         vips:\n",
+        SNAT_PORTS.start(),
+        SNAT_PORTS.end()
     );
     for v in vips {
         y += &v.yaml();
@@ -424,13 +455,13 @@ impl Rig {
     fn expect_forward(&self, desc: &str, spec: &VipSpec, f: &Frame, host: u8) {
         let input = f.build();
         let (v, out, drops) = self.run(&input);
-        let want = spec.forwarded(f, host);
+        let want = spec.forwarded(f, host, &out);
         if out != want {
             let went = spec
                 .backends
                 .iter()
                 .map(|&(h, _)| h)
-                .find(|&h| spec.forwarded(f, h) == out);
+                .find(|&h| spec.forwarded(f, h, &out) == out);
             panic!(
                 "{desc}: verdict {v}, expected backend {host}, went to {went:?}\n got: {out:02x?}\nwant: {want:02x?}"
             );
@@ -438,6 +469,10 @@ impl Rig {
         assert_eq!(v, XDP_TX, "{desc}: verdict");
         assert_eq!(drops, vec![], "{desc}: drop counters");
         assert!(assert_checksums(&out) > 0, "{desc}: no checksum checked");
+        if spec.mode == Mode::FullNat {
+            let port = sent_sport(f, &out);
+            assert!(SNAT_PORTS.contains(&port), "{desc}: source port {port}");
+        }
     }
 
     /// `f` must be left alone: XDP_PASS, untouched, nothing counted.
@@ -738,7 +773,7 @@ fn burst_plus_one(
         if (i as u32) < burst {
             // The oracle is asked after the run: a SYN changes no slice.
             let host = rig.oracle(spec, svc, f, false);
-            assert_bytes(&desc, out, &spec.forwarded(f, host));
+            assert_bytes(&desc, out, &spec.forwarded(f, host, out));
             assert_eq!(*v, XDP_TX, "{desc}: verdict");
             assert_eq!(drops, &vec![], "{desc}: drop counters");
             bytes += f.build().len() as u64;
