@@ -100,11 +100,12 @@ fn check<S: MapStore>(w: &mut Writer<S>) -> MapImage {
         w.free_service_ids() as usize + vips.len(),
         abi::MAX_VIPS as usize
     );
-    // Distinct backend identities never share an id.
+    // Distinct backend identities never share an id (a backend's own
+    // mode is part of its identity: its entry says it).
     let mut seen = BTreeMap::new();
     for (id, b) in &live.backends {
         assert!(
-            seen.insert((b.addr, b.port, b.mac), *id).is_none(),
+            seen.insert((b.addr, b.port, b.mac, b.mode), *id).is_none(),
             "identity with two ids"
         );
     }
@@ -948,6 +949,11 @@ enum Op {
         members: u8,
         weights: [u8; 8],
         rl: bool,
+        /// Backends placed on a node (bit per backend), and whether the
+        /// VIP is L3 DSR (those then reached by NAT: DSR across nodes as
+        /// Kubernetes writes it) or NAT: tunnel endpoints either way.
+        on_node: u8,
+        l3dsr: bool,
     },
     Remove(usize),
     Health(usize, bool),
@@ -984,8 +990,8 @@ fn vip_shape(i: usize) -> (IpAddr, Ports, bool) {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..6usize, any::<u8>(), any::<[u8; 8]>(), any::<bool>())
-            .prop_map(|(vip, members, weights, rl)| Op::Upsert { vip, members, weights, rl }),
+        4 => (0..6usize, any::<u8>(), any::<[u8; 8]>(), any::<bool>(), any::<u8>(), any::<bool>())
+            .prop_map(|(vip, members, weights, rl, on_node, l3dsr)| Op::Upsert { vip, members, weights, rl, on_node, l3dsr }),
         2 => (0..6usize).prop_map(Op::Remove),
         1 => (0..8usize, any::<bool>()).prop_map(|(b, up)| Op::Health(b, up)),
         1 => (0..8usize, any::<bool>()).prop_map(|(b, d)| Op::Drain(b, d)),
@@ -1001,17 +1007,35 @@ proptest! {
         // A small table so that compaction and full-table errors happen.
         let table = 700;
         let mut w = Writer::open(MemStore::new(table)).unwrap();
+        let opened = w.node().clone();
+        let mut node = opened.clone();
+        node.tunnel_src4 = Some("192.0.2.1".parse().unwrap());
+        node.tunnel_src6 = Some("2001:db8::1".parse().unwrap());
+        w.set_node(&node).unwrap();
         let mut desired: BTreeMap<usize, Vip> = BTreeMap::new();
         for op in ops {
             match op {
-                Op::Upsert { vip: i, members, weights, rl } => {
+                Op::Upsert { vip: i, members, weights, rl, on_node, l3dsr } => {
                     let (addr, ports, v6) = vip_shape(i);
                     let backends: Vec<Backend> = (0..8)
                         .filter(|b| members & (1 << b) != 0)
-                        .map(|b| Backend { addr: pool(b, v6), port: 0, weight: u32::from(weights[b] % 4), mac: None, mode: None, node: None })
+                        .map(|b| {
+                            let here = on_node & (1 << b) != 0;
+                            Backend {
+                                addr: pool(b, v6),
+                                port: 0,
+                                weight: u32::from(weights[b] % 4),
+                                mac: None,
+                                mode: (here && l3dsr).then_some(Mode::Nat),
+                                node: here.then(|| "node-1".to_string()),
+                            }
+                        })
                         .collect();
                     let mut v = vip("10.0.0.1", ports, backends);
                     v.addr = addr;
+                    if l3dsr {
+                        v.mode = Mode::L3Dsr;
+                    }
                     if rl {
                         v.rate_limit = Some(RateLimit { rate_per_sec: 10, burst: 3 });
                     }
@@ -1044,7 +1068,7 @@ proptest! {
                         w.vips().iter().map(|v| (v.key, v.svc_id, v.slice)).collect();
                     let store = w.store().clone();
                     w = Writer::open(store).unwrap();
-                    let state = DesiredState { node: NodeSettings::default(), vips: desired.values().cloned().collect() };
+                    let state = DesiredState { node: node.clone(), vips: desired.values().cloned().collect() };
                     let r = w.reconcile(&state).unwrap();
                     prop_assert!(r.failed.is_empty(), "{:?}", r.failed);
                     let after: Vec<(Option<VipKey>, u32, Slice)> =
@@ -1062,6 +1086,7 @@ proptest! {
         for v in desired.values() {
             w.remove_vip(&v.key()).unwrap();
         }
+        w.set_node(&opened).unwrap();
         let img = check(&mut w);
         prop_assert_eq!(img, empty_image());
         prop_assert_eq!(w.free_slots(), table);

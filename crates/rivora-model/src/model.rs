@@ -788,14 +788,16 @@ impl NodeSettings {
         self.fullnat.validate()
     }
 
-    /// A VIP that tunnels (its mode, or a backend's) needs a tunnel source
-    /// of its family.
+    /// A VIP with a backend it tunnels to (by its mode or the backend's)
+    /// needs a tunnel source of its family. One with none (no backend yet,
+    /// or Kubernetes' DSR across nodes with every endpoint on this node,
+    /// reached by NAT) sends nothing in a tunnel.
     pub fn check_vip(&self, vip: &Vip) -> Result<(), ModelError> {
         let tunnels = vip
             .backends
             .iter()
             .any(|b| b.mode_in(vip.mode) == Mode::L3Dsr);
-        if !tunnels && vip.mode != Mode::L3Dsr {
+        if !tunnels {
             return Ok(());
         }
         let have = match vip.addr {
@@ -1311,11 +1313,24 @@ mod tests {
 
     #[test]
     fn l3dsr_needs_a_tunnel_source() {
-        let v = vip("10.0.0.1", Ports::One(80), Mode::L3Dsr);
+        let mut v = vip("10.0.0.1", Ports::One(80), Mode::L3Dsr);
+        // Nothing to tunnel to yet: nothing needed.
         let mut s = DesiredState {
             node: NodeSettings::default(),
-            vips: vec![v],
+            vips: vec![v.clone()],
         };
+        assert!(s.validate().is_ok());
+        // Every backend this node's own, reached by NAT (DSR across
+        // nodes): nothing tunnelled either.
+        v.backends = vec![Backend {
+            mode: Some(Mode::Nat),
+            node: Some("node-1".into()),
+            ..be("10.1.0.1", 8080)
+        }];
+        s.vips = vec![v.clone()];
+        assert!(s.validate().is_ok());
+        v.backends.push(be("10.1.0.2", 0));
+        s.vips = vec![v];
         assert!(s.validate().is_err());
         s.node.tunnel_src4 = Some("192.0.2.1".parse().unwrap());
         assert!(s.validate().is_ok());
