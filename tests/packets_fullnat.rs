@@ -17,7 +17,7 @@
 //!   (`ports_exhaust_then_pass_to_new_flows_after_idle`).
 //! - Two CPUs allocating at once (threads pinned to each, BPF_PROG_TEST_RUN
 //!   runs on the caller's CPU), with ranges small and large, and rounds
-//!   where every flow has gone idle so the cursors wrap: never two live
+//!   where every flow has gone idle so the cursor wraps: never two live
 //!   flows on one tuple, never more flows than ports, every other flow
 //!   dropped and counted (`concurrent_cpus_never_share_a_tuple`, a
 //!   property test).

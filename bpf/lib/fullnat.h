@@ -246,7 +246,7 @@ static __always_inline void rv_fullnat_count(__u32 svc_id, int reason)
 
 /*
  * Give the flow a source port towards (baddr, bport) from `src` (in the
- * key `k`): the first of this CPU's next RV_FULLNAT_PROBES ports whose
+ * key `k`): the first of the shared cursor's next RV_FULLNAT_PROBES ports whose
  * tuple nobody holds, or whose holder has been idle past its timeout. The
  * reverse entry `v` is inserted as the port's allocation. Returns the
  * port (network order), or a negative RV_DROP_* reason.

@@ -67,7 +67,7 @@ enum rv_limits {
 	/* fullnat_src_map: the node addresses full NAT takes as sources,
 	 * by index (0: none). */
 	RV_FULLNAT_SRCS = 64,
-	/* Ports a new full-NAT flow tries (from its CPU's cursor) before
+	/* Ports a new full-NAT flow tries (from the shared cursor) before
 	 * it is dropped as exhausted. */
 	RV_FULLNAT_PROBES = 32,
 };

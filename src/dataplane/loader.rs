@@ -62,9 +62,9 @@ pub const REPLACED_IN_V3: [&str; 1] = ["drop_stats_map"];
 /// thousands (`131` for 131,072) and still leaves a 2-CPU test node 2,048
 /// flows per CPU; the daemon warns when a node's per-CPU share is thin.
 pub const FLOW_TABLE_MIN_SIZE: u32 = 4096;
-/// The largest: the tables are preallocated kernel memory, 96 to 128
-/// bytes per entry each and 432 for an entry in all four (bpftool's
-/// memlock on 6.18, README "Maps"), so 6.75 GiB at this size.
+/// The largest: the tables are preallocated kernel memory, 96 to 176
+/// bytes per entry each and 760 for an entry in all six (bpftool's
+/// memlock on 6.18, README "Maps"), so 11.9 GiB at this size.
 pub const FLOW_TABLE_MAX_SIZE: u32 = 1 << 24;
 
 #[derive(Debug, Clone)]

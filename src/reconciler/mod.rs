@@ -768,14 +768,17 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                             }
                         }
                     }
-                    // Full NAT's source towards the backend, when the
-                    // node configures none for its family: the route's.
+                    // L3 DSR's outer source, when the node configures
+                    // none for the family: the route's towards the first
+                    // backend that needs one.
                     Mode::L3Dsr if !self.has_tunnel_source(b.addr.is_ipv6()) => {
                         if let Err(e) = self.auto_tunnel_source(b.addr) {
                             unresolved = Some(e);
                             break;
                         }
                     }
+                    // Full NAT's source towards the backend, when the
+                    // node configures none for its family: the route's.
                     Mode::FullNat if self.node.fullnat.src_for(b.addr.is_ipv6()).is_none() => {
                         let r = sources.entry(b.addr).or_insert_with(|| {
                             self.facts

@@ -62,9 +62,10 @@ fn sorted(mut m: Vec<Mode>) -> Vec<Mode> {
 pub const MIN_KERNEL: (u32, u32) = (6, 6);
 /// Memory cgroups charge BPF maps since 5.11; RLIMIT_MEMLOCK did before.
 const MEMCG_ACCOUNTING: (u32, u32) = (5, 11);
-/// Bytes per unit of -flow-table-size over the four flow tables (README,
-/// "Maps": 96 + 96 + 112 + 128, `bpftool map show` memlock on 6.18).
-const FLOW_BYTES_PER_ENTRY: u64 = 432;
+/// Bytes per unit of -flow-table-size over the six flow tables (README,
+/// "Maps": 96 + 96 + 112 + 128 + 152 + 176, `bpftool map show` memlock on
+/// 6.18).
+const FLOW_BYTES_PER_ENTRY: u64 = 760;
 /// Beyond the flow tables: the other maps (the Maglev table, 4,096 VIPs,
 /// 8,192 backends, fragments, counters) and rivorad itself (45 MiB
 /// resident with 1,000 Services: README, k8s_rivorad_rss_mib_n1000).
