@@ -138,6 +138,10 @@ struct World {
     topo: Topology,
     /// rivorad's -node-name.
     node: String,
+    /// Whether the slices name the backends as hosts on no node (a
+    /// selectorless Service's hand-written endpoints) rather than as pods
+    /// on this node: DSR reaches a host by DSR itself, a pod by NAT.
+    hosts: bool,
 }
 
 impl World {
@@ -192,6 +196,15 @@ impl World {
             _servers: servers,
             topo,
             node,
+            hosts: false,
+        }
+    }
+
+    /// The backends are hosts holding the VIP, not pods: see `hosts`.
+    fn hosts(self) -> Self {
+        Self {
+            hosts: true,
+            ..self
         }
     }
 
@@ -241,7 +254,10 @@ impl World {
             };
             let mut eps: Vec<Ep> = ready.iter().map(|&i| Ep::ready(addr(i))).collect();
             eps.extend(terminating.iter().map(|&i| Ep::terminating(addr(i))));
-            let eps: Vec<Ep> = eps.into_iter().map(|e| e.on(&self.node)).collect();
+            let eps: Vec<Ep> = eps
+                .into_iter()
+                .map(|e| if self.hosts { e } else { e.on(&self.node) })
+                .collect();
             let slice = format!("{name}-v{}", if v6 { 6 } else { 4 });
             k8s.apply_slice(&endpoint_slice(&slice, name, v6, ports, &eps));
         }
@@ -404,6 +420,19 @@ fn assert_spread(
     proto: Proto,
     serving: &[usize],
 ) -> Vec<Hit> {
+    assert_spread_from(topo, what, vip, proto, serving, None)
+}
+
+/// [`assert_spread`], the backend having seen the request from `source`
+/// (full NAT's source address) when it is given, else from the client.
+fn assert_spread_from(
+    topo: &Topology,
+    what: &str,
+    vip: SocketAddr,
+    proto: Proto,
+    serving: &[usize],
+    source: Option<IpAddr>,
+) -> Vec<Hit> {
     let t0 = Instant::now();
     let results = exchanges(&topo.client, vip, proto, FLOWS, STEP);
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
@@ -420,12 +449,21 @@ fn assert_spread(
     let mut counts: BTreeMap<String, usize> =
         topo.backends.iter().map(|b| (b.name.clone(), 0)).collect();
     for h in &hits {
-        assert_eq!(
-            h.peer,
-            canonical(h.me),
-            "{what}: backend {} did not see the client's own address",
-            h.backend
-        );
+        match source {
+            None => assert_eq!(
+                h.peer,
+                canonical(h.me),
+                "{what}: backend {} did not see the client's own address",
+                h.backend
+            ),
+            Some(src) => assert_eq!(
+                h.peer.ip(),
+                src,
+                "{what}: backend {} did not see full NAT's source (client {})",
+                h.backend,
+                h.me
+            ),
+        }
         *counts
             .get_mut(&h.backend)
             .unwrap_or_else(|| panic!("{what}: answer from unknown backend {h:?}")) += 1;
@@ -844,11 +882,18 @@ fn deleted_service_loses_its_vips() {
 /// The lab runs NAT with a DSR VIP beside it (`vip(2)` on every backend's
 /// `lo`, replies from it sent straight to the client): the Service on that
 /// address works in both modes. Its ports keep the port (DSR cannot
-/// change it), so the backends listen on the VIP port.
+/// change it), so the backends listen on the VIP port. The slices name
+/// the backends as hosts on no node, since a pod on a node does not hold
+/// the VIP and is reached by NAT whatever the mode (`place_backends`);
+/// under NAT such hosts are reached by full NAT (their replies may not
+/// come back through this node), so each still sees its own address.
 #[test]
 fn service_policy_switches_the_service_to_dsr() {
     common::require::root_and_tools("e2e_kubernetes");
-    let topo = Topology::builder(Mode::Nat).dsr_vips_beside_nat().build();
+    let topo = Topology::builder(Mode::Nat)
+        .dsr_vips_beside_nat()
+        .full_nat_too()
+        .build();
     let vip4 = topo.vip(2);
     let mut servers = Servers::new();
     for b in &topo.backends {
@@ -858,7 +903,7 @@ fn service_policy_switches_the_service_to_dsr() {
         servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
         servers.udp_echo(&b.ns, &b.name, sa(vip4));
     }
-    let w = World::new(topo, servers, &[]);
+    let w = World::new(topo, servers, &[]).hosts();
     let t = &w.topo;
     let v = [IpAddr::V4(vip4)];
     let ports = [tcp(VIP_PORT, VIP_PORT), udp(VIP_PORT, VIP_PORT)];
@@ -899,7 +944,8 @@ fn service_policy_switches_the_service_to_dsr() {
         }
     };
     for p in [Proto::Tcp, Proto::Udp] {
-        let hits = assert_spread(t, "NAT", sa(vip4), p, &[0, 1, 2]);
+        let from = Some(IpAddr::V4(t.node_v4));
+        let hits = assert_spread_from(t, "NAT (full NAT)", sa(vip4), p, &[0, 1, 2], from);
         local_is("NAT", &hits, false);
     }
 
@@ -2097,11 +2143,15 @@ fn gateway_vips_are_pruned_only_after_the_gateway_pass() {
 /// limit (its VIP counts rate-limited SYNs, the DSR one none), and
 /// `remap-dsr` asks DSR for a listener whose backends listen on another
 /// port: not applied (the VIP stays NAT) and the policy says
-/// `Accepted=False ModeNotApplicable`.
+/// `Accepted=False ModeNotApplicable`. The backends are hosts on no node,
+/// as in `service_policy_switches_the_service_to_dsr`.
 #[test]
 fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
     common::require::root_and_tools("e2e_kubernetes");
-    let topo = Topology::builder(Mode::Nat).dsr_vips_beside_nat().build();
+    let topo = Topology::builder(Mode::Nat)
+        .dsr_vips_beside_nat()
+        .full_nat_too()
+        .build();
     let vip4 = topo.vip(2);
     let mut servers = Servers::new();
     for b in &topo.backends {
@@ -2109,7 +2159,7 @@ fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
         servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
         servers.udp_echo(&b.ns, &b.name, sa(vip4));
     }
-    let w = World::new(topo, servers, &[]);
+    let w = World::new(topo, servers, &[]).hosts();
     let t = &w.topo;
     let kube = Kube::admin();
     let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
@@ -2247,7 +2297,10 @@ fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
     // Where the backends saw the requests addressed to: the VIP under
     // DSR, their own address under NAT.
     for (p, dsr) in [(Proto::Tcp, true), (Proto::Udp, false)] {
-        for h in assert_spread(t, "by policy", sa(vip4), p, &[0, 1, 2]) {
+        // The NAT listener's hosts by full NAT, from the node's address
+        // on their subnet.
+        let from = (!dsr).then_some(IpAddr::V4(t.node_v4));
+        for h in assert_spread_from(t, "by policy", sa(vip4), p, &[0, 1, 2], from) {
             let b = t
                 .backends
                 .iter()

@@ -130,6 +130,7 @@ pub struct TopologyBuilder {
     backends: usize,
     ipv6: bool,
     dsr_beside_nat: bool,
+    full_nat_too: bool,
 }
 
 impl TopologyBuilder {
@@ -152,6 +153,14 @@ impl TopologyBuilder {
     pub fn dsr_vips_beside_nat(mut self) -> Self {
         assert_eq!(self.mode, Mode::Nat, "DSR VIPs beside NAT need NAT");
         self.dsr_beside_nat = true;
+        self
+    }
+
+    /// Backends that may also be reached by full NAT (Kubernetes sends a
+    /// NAT VIP's hosts on no node there): TX checksum offload off on them,
+    /// as under `Mode::FullNat` (see the module's notes).
+    pub fn full_nat_too(mut self) -> Self {
+        self.full_nat_too = true;
         self
     }
 
@@ -212,6 +221,7 @@ impl Topology {
             backends: 3,
             ipv6: true,
             dsr_beside_nat: false,
+            full_nat_too: false,
         }
     }
 
@@ -227,6 +237,7 @@ impl Topology {
             backends: nb,
             ipv6,
             dsr_beside_nat,
+            full_nat_too,
         } = b;
         // The lab's second octet: only for reading addresses in a dump;
         // the namespaces already keep labs apart.
@@ -332,7 +343,7 @@ impl Topology {
             ns.exec(&format!(
                 "ip addr add {bv4}/24 dev b0{}{}",
                 v6(format!("ip addr add {bv6}/64 dev b0 nodad")),
-                if mode == Mode::FullNat {
+                if mode == Mode::FullNat || full_nat_too {
                     " && ethtool -K b0 tx off >/dev/null"
                 } else {
                     ""
