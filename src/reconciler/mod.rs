@@ -322,8 +322,29 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
     }
 
     pub fn set_attached(&mut self, interfaces: Vec<InterfaceInfo>, capacities: Capacities) {
+        let generic = |l: &[InterfaceInfo]| -> BTreeSet<u32> {
+            l.iter()
+                .filter(|i| i.xdp_mode == Some(XdpMode::Generic))
+                .map(|i| i.ifindex)
+                .collect()
+        };
+        let regeneric = generic(&self.interfaces) != generic(&interfaces);
         self.interfaces = interfaces;
         self.capacities = capacities;
+        // The node settings say which interfaces run generic XDP, never a
+        // redirect target (iface_mac_map's flag): the daemon's first apply
+        // wrote them before it attached, with no interface known.
+        if regeneric {
+            if let Err(e) = self
+                .node_settings()
+                .map_err(|e| e.to_string())
+                .and_then(|n| self.writer.set_node(&n).map_err(|e| e.to_string()))
+            {
+                error!(error = %e, "node settings not applied");
+                self.node_dirty = true;
+                self.dirty = true;
+            }
+        }
         self.publish();
     }
 

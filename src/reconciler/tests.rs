@@ -219,6 +219,30 @@ fn maps_with_backend_down(port: u16, backend: SocketAddr) -> MemStore {
     before.rec.writer().store().clone()
 }
 
+/// The daemon applies its first configuration before it attaches: the
+/// node settings written then know no interface. Once attached, an
+/// interface run as generic XDP must be marked so in them (the datapath
+/// never redirects into it), without waiting for another change.
+#[test]
+fn a_generic_xdp_interface_is_marked_once_attached() {
+    let mut h = harness();
+    assert!(h.set(file(), vec![vip("10.0.0.1", 80, &["10.1.0.1"])]).ok());
+    let node = |h: &Harness| h.rec.writer().store().image.node.clone();
+    assert_eq!(node(&h).interface_macs.keys().collect::<Vec<_>>(), [&7]);
+    assert!(node(&h).generic_xdp.is_empty(), "nothing attached yet");
+    let info = |mode| InterfaceInfo {
+        name: "eth0".into(),
+        ifindex: 7,
+        xdp_mode: Some(mode),
+    };
+    h.rec
+        .set_attached(vec![info(XdpMode::Generic)], Capacities::default());
+    assert_eq!(node(&h).generic_xdp, BTreeSet::from([7]));
+    h.rec
+        .set_attached(vec![info(XdpMode::Native)], Capacities::default());
+    assert!(node(&h).generic_xdp.is_empty(), "native again");
+}
+
 #[test]
 fn an_adopted_down_backend_comes_back_after_rise_successes() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
