@@ -169,6 +169,11 @@ bench: deps
 	$(CARGO) build --workspace --release --bins
 	./target/release/rivora-bench
 	scripts/lab-bench.sh
+	@# Three nodes with pods (tests/e2e_multinode.rs): the share of
+	@# connections answered as each mode promises, merged into results.json.
+	@# The release rivorad and rivoractl, as built above.
+	RIVORA_MULTINODE_BENCH_OUT=$(CURDIR)/target/bench/results.json RIVORA_BIN_DIR=$(CURDIR)/target/release \
+		$(CARGO) test -p rivora --test e2e_multinode -- --exact multinode_conn_success --nocapture
 
 # The lab alone (REPS, PATHS, MEASURES, DURATION, PPS_DURATION, PROFILE:
 # see scripts/lab-bench.sh).

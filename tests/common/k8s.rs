@@ -425,6 +425,17 @@ impl TestNs {
             .map(|_| ())
     }
 
+    /// Delete ServicePolicy `name`; panics if it is not there.
+    pub fn delete_policy(&self, name: &str) {
+        self.kube
+            .block_on(
+                self.kube
+                    .policies(&self.name)
+                    .delete(name, &DeleteParams::default()),
+            )
+            .unwrap_or_else(|e| panic!("deleting ServicePolicy {}/{name}: {e}", self.name));
+    }
+
     /// The stored ServicePolicy, if any.
     pub fn policy(&self, name: &str) -> Option<Value> {
         self.kube

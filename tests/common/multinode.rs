@@ -66,6 +66,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::{Deref, Range};
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -74,8 +75,13 @@ use std::time::{Duration, Instant};
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
+use rivora::abi::{
+    be16, be32, be32x4, ipv4_from_be32, ipv6_from_be32x4, rv_affinity_value, rv_backend,
+    rv_backend6, rv_backend_health, rv_flow6_key, rv_flow_key, rv_health, rv_maglev_slot,
+    rv_service, rv_vip6_key, rv_vip_key, rv_vip_value, MAGLEV_PROBES,
+};
 use rivora::dataplane::attach::ifindex;
-use rivora::dataplane::AttachedLink;
+use rivora::dataplane::{AttachedLink, Maps};
 use rivora::decap::Decap;
 use rivora_model::model::XdpMode;
 use serde_json::{json, Value};
@@ -91,7 +97,7 @@ use super::rivorad::{Home, Rivorad};
 use super::topology::base_sysctls;
 pub use super::topology::VIP_PORT;
 use super::traffic::{self, wait_for, Hit, Proto, Servers};
-use super::unique;
+use super::{flow_hash, unique, PROTO_TCP, PROTO_UDP};
 
 /// Where every pod listens: the Service's targetPort.
 pub const POD_PORT: u16 = 8080;
@@ -590,11 +596,46 @@ impl MultiNode {
         self.removed.lock().expect("removed nodes").insert(i);
     }
 
-    /// Node `i` back on the segment.
+    /// Node `i` back on the segment, once no address resolution on the
+    /// segment is still in flight (no INCOMPLETE neighbour entry on any
+    /// node's `eth0` or the client's `c0`). While a node is away its kernel
+    /// keeps resolving whoever it was sending to (a pod's SYN-ACK to the
+    /// client under DSR, to the receiving node under full NAT): an entry
+    /// stays INCOMPLETE, its next probe up to a second away (retrans_time),
+    /// and once its probes run out the queued packets are dropped and the
+    /// pods told "host unreachable", which aborts their half-open
+    /// connections. A node that was really gone for the lease timeout
+    /// (40 s) has long given those up, and resolves afresh on its first
+    /// packet; the lab's outage lasts a second or two, so the lab waits
+    /// for the resolutions in flight to end (the node's kernel, not
+    /// Rivora, is what is waited for). Panics after 10 s.
     pub fn restore_node(&self, i: usize) {
         self.node(i);
         self.switch.exec(&format!("ip link set pn{i} up"));
         self.removed.lock().expect("removed nodes").remove(&i);
+        let on_segment: Vec<(&Netns, &str)> = self
+            .nodes
+            .iter()
+            .map(|n| (&n.ns, "eth0"))
+            .chain([(&self.client, "c0")])
+            .collect();
+        let t0 = Instant::now();
+        let mut last = String::new();
+        let settled = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+            last = on_segment
+                .iter()
+                .map(|(ns, dev)| ns.exec(&format!("ip neigh show dev {dev} nud incomplete")))
+                .collect::<String>();
+            last.trim().is_empty().then_some(())
+        });
+        assert!(
+            settled.is_some(),
+            "node-{i} back, but address resolution still in flight after 10 s:\n{last}"
+        );
+        eprintln!(
+            "node-{i} back; address resolutions in flight ended {:?} later",
+            t0.elapsed()
+        );
     }
 
     pub fn is_removed(&self, i: usize) -> bool {
@@ -606,6 +647,20 @@ impl MultiNode {
     /// or a UDP request and its answer; [`WORKERS`] at a time, each step
     /// bounded by [`STEP`]. Every attempt runs, whatever the others did.
     pub fn exchanges(&self, vip: IpAddr, proto: Proto, count: usize) -> Exchanges {
+        self.exchanges_while(vip, proto, count, |_| ()).0
+    }
+
+    /// [`MultiNode::exchanges`], with `during` run on the calling thread
+    /// while the attempts go on (it may wait for them to get somewhere:
+    /// [`Running::wait_started`]): a node failing, endpoints moving, in
+    /// the middle of a run. Returns the run and what `during` returned.
+    pub fn exchanges_while<T>(
+        &self,
+        vip: IpAddr,
+        proto: Proto,
+        count: usize,
+        during: impl FnOnce(&Running) -> T,
+    ) -> (Exchanges, T) {
         let dst = SocketAddr::new(vip, VIP_PORT);
         let me = self.client_addr(vip.is_ipv6());
         let srcs: Vec<SocketAddr> = (0..count)
@@ -618,10 +673,16 @@ impl MultiNode {
             .collect();
         let capture = Capture::start(&self.client, me, self.vip_nets());
         let t0 = Instant::now();
-        let results = {
-            let srcs = srcs.clone();
-            self.client.run(move || run_attempts(srcs, dst, proto))
+        let running = Running {
+            next: Arc::new(AtomicUsize::new(0)),
+            count,
         };
+        let handle = {
+            let (srcs, next) = (srcs.clone(), running.next.clone());
+            spawn_in(&self.client, move || run_attempts(srcs, dst, proto, next))
+        };
+        let out = during(&running);
+        let results = handle.join().expect("the client's run panicked");
         let took = t0.elapsed();
         std::thread::sleep(CAPTURE_TAIL);
         let strays = capture.finish();
@@ -645,7 +706,7 @@ impl MultiNode {
                     .collect(),
             })
             .collect();
-        Exchanges {
+        let run = Exchanges {
             vip: dst,
             proto,
             receiving: self.receiving(),
@@ -655,19 +716,43 @@ impl MultiNode {
                 .collect(),
             attempts,
             took,
+        };
+        (run, out)
+    }
+}
+
+/// A run of exchanges going on (see [`MultiNode::exchanges_while`]).
+pub struct Running {
+    /// The next attempt a worker takes: attempts started so far.
+    next: Arc<AtomicUsize>,
+    count: usize,
+}
+
+impl Running {
+    /// Attempts started so far (the run's size once it is over).
+    pub fn started(&self) -> usize {
+        self.next.load(Ordering::Relaxed).min(self.count)
+    }
+
+    /// Wait until `k` attempts of the run have started (all of them, if
+    /// `k` is more than the run has).
+    pub fn wait_started(&self, k: usize) {
+        while self.started() < k.min(self.count) {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
 
 /// The attempts of one run, `WORKERS` threads of the calling thread's
-/// namespace taking the next source from a shared cursor; in `srcs` order.
+/// namespace taking the next source from a shared cursor (`next`, which
+/// others may watch); in `srcs` order.
 fn run_attempts(
     srcs: Vec<SocketAddr>,
     dst: SocketAddr,
     proto: Proto,
+    next: Arc<AtomicUsize>,
 ) -> Vec<(SocketAddr, Result<Hit, String>)> {
     let srcs = Arc::new(srcs);
-    let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..WORKERS)
         .map(|_| {
             let (srcs, next) = (srcs.clone(), next.clone());
@@ -1337,6 +1422,343 @@ impl Cluster {
         let took = t0.elapsed();
         eprintln!("{service} programmed on every node in {took:?}");
         took
+    }
+}
+
+/// How a node reaches a backend, as `rivoractl vip show` names it (each
+/// backend's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Way {
+    Nat,
+    FullNat,
+    L3Dsr,
+}
+
+impl Way {
+    pub fn name(self) -> &'static str {
+        match self {
+            Way::Nat => "nat",
+            Way::FullNat => "fullnat",
+            Way::L3Dsr => "l3dsr",
+        }
+    }
+}
+
+impl fmt::Display for Way {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One backend of a VIP as `rivoractl vip list` shows it: (target, mode,
+/// node).
+pub type Placed = (String, String, String);
+
+/// Each VIP's backends (by VIP name, `tcp/10.0.0.1:80`), as [`Placed`].
+pub type Placement = BTreeMap<String, BTreeSet<Placed>>;
+
+impl Cluster {
+    /// Create ServicePolicy `name` in the test's namespace with `spec`,
+    /// as an operator would (`kubectl apply`); panics if the API server
+    /// refuses it.
+    pub fn apply_policy(&self, name: &str, spec: Value) {
+        self.k8s
+            .create_policy(name, spec)
+            .unwrap_or_else(|e| panic!("creating ServicePolicy {name}: {e}"));
+    }
+
+    /// Delete ServicePolicy `name`.
+    pub fn delete_policy(&self, name: &str) {
+        self.k8s.delete_policy(name);
+    }
+
+    /// What each node should hold for Service `service`: for every node
+    /// on the segment, its VIPs (each family, TCP and UDP) with, as
+    /// backends of non-zero weight, each ready pod for which `how` (this
+    /// node, the pod) names a way, shown with that way as its mode and
+    /// the pod's node as its node.
+    fn placement(
+        &self,
+        service: &str,
+        how: &dyn Fn(&Node, &Pod) -> Option<Way>,
+    ) -> (Vec<IpAddr>, BTreeMap<usize, Placement>) {
+        let (vips, ready) = self.with_service(service, |s| {
+            let ready: BTreeSet<String> = s
+                .eps
+                .iter()
+                .filter(|(_, st)| **st == EpState::Ready)
+                .map(|(p, _)| p.clone())
+                .collect();
+            (s.vips.clone(), ready)
+        });
+        let mut want = BTreeMap::new();
+        for node in self.nodes.iter().filter(|n| !self.is_removed(n.number)) {
+            let mut per_vip = BTreeMap::new();
+            for vip in &vips {
+                let backends: BTreeSet<Placed> = self
+                    .pods()
+                    .filter(|p| ready.contains(&p.name))
+                    .filter_map(|p| {
+                        how(node, p).map(|w| {
+                            (
+                                p.target(vip.is_ipv6()).to_string(),
+                                w.name().to_string(),
+                                self.node(p.node_number).k8s_name.clone(),
+                            )
+                        })
+                    })
+                    .collect();
+                for proto in ["tcp", "udp"] {
+                    let name = format!("{proto}/{}", SocketAddr::new(*vip, VIP_PORT));
+                    per_vip.insert(name, backends.clone());
+                }
+            }
+            want.insert(node.number, per_vip);
+        }
+        (vips, want)
+    }
+
+    /// Wait until every node on the segment reaches Service `service`'s
+    /// ready pods as `how` says (see [`Cluster::placement`]): the backends,
+    /// the mode each is reached by and the node each is on, as `rivoractl
+    /// vip list` shows them. [`Cluster::wait_programmed`] with the way
+    /// checked too, and the backends a node leaves out
+    /// (externalTrafficPolicy Local). Returns how long it took.
+    pub fn wait_placed(&self, service: &str, how: impl Fn(&Node, &Pod) -> Option<Way>) -> Duration {
+        let (vips, want) = self.placement(service, &how);
+        let t0 = Instant::now();
+        for (i, want) in &want {
+            let node = self.node(*i);
+            let rd = &self.rivorads[i - 1];
+            let mut last = String::new();
+            let ok = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+                let got = placed(rd, &vips);
+                let done = want.iter().all(|(name, b)| got.get(name) == Some(b));
+                last = format!("{got:#?}");
+                done.then_some(())
+            });
+            assert!(
+                ok.is_some(),
+                "{service} not placed on {} within {PROGRAMMED:?}; wanted:\n{want:#?}\nits VIPs there:\n{last}",
+                node.name
+            );
+        }
+        let took = t0.elapsed();
+        eprintln!("{service} placed on every node in {took:?}");
+        took
+    }
+
+    /// `rivoractl -o json vip show` of `vip`:[`VIP_PORT`] on node `i`.
+    pub fn vip_show(&self, i: usize, vip: IpAddr, proto: Proto) -> Value {
+        let p = match proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        let name = format!("{p}/{}", SocketAddr::new(vip, VIP_PORT));
+        self.rivorad(i).ctl_json(&["vip", "show", &name])
+    }
+
+    /// `vip`:[`VIP_PORT`] as node `i`'s datapath holds it, read from its
+    /// pinned maps (see [`FlowTable`]).
+    pub fn flow_table(&self, i: usize, vip: IpAddr, proto: Proto) -> FlowTable<'_> {
+        FlowTable::read(
+            &self.lab,
+            i,
+            self.rivorad(i).home.pin_dir(),
+            SocketAddr::new(vip, VIP_PORT),
+            proto,
+        )
+    }
+}
+
+/// The VIPs `rd` serves on `addrs`, by name: every backend of non-zero
+/// weight as (target, mode, node).
+fn placed(rd: &Rivorad, addrs: &[IpAddr]) -> Placement {
+    let list = rd.ctl_json(&["vip", "list"]);
+    let Some(list) = list.as_array() else {
+        return BTreeMap::new();
+    };
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    list.iter()
+        .filter(|v| {
+            v["addr"]
+                .as_str()
+                .and_then(|a| a.parse::<IpAddr>().ok())
+                .is_some_and(|a| addrs.contains(&a))
+        })
+        .filter_map(|v| {
+            let name = v["vip"].as_str()?.to_string();
+            let backends = v["backends"]
+                .as_array()
+                .map(|bs| {
+                    bs.iter()
+                        .filter(|b| b["weight"].as_u64().is_some_and(|w| w > 0))
+                        .map(|b| (text(&b["target"]), text(&b["mode"]), text(&b["node"])))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some((name, backends))
+        })
+        .collect()
+}
+
+/// One VIP as a node's datapath holds it, read from the node's pinned
+/// maps rather than asked of its rivorad: the service id (`vip_map`), the
+/// service's slice of `maglev_table` (`service_config_map`), the
+/// backends' addresses (`backend_map`) and health, as they were when read
+/// (a snapshot: a later change of the slice is not seen). Enough to say
+/// which pod a new flow must get, as `rv_maglev_pick` (bpf/lib/lb.h)
+/// chooses it from the flow hash (`common::flow_hash`, written again from
+/// the datapath's description): an oracle independent of the writer and
+/// of the answers. And the affinity entry a flow left, read when asked.
+pub struct FlowTable<'a> {
+    lab: &'a MultiNode,
+    maps: Maps,
+    /// The node's number.
+    pub node: usize,
+    pub vip: SocketAddr,
+    pub proto: Proto,
+    pub svc_id: u32,
+    pub svc: rv_service,
+    /// The service's slice: a backend id per slot (0: empty).
+    pub slice: Vec<u32>,
+    /// Each backend id of the slice: its address (`backend_map`), and
+    /// whether it is healthy (`backend_health_map`).
+    pub backends: BTreeMap<u32, (Option<IpAddr>, bool)>,
+}
+
+impl<'a> FlowTable<'a> {
+    fn read(lab: &'a MultiNode, node: usize, pins: &Path, vip: SocketAddr, proto: Proto) -> Self {
+        let maps = Maps::open(pins)
+            .unwrap_or_else(|e| panic!("node-{node}'s pinned maps in {}: {e}", pins.display()));
+        let p = proto_number(proto);
+        let value: Option<rv_vip_value> = match vip.ip() {
+            IpAddr::V4(a) => maps.vip_map.get(&rv_vip_key {
+                addr: be32(a),
+                port: be16(vip.port()),
+                proto: p,
+                ..Default::default()
+            }),
+            IpAddr::V6(a) => maps.vip_map6.get(&rv_vip6_key {
+                addr: be32x4(a),
+                port: be16(vip.port()),
+                proto: p,
+                ..Default::default()
+            }),
+        }
+        .expect("vip_map");
+        let svc_id = value
+            .unwrap_or_else(|| panic!("{proto:?} {vip} not in node-{node}'s vip_map"))
+            .svc_id;
+        let svc: rv_service = maps
+            .service_config_map
+            .get(&svc_id)
+            .expect("service_config_map")
+            .unwrap_or_else(|| panic!("node-{node}: no service {svc_id} for {proto:?} {vip}"));
+        assert!(
+            svc.slice_len > 0,
+            "node-{node}: service {svc_id} ({proto:?} {vip}) has an empty slice"
+        );
+        let slice: Vec<u32> = (svc.slice_start..svc.slice_start + svc.slice_len)
+            .map(|i| {
+                let s: Option<rv_maglev_slot> = maps.maglev_table.get(&i).expect("maglev_table");
+                s.map_or(0, |s| s.backend_id)
+            })
+            .collect();
+        let ids: BTreeSet<u32> = slice.iter().copied().filter(|&id| id != 0).collect();
+        let backends = ids
+            .into_iter()
+            .map(|id| {
+                let addr = if vip.is_ipv6() {
+                    let b: Option<rv_backend6> = maps.backend_map6.get(&id).expect("backend_map6");
+                    b.map(|b| IpAddr::V6(ipv6_from_be32x4(b.addr)))
+                } else {
+                    let b: Option<rv_backend> = maps.backend_map.get(&id).expect("backend_map");
+                    b.map(|b| IpAddr::V4(ipv4_from_be32(b.addr)))
+                };
+                let h: Option<rv_backend_health> = maps
+                    .backend_health_map
+                    .get(&id)
+                    .expect("backend_health_map");
+                let healthy =
+                    h.is_some_and(|h| u32::from(h.state) == rv_health::RV_HEALTH_HEALTHY.0);
+                (id, (addr, healthy))
+            })
+            .collect();
+        Self {
+            lab,
+            maps,
+            node,
+            vip,
+            proto,
+            svc_id,
+            svc,
+            slice,
+            backends,
+        }
+    }
+
+    /// The pod backend `id` of the slice is, by its address.
+    pub fn pod_of(&self, id: u32) -> Option<&'a Pod> {
+        let lab = self.lab;
+        self.backends
+            .get(&id)
+            .and_then(|(a, _)| *a)
+            .and_then(|a| lab.pod_at(a))
+    }
+
+    /// The backend a new flow from `client` gets: the slot its flow hash
+    /// names in the service's slice, or the first healthy one of the
+    /// [`MAGLEV_PROBES`] from there. None: no backend (a counted drop).
+    pub fn pick(&self, client: SocketAddr) -> Option<u32> {
+        let len = self.slice.len();
+        let hash = flow_hash(
+            client.ip(),
+            client.port(),
+            self.vip.port(),
+            proto_number(self.proto),
+            false,
+        ) as usize;
+        (0..MAGLEV_PROBES as usize)
+            .map(|k| self.slice[(hash % len + k) % len])
+            .find(|id| self.backends.get(id).is_some_and(|(_, healthy)| *healthy))
+    }
+
+    /// The pod [`FlowTable::pick`] names, if any.
+    pub fn pick_pod(&self, client: SocketAddr) -> Option<&'a Pod> {
+        self.pick(client).and_then(|id| self.pod_of(id))
+    }
+
+    /// The entry the flow from `client` left in `connection_affinity_map`
+    /// (or its IPv6 twin), read now.
+    pub fn affinity(&self, client: SocketAddr) -> Option<rv_affinity_value> {
+        let p = proto_number(self.proto);
+        match client.ip() {
+            IpAddr::V4(a) => self.maps.connection_affinity_map.get(&rv_flow_key {
+                svc_id: self.svc_id,
+                saddr: be32(a),
+                sport: be16(client.port()),
+                dport: be16(self.vip.port()),
+                proto: p,
+                ..Default::default()
+            }),
+            IpAddr::V6(a) => self.maps.connection_affinity_map6.get(&rv_flow6_key {
+                svc_id: self.svc_id,
+                saddr: be32x4(a),
+                sport: be16(client.port()),
+                dport: be16(self.vip.port()),
+                proto: p,
+                ..Default::default()
+            }),
+        }
+        .expect("connection_affinity_map")
+    }
+}
+
+pub fn proto_number(p: Proto) -> u8 {
+    match p {
+        Proto::Tcp => PROTO_TCP,
+        Proto::Udp => PROTO_UDP,
     }
 }
 
