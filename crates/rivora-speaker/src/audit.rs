@@ -18,9 +18,15 @@ fn asked_by(q: &Query, asker: Mac) -> bool {
 /// What a capture says about one VIP, as seen by one asker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// Maximal runs of consecutive windows (between two of the asker's
-    /// questions) in which two or more MACs claimed the VIP: the
-    /// intervals in which two nodes answered for it.
+    /// The intervals in which two nodes answered for the VIP: maximal
+    /// runs of consecutive windows (between two of the asker's questions)
+    /// in which two or more MACs claimed it, counted when, from the window
+    /// before the run to the window after it, a MAC claimed it again
+    /// after another had (A, B, A). A handover quicker than one window
+    /// (the old owner's last answer, then the new owner's first claim,
+    /// the old one silent from then on: a SIGTERM handover takes a few
+    /// milliseconds) puts two MACs in one window without two nodes ever
+    /// answering at once, and is not counted.
     pub dual_intervals: u64,
     /// How often the claiming MAC changed from one claim to the next.
     pub changes: u64,
@@ -30,7 +36,7 @@ pub struct Verdict {
 
 /// Judge `frames` for `vip`: between each two consecutive questions of
 /// `asker` for it, the set of MACs that claimed it (answers to anyone,
-/// gratuitous ARP, advertisements).
+/// gratuitous ARP, advertisements); see [`Verdict::dual_intervals`].
 pub fn judge(frames: &[Captured], asker: Mac, vip: IpAddr) -> Verdict {
     let mut questions: Vec<Duration> = Vec::new();
     let mut claims: Vec<(Duration, Mac)> = Vec::new();
@@ -46,28 +52,70 @@ pub fn judge(frames: &[Captured], asker: Mac, vip: IpAddr) -> Verdict {
         }
     }
     claims.sort_by_key(|c| c.0);
-    let mut dual_intervals = 0;
-    let mut in_dual = false;
+    // Each window's claims, as a range of `claims`.
+    let mut windows: Vec<std::ops::Range<usize>> = Vec::new();
     let mut c = 0;
     for w in questions.windows(2) {
-        let mut macs = BTreeSet::new();
-        while c < claims.len() && claims[c].0 < w[1] {
-            if claims[c].0 >= w[0] {
-                macs.insert(claims[c].1);
-            }
+        while c < claims.len() && claims[c].0 < w[0] {
             c += 1;
         }
-        let dual = macs.len() >= 2;
-        if dual && !in_dual {
+        let first = c;
+        while c < claims.len() && claims[c].0 < w[1] {
+            c += 1;
+        }
+        windows.push(first..c);
+    }
+    let several = |r: &std::ops::Range<usize>| {
+        claims[r.clone()]
+            .iter()
+            .map(|c| c.1)
+            .collect::<BTreeSet<_>>()
+            .len()
+            >= 2
+    };
+    let mut dual_intervals = 0;
+    let mut i = 0;
+    while i < windows.len() {
+        if !several(&windows[i]) {
+            i += 1;
+            continue;
+        }
+        let mut end = i;
+        while end + 1 < windows.len() && several(&windows[end + 1]) {
+            end += 1;
+        }
+        let from = windows[i.saturating_sub(1)].start;
+        let to = windows[(end + 1).min(windows.len() - 1)].end;
+        if claimed_again(&claims[from..to]) {
             dual_intervals += 1;
         }
-        in_dual = dual;
+        i = end + 1;
     }
     Verdict {
         dual_intervals,
         changes: claims.windows(2).filter(|w| w[0].1 != w[1].1).count() as u64,
         questions: questions.len() as u64,
     }
+}
+
+/// Whether, in `claims` (in time order), a MAC claims again after another
+/// MAC's claim followed its own.
+fn claimed_again(claims: &[(Duration, Mac)]) -> bool {
+    let mut done = BTreeSet::new();
+    let mut last: Option<Mac> = None;
+    for (_, mac) in claims {
+        if last == Some(*mac) {
+            continue;
+        }
+        if done.contains(mac) {
+            return true;
+        }
+        if let Some(prev) = last {
+            done.insert(prev);
+        }
+        last = Some(*mac);
+    }
+    false
 }
 
 /// In `[from, to]`: how often `asker` asked for `vip`, and how often `by`
@@ -149,6 +197,22 @@ mod tests {
         });
         let v = judge(&f, P, V4.into());
         assert_eq!(v.dual_intervals, 2);
+    }
+
+    #[test]
+    fn a_handover_within_one_window_is_not_dual() {
+        // A answers until 500 ms, is silent from its last answer on, and B
+        // claims 5 ms later (a SIGTERM handover): one window holds both.
+        let mut f = run(1_000, |t| if t <= 500 { vec![A] } else { vec![B] });
+        f.retain(|c| !(c.at == Duration::from_millis(511)));
+        f.push(at(506, garp_request(B, V4)));
+        f.sort_by_key(|c| c.at);
+        let v = judge(&f, P, V4.into());
+        assert_eq!((v.dual_intervals, v.changes), (0, 1));
+        // The same with A answering once more after B's claim: dual.
+        f.push(at(508, arp_reply(A, V4, P, ME)));
+        f.sort_by_key(|c| c.at);
+        assert_eq!(judge(&f, P, V4.into()).dual_intervals, 1);
     }
 
     #[test]

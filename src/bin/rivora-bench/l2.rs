@@ -35,8 +35,11 @@
 //!   (broadcast ARP, solicited-node NS) throughout, captured on its
 //!   bridge port by tcpdump; between two consecutive questions, the MACs
 //!   that claimed a VIP (an answer, a gratuitous ARP, an advertisement)
-//!   are counted, and every maximal run of windows with two or more is an
-//!   interval in which two nodes answered. Target 0.
+//!   are counted, and a maximal run of windows with two or more is an
+//!   interval in which two nodes answered when a MAC claimed again after
+//!   another had (`rivora_speaker::audit`: a handover quicker than one
+//!   window, the old owner silent after the new one's first claim, is
+//!   not one). Target 0.
 //!
 //! - `l2_sigterm_handover_ms`: at the end, the owner is SIGTERMed: it goes
 //!   quiet and releases its Lease, and the time to another node's owning
