@@ -204,7 +204,7 @@ mod tests {
         // A answers until 500 ms, is silent from its last answer on, and B
         // claims 5 ms later (a SIGTERM handover): one window holds both.
         let mut f = run(1_000, |t| if t <= 500 { vec![A] } else { vec![B] });
-        f.retain(|c| !(c.at == Duration::from_millis(511)));
+        f.retain(|c| c.at != Duration::from_millis(511));
         f.push(at(506, garp_request(B, V4)));
         f.sort_by_key(|c| c.at);
         let v = judge(&f, P, V4.into());
