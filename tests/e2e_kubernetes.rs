@@ -24,6 +24,9 @@
 //! - an endpoint marked terminating (serving): its long-lived connection
 //!   goes on exchanging data after the change, new connections go to the
 //!   others (`terminating_endpoint_keeps_its_connection`);
+//! - every endpoint terminating but serving: they take new connections
+//!   (KEP-1669); one ready again, the others drain
+//!   (`every_endpoint_terminating_still_answers`);
 //! - a deleted Service: its VIPs leave `vip list` and are no longer
 //!   answered (`deleted_service_loses_its_vips`);
 //! - a ServicePolicy switches a Service from NAT to DSR: `vip list` says
@@ -739,6 +742,44 @@ fn scaling_endpoints_under_traffic_fails_no_connection() {
         );
     }
     eprintln!("{} connections, none failed", attempts.len());
+}
+
+/// Every endpoint terminating but still serving (a rollout that ends the
+/// old pods before a new one is ready): they take new connections, as
+/// KEP-1669 has kube-proxy do, instead of none at all. Once one endpoint
+/// is ready again, the terminating ones drain (weight 0, no new flow).
+#[test]
+fn every_endpoint_terminating_still_answers() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let none = BTreeSet::new();
+    w.service("web", &v, &ports, &[0, 1, 2]);
+    wait_vips(&w.rd, "web programmed", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 1, 2], false), &none)
+    });
+
+    w.slices("web", &v, &ports, &[], &[0, 1, 2]);
+    wait_vips(&w.rd, "all terminating, all serving", &v, PROGRAMMED, |m| {
+        has(m, &tcp4, &w.targets(&[0, 1, 2], false), &none)
+    });
+    assert_spread(t, "all terminating", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
+
+    w.slices("web", &v, &ports, &[1], &[0, 2]);
+    wait_vips(&w.rd, "b2 ready, b1 and b3 draining", &v, PROGRAMMED, |m| {
+        has(
+            m,
+            &tcp4,
+            &w.targets(&[1], false),
+            &w.targets(&[0, 2], false),
+        )
+    });
+    assert_spread(t, "b2 ready again", sa(t.vip4), Proto::Tcp, &[1]);
 }
 
 // ---------------------------------------------------------------------

@@ -20,8 +20,12 @@
 //!   they stay with weight 0, which the dataplane reads as "no new flows"
 //!   (no Maglev slots) while established flows keep their backend through
 //!   the affinity table, as an operator drain does; not-ready ones are
-//!   left out. A Service with no usable endpoint keeps its VIPs with no
-//!   backend (the dataplane counts `no_healthy_backend`).
+//!   left out. When no endpoint in scope is ready (the Service's, or under
+//!   `externalTrafficPolicy: Local` this node's), the terminating-but-
+//!   serving ones take new flows instead, as KEP-1669 has kube-proxy do: a
+//!   rollout that terminates every old pod before a new one is ready
+//!   keeps answering. A Service with no usable endpoint keeps its VIPs
+//!   with no backend (the dataplane counts `no_healthy_backend`).
 //! - `externalTrafficPolicy: Local`: only endpoints whose `nodeName` is
 //!   this node. `sessionAffinity: ClientIP` is clientIP affinity with its
 //!   `timeoutSeconds` (default 10800).
@@ -202,7 +206,8 @@ pub fn service_vips<S: Borrow<EndpointSlice>>(
 /// What an endpoint's conditions make of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum EndpointState {
-    /// Takes no new flows, keeps its established ones.
+    /// Takes no new flows while another endpoint is ready, keeps its
+    /// established ones.
     Draining,
     Ready,
 }
@@ -486,7 +491,8 @@ pub(crate) fn vip_address(a: IpAddr) -> Result<(), rivora_model::model::ModelErr
 /// The backends behind one port of a Service for a VIP on `vip`, as a
 /// route's backendRef sees them: its EndpointSlices (those labelled for
 /// `service` in its namespace), the VIP's family, ready endpoints with
-/// weight 1 and terminating-but-serving ones with weight 0. The same
+/// weight 1 and terminating-but-serving ones with weight 0 (1 when none
+/// is ready). The same
 /// reading as a LoadBalancer Service's own VIPs, without its traffic
 /// policy or ServicePolicy weights.
 pub(crate) fn service_port_backends<S: Borrow<EndpointSlice>>(
@@ -557,9 +563,11 @@ fn backends(
             if addr.is_ipv4() != vip.is_ipv4() || !usable_backend(addr, vip) {
                 continue;
             }
+            // A draining endpoint's weight is what it would have if it
+            // were ready: it serves new flows when no endpoint is ready
+            // (below).
             let weight = match state {
-                EndpointState::Draining => 0,
-                EndpointState::Ready => policy.map_or(1, |p| {
+                EndpointState::Draining | EndpointState::Ready => policy.map_or(1, |p| {
                     let mut labels = slice.labels().clone();
                     if let Some(n) = &ep.node_name {
                         labels.insert(HOSTNAME_LABEL.into(), n.clone());
@@ -576,12 +584,17 @@ fn backends(
             }
         }
     }
+    let any_ready = found.values().any(|(s, _)| *s == EndpointState::Ready);
     found
         .into_iter()
-        .map(|((addr, port), (_, weight))| Backend {
+        .map(|((addr, port), (state, weight))| Backend {
             addr,
             port,
-            weight,
+            weight: if any_ready && state == EndpointState::Draining {
+                0
+            } else {
+                weight
+            },
             mac: None,
             mode: None,
             node: None,

@@ -251,6 +251,25 @@ fn every_rule() {
             vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w0, 10.1.0.4:8080 w1, 10.1.0.5:8080 w1]"],
         ),
         row(
+            "no endpoint ready: the terminating-but-serving ones take new flows (KEP-1669)",
+            service(json!({})),
+            vec![slice(json!({"endpoints": [
+                ep_with("10.1.0.1", json!({"conditions": {"ready": false, "serving": true, "terminating": true}})),
+                ep_with("10.1.0.2", json!({"conditions": {"ready": false, "serving": true, "terminating": true}})),
+                ep_with("10.1.0.3", json!({"conditions": {"ready": false, "serving": false, "terminating": true}})),
+            ]}))],
+            vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1]"],
+        ),
+        row(
+            "Local: no endpoint of this node ready, its terminating-but-serving one takes new flows though another node's is ready",
+            service(json!({"spec": {"externalTrafficPolicy": "Local"}})),
+            vec![slice(json!({"endpoints": [
+                ep_with("10.1.0.1", json!({"conditions": {"ready": false, "serving": true, "terminating": true}})),
+                ep_with("10.1.0.2", json!({"nodeName": "node-b"})),
+            ]}))],
+            vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1]"],
+        ),
+        row(
             "no usable endpoint: the VIP stays, with no backend",
             service(json!({})),
             vec![slice(json!({"endpoints": [ep_with("10.1.0.1", json!({"conditions": {"ready": false}}))]}))],
