@@ -151,6 +151,20 @@ impl Metrics {
         &mut self.registry
     }
 
+    /// rivorad's probe budget gauges, set by its health checker.
+    pub fn register_probe_load(&mut self, load: &crate::healthcheck::ProbeLoad) {
+        self.registry.register(
+            "rivora_health_probe_demand_per_second",
+            "Health probes a second the VIPs' health checks ask for, before the node's budget",
+            load.demand.clone(),
+        );
+        self.registry.register(
+            "rivora_health_probe_interval_stretch",
+            "Factor every health-check interval is stretched by to stay within -health-probe-budget (1: within it)",
+            load.stretch.clone(),
+        );
+    }
+
     /// Records one finished health probe.
     pub fn observe_probe(&self, verdict: Verdict, seconds: f64) {
         let labels = match verdict {

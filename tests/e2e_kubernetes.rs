@@ -1096,6 +1096,12 @@ fn invalid_service_policies_are_refused_by_the_api_server() {
             json!({ "services": ["web"], "synRateLimit": { "ratePerSec": 0, "burst": 10 } }),
             vec!["spec.synRateLimit.ratePerSec"],
         ),
+        (
+            // A tenant making every node flood its endpoints.
+            "too-often",
+            json!({ "services": ["web"], "healthCheck": { "interval": "2ms", "timeout": "1ms" } }),
+            vec!["spec.healthCheck.interval", "at least 100ms"],
+        ),
     ];
     for (name, spec, want) in cases {
         match k8s.create_policy(name, spec.clone()) {

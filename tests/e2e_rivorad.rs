@@ -677,6 +677,18 @@ fn health_kill_and_restore() {
         probed.is_some(),
         "probes never reported every backend healthy"
     );
+    // The probe budget's gauges: some demand, far within the default
+    // budget, so no interval is stretched.
+    let (code, text) = http_get(&topo.node, metrics, "/metrics", None);
+    assert_eq!(code, 200, "GET /metrics: {text}");
+    let gauge = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the metrics:\n{text}"))
+    };
+    assert!(gauge("rivora_health_probe_demand_per_second") > 0.0);
+    assert_eq!(gauge("rivora_health_probe_interval_stretch"), 1.0);
     let health = MapHealth::start(rd.home.pin_dir(), vt);
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -19,8 +19,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use rivora::healthcheck::{
-    HealthCheckSpec, HealthChecker, HealthEvent, HealthState, ProbeError, ProbeKind, ProbeOk,
-    ProbeTarget, StatusRange, TargetDiff,
+    HealthCheckSpec, HealthChecker, HealthEvent, HealthState, ProbeError, ProbeKind, ProbeLoad,
+    ProbeOk, ProbeTarget, StatusRange, TargetDiff,
 };
 
 /// Scheduling slack added to every documented bound.
@@ -795,4 +795,66 @@ fn fd_exhaustion_child() {
             "live answers again"
         );
     });
+}
+
+/// A node's probe budget: 20 targets every 50 ms ask for 400 probes a
+/// second; with a budget of 100, every interval runs 4 times as long
+/// (200 ms), each target keeping an equal share, and the gauges say so.
+/// Raising the budget past the demand brings the intervals back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_budget_stretches_every_interval_alike() {
+    let server = Server::start("127.0.0.1:0", Behaviour::Close).await;
+    let load = ProbeLoad::default();
+    let (hc, _rx) = HealthChecker::<u32>::new(tokio::runtime::Handle::current());
+    let mut hc = hc.with_budget(Some(100.0), load.clone());
+    let targets = |n: u32| -> Vec<ProbeTarget<u32>> {
+        (0..n)
+            .map(|key| ProbeTarget {
+                key,
+                addr: server.addr,
+                spec: tcp_spec(50, 20, 1, 1),
+                initial: HealthState::Healthy,
+            })
+            .collect()
+    };
+    let probes = |hc: &HealthChecker<u32>| -> Vec<u64> {
+        let mut v: Vec<(u32, u64)> = hc.status().iter().map(|s| (s.key, s.probes)).collect();
+        v.sort();
+        v.into_iter().map(|(_, p)| p).collect()
+    };
+    hc.set_targets(targets(20)).expect("valid targets");
+    assert_eq!(load.demand.get(), 400.0);
+    assert_eq!(load.stretch.get(), 4.0);
+    // 2 s at 200 ms: 10 probes each (one more or less at the edges);
+    // unstretched it would be 40.
+    let window = Duration::from_secs(2);
+    let before = probes(&hc);
+    tokio::time::sleep(window).await;
+    let got: Vec<u64> = probes(&hc)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let total: u64 = got.iter().sum();
+    assert!(
+        got.iter().all(|n| (8..=12).contains(n)),
+        "probes per target in {window:?} at 200 ms: {got:?}"
+    );
+    assert!(
+        (160..=240).contains(&total),
+        "{total} probes in {window:?} within a budget of 100 a second"
+    );
+
+    // A budget above the demand: every target at its own 50 ms again.
+    let mut hc = hc.with_budget(Some(1_000.0), load.clone());
+    let diff = hc.set_targets(targets(20)).expect("valid targets");
+    assert_eq!(diff.restarted, 20, "{diff:?}");
+    assert_eq!(load.stretch.get(), 1.0);
+    let before = probes(&hc);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let total: u64 = probes(&hc).iter().zip(&before).map(|(a, b)| a - b).sum();
+    assert!(
+        total >= 300,
+        "{total} probes in 1 s of 20 targets at 50 ms (400 expected)"
+    );
 }

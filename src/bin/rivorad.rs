@@ -64,6 +64,13 @@ struct Args {
         value_parser = parse_flow_table_size
     )]
     flow_table_size: u32,
+    /// Health probes a second this node may send in all, 1 or more; 0:
+    /// no bound. When the VIPs' health checks ask for more (a tenant's
+    /// ServicePolicy probes every endpoint from every node), every
+    /// interval is stretched by the same factor
+    /// (`rivora_health_probe_interval_stretch`).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROBE_BUDGET, value_parser = parse_probe_budget)]
+    health_probe_budget: f64,
     /// Take VIPs from Kubernetes: LoadBalancer Services, their
     /// EndpointSlices and ServicePolicies. The -config file then holds
     /// only the node's settings.
@@ -122,6 +129,25 @@ fn config_or_default(given: Option<PathBuf>, default: &Path) -> Result<PathBuf, 
             "no configuration: {} does not exist; write one (examples/ has one per mode) or pass -config FILE",
             default.display()
         )),
+    }
+}
+
+/// `-health-probe-budget`'s default: 20 times what 1,000 backends
+/// probed every 2 s (the default interval) ask for.
+const DEFAULT_PROBE_BUDGET: f64 = 10_000.0;
+
+/// `-health-probe-budget`: 0 (no bound), or 1 probe a second or more.
+fn parse_probe_budget(s: &str) -> Result<f64, String> {
+    let n: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "not a number of probes a second".to_string())?;
+    if n == 0.0 || (n.is_finite() && n >= 1.0) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{s} probes a second: it must be 0 (no bound) or 1 or more"
+        ))
     }
 }
 
@@ -196,6 +222,8 @@ fn main() -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // The health checker's demand and stretch, which the metrics show.
+    let probe_load = rivora::healthcheck::ProbeLoad::default();
     let opts = Options {
         config: config.clone(),
         pin_dir: args.pin_dir.clone(),
@@ -204,6 +232,8 @@ fn main() -> Result<()> {
         flow_table_size: args.flow_table_size,
         state_dir: args.state_dir.clone(),
         kubernetes: args.kubernetes,
+        probe_budget: Some(args.health_probe_budget).filter(|b| *b > 0.0),
+        probe_load: probe_load.clone(),
     };
     let kube = if args.kubernetes {
         let (outputs, watches) = KubeOutputs::new();
@@ -224,6 +254,7 @@ fn main() -> Result<()> {
         None
     };
     let mut metrics = Metrics::new();
+    metrics.register_probe_load(&probe_load);
     let speaker_metrics = SpeakerMetrics::default();
     speaker_metrics.register(metrics.registry_mut());
     if let Some((_, _, outputs, _)) = &kube {
@@ -447,6 +478,17 @@ mod tests {
             ),
         }
         assert_eq!(node_name(Some(String::new())).unwrap(), fallback);
+    }
+
+    #[test]
+    fn probe_budget_is_zero_or_at_least_one() {
+        assert_eq!(parse_probe_budget("0"), Ok(0.0));
+        assert_eq!(parse_probe_budget("2500"), Ok(2500.0));
+        for bad in ["0.5", "-1", "NaN", "inf", "lots"] {
+            assert!(parse_probe_budget(bad).is_err(), "{bad}");
+        }
+        let a = Args::try_parse_from(["rivorad"]).expect("no flags");
+        assert_eq!(a.health_probe_budget, DEFAULT_PROBE_BUDGET);
     }
 
     #[test]

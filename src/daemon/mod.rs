@@ -67,6 +67,12 @@ pub struct Options {
     /// nothing unclaimed is pruned before the Kubernetes source's first
     /// full pass.
     pub kubernetes: bool,
+    /// Health probes a second in all (None: no bound); see
+    /// [`HealthChecker::with_budget`].
+    pub probe_budget: Option<f64>,
+    /// Where the checker reports its demand and stretch (the metrics'
+    /// gauges).
+    pub probe_load: crate::healthcheck::ProbeLoad,
 }
 
 /// One attached interface.
@@ -233,6 +239,7 @@ impl Daemon {
         }
 
         let (checker, mut events) = HealthChecker::with_observer(runtime.clone(), observer);
+        let checker = checker.with_budget(opts.probe_budget, opts.probe_load.clone());
         let (publisher, status) = rstatus::channel();
         let mut rec = Reconciler::new(writer, KernelFacts, checker, drains, drain_store, publisher);
         rec.register(crate::desired::SourceKind::File);

@@ -6,9 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use thiserror::Error;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -129,6 +131,10 @@ pub enum CheckerError {
 /// less than a thread each). Dropping the checker stops every probe.
 pub struct HealthChecker<K: TargetKey = SocketAddr> {
     runtime: Handle,
+    /// Probes a second this node may spend (None: no bound); see
+    /// [`HealthChecker::with_budget`].
+    budget: Option<f64>,
+    load: ProbeLoad,
     /// Origin of every target's probe phase (see [`first_probe_at`]).
     epoch: Instant,
     events: mpsc::UnboundedSender<HealthEvent<K>>,
@@ -138,7 +144,10 @@ pub struct HealthChecker<K: TargetKey = SocketAddr> {
 
 struct Running {
     addr: SocketAddr,
+    /// As asked for; it runs at this interval times the stretch.
     spec: HealthCheckSpec,
+    /// The interval it runs at.
+    every: Duration,
     cell: Arc<Mutex<Cell>>,
     task: JoinHandle<()>,
 }
@@ -190,6 +199,8 @@ impl<K: TargetKey> HealthChecker<K> {
         let (tx, rx) = mpsc::unbounded_channel();
         let checker = Self {
             runtime,
+            budget: None,
+            load: ProbeLoad::default(),
             epoch: Instant::now(),
             events: tx,
             observer,
@@ -198,10 +209,24 @@ impl<K: TargetKey> HealthChecker<K> {
         (checker, rx)
     }
 
+    /// At most `per_sec` probes a second in all (None: no bound): when
+    /// the targets' own intervals ask for more, every interval is
+    /// stretched by the same factor, demand over budget, so each target
+    /// keeps its share and the node its CPU and connection table (one
+    /// tenant's ServicePolicy probes every endpoint from every node).
+    /// `load` reports what was asked and the factor (the metrics read it).
+    /// Applies from the next [`HealthChecker::set_targets`].
+    pub fn with_budget(mut self, per_sec: Option<f64>, load: ProbeLoad) -> Self {
+        self.budget = per_sec.filter(|b| *b > 0.0);
+        self.load = load;
+        self
+    }
+
     /// Replaces the target set. New keys start probing in their `initial`
-    /// state; missing keys stop; a key whose address or spec changed
-    /// restarts probing with its current state and fresh rise/fall counts;
-    /// unchanged keys are untouched (state, counts and schedule).
+    /// state; missing keys stop; a key whose address, spec or stretched
+    /// interval changed restarts probing with its current state and fresh
+    /// rise/fall counts; unchanged keys are untouched (state, counts and
+    /// schedule).
     ///
     /// The whole set is checked first: an invalid spec or a duplicate key
     /// changes nothing.
@@ -224,6 +249,18 @@ impl<K: TargetKey> HealthChecker<K> {
             }
         }
 
+        let demand: f64 = targets
+            .iter()
+            .map(|t| 1.0 / t.spec.interval.as_secs_f64())
+            .sum();
+        let stretch = match self.budget {
+            Some(b) if demand > b => demand / b,
+            _ => 1.0,
+        };
+        self.load.demand.set(demand);
+        self.load.stretch.set(stretch);
+        let every = |spec: &HealthCheckSpec| spec.interval.mul_f64(stretch);
+
         let mut diff = TargetDiff::default();
         let gone: Vec<K> = self
             .targets
@@ -240,8 +277,11 @@ impl<K: TargetKey> HealthChecker<K> {
         }
 
         for t in targets {
+            let interval = every(&t.spec);
             match self.targets.get_mut(&t.key) {
-                Some(r) if r.addr == t.addr && r.spec == t.spec => diff.unchanged += 1,
+                Some(r) if r.addr == t.addr && r.spec == t.spec && r.every == interval => {
+                    diff.unchanged += 1
+                }
                 Some(r) => {
                     let generation = {
                         let mut c = lock(&r.cell);
@@ -252,7 +292,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     r.task.abort();
                     r.task = spawn_target(
                         &self.runtime,
-                        &t,
+                        &stretched(&t, interval),
                         self.epoch,
                         Arc::clone(&r.cell),
                         generation,
@@ -261,6 +301,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     );
                     r.addr = t.addr;
                     r.spec = t.spec;
+                    r.every = interval;
                     diff.restarted += 1;
                 }
                 None => {
@@ -274,7 +315,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     }));
                     let task = spawn_target(
                         &self.runtime,
-                        &t,
+                        &stretched(&t, interval),
                         self.epoch,
                         Arc::clone(&cell),
                         0,
@@ -284,6 +325,7 @@ impl<K: TargetKey> HealthChecker<K> {
                     let running = Running {
                         addr: t.addr,
                         spec: t.spec,
+                        every: interval,
                         cell,
                         task,
                     };
@@ -338,6 +380,28 @@ impl<K: TargetKey> Drop for HealthChecker<K> {
     }
 }
 
+/// `t` probed every `interval` instead of its own.
+fn stretched<K: Clone>(t: &ProbeTarget<K>, interval: Duration) -> ProbeTarget<K> {
+    ProbeTarget {
+        spec: HealthCheckSpec {
+            interval,
+            ..t.spec.clone()
+        },
+        ..t.clone()
+    }
+}
+
+/// What the targets ask of the node: gauges the metrics register
+/// (`rivora_health_probe_demand_per_second`,
+/// `rivora_health_probe_interval_stretch`) and the checker sets.
+#[derive(Debug, Clone, Default)]
+pub struct ProbeLoad {
+    /// Probes a second the targets' own intervals add up to.
+    pub demand: Gauge<f64, AtomicU64>,
+    /// The factor every interval runs stretched by: 1 within the budget.
+    pub stretch: Gauge<f64, AtomicU64>,
+}
+
 /// Granularity of probe phases. Targets whose phases fall in one slot are
 /// probed in the same timer wakeup: with 1,000 targets every second that is
 /// about 100 wakeups a second instead of 1,000, and the wakeups (context
@@ -378,6 +442,7 @@ pub fn first_probe_at(
     now + Duration::from_nanos(u64::try_from(wait).unwrap_or(0))
 }
 
+/// Probe `t` every `t.spec.interval` (the stretched one).
 fn spawn_target<K: TargetKey>(
     runtime: &Handle,
     t: &ProbeTarget<K>,

@@ -43,8 +43,8 @@ pub use rivora_model::health as spec;
 pub mod state;
 
 pub use checker::{
-    first_probe_at, probe_phase, CheckerError, HealthChecker, HealthEvent, Observer, ProbeTarget,
-    TargetDiff, TargetKey, TargetStatus, PROBE_SLOT,
+    first_probe_at, probe_phase, CheckerError, HealthChecker, HealthEvent, Observer, ProbeLoad,
+    ProbeTarget, TargetDiff, TargetKey, TargetStatus, PROBE_SLOT,
 };
 pub use probe::{Observation, ProbeError, ProbeOk, ProbeResult, Prober, Verdict};
 pub use spec::{

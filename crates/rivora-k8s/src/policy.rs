@@ -187,10 +187,11 @@ pub struct PolicyHealthCheck {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<u16>,
-    /// Between the starts of two probes of one backend. Default 2s.
+    /// Between the starts of two probes of one backend. Default 2s, at
+    /// least 100ms ([`MIN_PROBE_INTERVAL`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
-    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("interval must be greater than 0"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms')").message("interval must be at least 100ms (a tenant's probes cost every node)"))]
     pub interval: Option<String>,
     /// Deadline of one probe, below interval. Default 1s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -351,6 +352,11 @@ pub const REASON_ACCEPTED: &str = "Accepted";
 pub const REASON_CONFLICTED: &str = "Conflicted";
 pub const REASON_NO_CONFLICT: &str = "NoConflict";
 pub const REASON_INVALID_HEALTH_CHECK: &str = "InvalidHealthCheck";
+
+/// The shortest probe interval a ServicePolicy may ask for: a tenant's
+/// health check runs on every node, against every endpoint (at 2 ms,
+/// 200 endpoints are 100,000 connects a second per node).
+pub const MIN_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 pub const REASON_INVALID_SELECTOR: &str = "InvalidSelector";
 pub const REASON_INVALID_VALUE: &str = "InvalidValue";
 pub const REASON_MODE_NOT_APPLICABLE: &str = "ModeNotApplicable";
@@ -449,6 +455,14 @@ fn health_spec(h: &PolicyHealthCheck) -> Result<HealthCheckSpec, PolicyIssue> {
     let value = serde_json::to_value(h).map_err(|e| bad(e.to_string()))?;
     let spec: HealthCheckSpec = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
     spec.validate().map_err(|e| bad(e.to_string()))?;
+    // The schema says so too; a policy stored before it did is refused
+    // here.
+    if spec.interval < MIN_PROBE_INTERVAL {
+        return Err(bad(format!(
+            "interval {:?} is below the floor of {:?}: every node would probe every backend that often",
+            spec.interval, MIN_PROBE_INTERVAL
+        )));
+    }
     Ok(spec)
 }
 
@@ -886,6 +900,11 @@ mod tests {
                 json!({"healthCheck": {"interval": "soon"}}),
                 REASON_INVALID_HEALTH_CHECK,
                 "healthCheck",
+            ),
+            (
+                json!({"healthCheck": {"interval": "2ms", "timeout": "1ms"}}),
+                REASON_INVALID_HEALTH_CHECK,
+                "floor",
             ),
             (
                 json!({"healthCheck": {"type": "http", "expectedStatus": [700]}}),
