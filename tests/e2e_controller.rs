@@ -12,7 +12,8 @@
 //!   a pool and 100 Services created at once (every tenth dual-stack) get
 //!   distinct addresses within the pool, their status and condition; the
 //!   Services that cannot be served (a requested address outside every
-//!   pool, one already taken) get a False condition and a Warning Event;
+//!   pool, one already taken, only SCTP ports) get a False condition and a
+//!   Warning Event;
 //!   the pool's status counts what is held; SIGKILL of the leader: the
 //!   other replica takes over, writes (a new Service gets an address),
 //!   and no earlier Service's status changes (their resourceVersions stay);
@@ -340,6 +341,12 @@ fn a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted() {
         json!({ "rivora.io/load-balancer-ips": "192.0.2.10" }),
         json!({}),
     ));
+    // Nothing forwards SCTP: no address, and the condition says why.
+    svcs.push(sc.service(
+        "only-sctp",
+        json!({}),
+        json!({ "ports": [{ "name": "sctp", "protocol": "SCTP", "port": 9000 }] }),
+    ));
     svcs.push(sc.service(
         "wants-taken",
         json!({ "rivora.io/load-balancer-ips": format!("{a}.{b}.{c}.250") }),
@@ -357,7 +364,7 @@ fn a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted() {
             .is_some_and(|s| s.ingress == [IpAddr::from([a, b, c, 250])])
     });
     sc.create_all(svcs);
-    let all = sc.wait_services("100 Services assigned, 2 refused", |m| {
+    let all = sc.wait_services("100 Services assigned, 3 refused", |m| {
         (0..100).all(|i| {
             m.get(&format!("s{i:03}"))
                 .is_some_and(|s| s.ingress.len() == if i % 10 == 0 { 2 } else { 1 })
@@ -366,6 +373,8 @@ fn a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted() {
             .is_some_and(|s| s.cond_is("False", "AddressOutsidePools"))
             && m.get("wants-taken")
                 .is_some_and(|s| s.cond_is("False", "AddressTaken"))
+            && m.get("only-sctp")
+                .is_some_and(|s| s.cond_is("False", "NoServablePort"))
     });
     let mut seen: BTreeSet<IpAddr> = BTreeSet::new();
     for (name, s) in &all {
@@ -385,10 +394,15 @@ fn a_hundred_services_at_once_then_failover_restart_and_a_pool_deleted() {
             s.ingress
         );
     }
-    assert!(all["outside"].ingress.is_empty() && all["wants-taken"].ingress.is_empty());
+    assert!(
+        all["outside"].ingress.is_empty()
+            && all["wants-taken"].ingress.is_empty()
+            && all["only-sctp"].ingress.is_empty()
+    );
     for (name, reason) in [
         ("outside", "AddressOutsidePools"),
         ("wants-taken", "AddressTaken"),
+        ("only-sctp", "NoServablePort"),
     ] {
         let evs = wait_for(WRITTEN, Duration::from_millis(200), || {
             let e = sc.k8s.events_about(name);

@@ -287,6 +287,8 @@ pub enum RequestProblem {
     },
     #[error("spec.loadBalancerIP {lb_ip} is not among the {ANNOTATION_LOAD_BALANCER_IPS} addresses; remove the deprecated field or make them agree")]
     Disagree { lb_ip: IpAddr },
+    #[error("no TCP or UDP port (only {protocols}): Rivora forwards TCP and UDP alone, so no address is assigned")]
+    NoServablePort { protocols: String },
 }
 
 /// What decides whether two claims may share an address.
@@ -479,6 +481,19 @@ pub fn service_claim(
             .map(String::as_str),
         spec.load_balancer_ip.as_deref(),
     );
+    // An address nothing would forward (SCTP alone) would be announced
+    // and counted as served: refuse it, and say why.
+    let protocols: BTreeSet<String> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.protocol.clone().unwrap_or_else(|| "TCP".into()))
+        .collect();
+    if !protocols.is_empty() && !protocols.iter().any(|p| p == "TCP" || p == "UDP") {
+        claim.request = Request::Invalid(RequestProblem::NoServablePort {
+            protocols: protocols.into_iter().collect::<Vec<_>>().join(", "),
+        });
+    }
     claim.sharing = Sharing {
         key: svc
             .annotations()
@@ -760,6 +775,10 @@ impl AllocError {
             AllocError::NotRequested { .. } => "FamilyNotRequested",
             AllocError::NoPool { .. } => "NoPool",
             AllocError::Exhausted { .. } => "NoAddressAvailable",
+            AllocError::InvalidRequest {
+                problem: RequestProblem::NoServablePort { .. },
+                ..
+            } => "NoServablePort",
             AllocError::InvalidRequest { .. } => "InvalidRequest",
         }
     }

@@ -1225,6 +1225,46 @@ fn service_claim_reads_the_service() {
     );
     assert_eq!(c.sharing, Sharing::default());
 
+    // SCTP alone: nothing would forward it, so the claim says so (an SCTP
+    // port beside a TCP one is fine: the TCP one is served).
+    let sctp = |ports: Value| {
+        service(json!({"metadata": {"namespace": "a", "name": "b"},
+                       "spec": {"type": "LoadBalancer", "ports": ports}}))
+    };
+    let c = service_claim(
+        &sctp(json!([{"protocol": "SCTP", "port": 9000}])),
+        &BTreeMap::new(),
+        &opts,
+    )
+    .expect("ours");
+    assert_eq!(
+        c.request,
+        Request::Invalid(RequestProblem::NoServablePort {
+            protocols: "SCTP".into()
+        })
+    );
+    let mut alloc = Allocator::new(PoolSet::new([&pool(
+        "p",
+        1,
+        json!({"addresses": ["10.0.0.0/24"]}),
+    )]));
+    let out = alloc.assign(&c);
+    assert!(out.addresses.is_empty(), "{out:?}");
+    assert_eq!(
+        out.problems
+            .iter()
+            .map(AllocError::reason)
+            .collect::<Vec<_>>(),
+        ["NoServablePort"]
+    );
+    let c = service_claim(
+        &sctp(json!([{"protocol": "SCTP", "port": 9000}, {"protocol": "TCP", "port": 80}])),
+        &BTreeMap::new(),
+        &opts,
+    )
+    .expect("ours");
+    assert_eq!(c.request, Request::Auto);
+
     for not_ours in [
         json!({"metadata": {"name": "b"}, "spec": {"type": "ClusterIP"}}),
         json!({"metadata": {"name": "b"}, "spec": {"type": "LoadBalancer", "loadBalancerClass": "other.io/lb"}}),
