@@ -170,6 +170,39 @@ fn bird_frr_and_gobgp_get_the_vip_routes_and_lose_them_with_the_backends() {
         "{table}"
     );
 
+    // RFC 4271 6.8: anyone who can send a SYN from a router's address
+    // opens a connection while the session is Established and sends
+    // garbage, no OPEN. The connection is refused (Cease, connection
+    // collision resolution: graceful restart is negotiated here, so it
+    // was read first for a valid OPEN); the session and the routes stay.
+    let bird = &routers[0];
+    let before = peer(&rd, &bird.v4);
+    assert_eq!(before["state"], "Established", "{before}");
+    let node4 = bird.node_v4.clone();
+    let reply = bird.ns.run(move || -> Result<Vec<u8>, String> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect((node4.as_str(), 179))
+            .map_err(|e| format!("connect: {e}"))?;
+        c.set_read_timeout(Some(Duration::from_secs(15)))
+            .map_err(|e| e.to_string())?;
+        c.write_all(&[0x42; 64])
+            .map_err(|e| format!("write: {e}"))?;
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).map_err(|e| format!("read: {e}"))?;
+        Ok(got)
+    });
+    let reply = reply.unwrap_or_else(|e| panic!("the intruding connection: {e}"));
+    // A NOTIFICATION (type 3): Cease (6), connection collision (7).
+    assert!(
+        reply.len() >= 21 && reply[..16].iter().all(|b| *b == 0xff) && reply[18..21] == [3, 6, 7],
+        "the intruding connection got {reply:02x?}"
+    );
+    let after = peer(&rd, &bird.v4);
+    assert_eq!(after["state"], "Established", "{after}");
+    assert_eq!(after["flaps"], before["flaps"], "{before}\n{after}");
+    let rib = bird.rib();
+    assert!(rib.contains(&vip4), "BIRD kept the route: {rib}");
+
     // Graceful restart (RFC 4724) with a pinned datapath: rivorad stops
     // (the sessions close without a NOTIFICATION), every peer keeps the
     // routes, and the next rivorad comes back Established with them.

@@ -652,7 +652,10 @@ impl Fsm {
                 out.push(A::ProcessUpdate);
                 out.push(A::StartHoldTimer(self.hold_time));
             }
-            (S::Established, E::UpdateMsgErr(n)) => {
+            // A header error is answered with what 6.1 says (Message
+            // Header Error, the subcode and the bad field), in this state
+            // as in the others, not with 8.2.2's FSM Error.
+            (S::Established, E::UpdateMsgErr(n) | E::BgpHeaderErr(n)) => {
                 out.push(A::SendNotification(n));
                 self.fail(&mut out);
             }

@@ -96,6 +96,11 @@ pub struct Session {
     rib_out: BTreeMap<IpNet, RouteAttrs>,
     routes: watch::Receiver<Arc<Vec<Route>>>,
     incoming: mpsc::Receiver<TcpStream>,
+    /// A connection from the peer while Established that has sent a valid
+    /// OPEN (the peer restarted, graceful restart negotiated), with what
+    /// was read from it.
+    reopened: mpsc::Receiver<(TcpStream, BytesMut)>,
+    reopened_tx: mpsc::Sender<(TcpStream, BytesMut)>,
     commands: mpsc::Receiver<Command>,
     bfd: Option<watch::Receiver<BfdStatus>>,
     bfd_was_up: bool,
@@ -119,6 +124,7 @@ impl Session {
             passive: cfg.passive,
             delay_open: cfg.delay_open.is_some(),
         });
+        let (reopened_tx, reopened) = mpsc::channel(1);
         Self {
             cfg,
             global,
@@ -135,6 +141,8 @@ impl Session {
             rib_out: BTreeMap::new(),
             routes,
             incoming,
+            reopened,
+            reopened_tx,
             commands,
             bfd,
             bfd_was_up: false,
@@ -220,6 +228,7 @@ impl Session {
                     }
                 }
                 Some(s) = self.incoming.recv() => self.on_incoming(s).await,
+                Some((s, buf)) = self.reopened.recv() => self.on_reopened(s, buf).await,
                 _ = self.routes.changed() => {
                     if self.fsm.state() == State::Established {
                         self.sync_routes(false).await;
@@ -406,16 +415,67 @@ impl Session {
                 }
             }
             State::Established => {
-                info!(peer = %self.peer(), "the peer connected again: replacing the session");
-                self.set_error("the peer opened a new connection".into());
-                self.event(Event::TcpConnectionFails).await;
-                self.idle_hold = None;
-                self.event(Event::AutomaticStart).await;
-                self.connecting = None;
-                self.adopt(s);
-                self.event(Event::TcpConnectionConfirmed).await;
+                // 6.8: an Established session wins a collision. Anyone
+                // who can send a SYN from the peer's address could
+                // otherwise flap it (every route withdrawn at the router
+                // while the new connection goes nowhere).
+                let gr = self
+                    .negotiated
+                    .as_ref()
+                    .is_some_and(|n| n.peer_graceful_restart);
+                if !gr {
+                    warn!(peer = %self.peer(), "a new connection from the peer while Established: refused (Cease, connection collision), the session kept");
+                    reject(s).await;
+                    return;
+                }
+                // With graceful restart the peer may have restarted and
+                // lost the old session (RFC 4724 4.2): its new connection
+                // replaces it once it has sent a valid OPEN, read aside
+                // so that the session goes on meanwhile.
+                let tx = self.reopened_tx.clone();
+                let ours = self.global.open_params(&self.cfg);
+                let (asn, peer) = (self.cfg.asn, self.peer());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(OPEN_WAIT, first_open(s, &ours, asn)).await {
+                        Ok(Ok(got)) => {
+                            let _ = tx.send(got).await;
+                        }
+                        Ok(Err((s, why))) => {
+                            warn!(%peer, %why, "a new connection from the peer while Established sent no valid OPEN: refused, the session kept");
+                            reject(s).await;
+                        }
+                        Err(_) => {
+                            warn!(%peer, "a new connection from the peer while Established sent no OPEN in {OPEN_WAIT:?}: closed, the session kept");
+                        }
+                    }
+                });
             }
         }
+    }
+
+    /// The peer's new connection, with its valid OPEN already read: it
+    /// restarted, so the old session is gone on its side.
+    async fn on_reopened(&mut self, s: TcpStream, buf: BytesMut) {
+        if self.fsm.state() != State::Established {
+            // The session went meanwhile: the connection is an incoming
+            // one like any other, its OPEN already read.
+            self.on_incoming(s).await;
+            if let Some(c) = self.conn.as_mut() {
+                c.buf = buf;
+            }
+            return;
+        }
+        info!(peer = %self.peer(), "the peer restarted (a valid OPEN on a new connection): replacing the session");
+        self.set_error("the peer opened a new connection with a valid OPEN".into());
+        self.event(Event::TcpConnectionFails).await;
+        self.idle_hold = None;
+        self.event(Event::AutomaticStart).await;
+        self.connecting = None;
+        self.adopt(s);
+        if let Some(c) = self.conn.as_mut() {
+            c.buf = buf;
+        }
+        self.event(Event::TcpConnectionConfirmed).await;
     }
 
     fn adopt(&mut self, s: TcpStream) {
@@ -777,6 +837,41 @@ pub fn merge(route: &RouteAttrs, peer: &RouteAttrs) -> RouteAttrs {
 
 /// Refuse a second connection with Cease/connection rejected... after
 /// our OPEN? No OPEN was sent on it: just close (RFC 4271 6.8 allows it).
+/// How long a new connection from an Established peer (graceful restart
+/// negotiated) has to send its OPEN.
+const OPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// Read `s` until its first message: Ok with the stream and everything
+/// read (the OPEN still in it) when it is an OPEN that `check_open`
+/// accepts, else the stream and why not.
+async fn first_open(
+    mut s: TcpStream,
+    ours: &wire::OpenParams,
+    asn: u32,
+) -> Result<(TcpStream, BytesMut), (TcpStream, String)> {
+    let mut buf = BytesMut::with_capacity(4096);
+    loop {
+        let mut probe = buf.clone();
+        let mut ctx = wire::parsing_context(false);
+        match wire::decode(&mut probe, &mut ctx) {
+            Ok(Some(Message::Open(o))) => {
+                return match wire::check_open(&o, ours, asn) {
+                    Ok(_) => Ok((s, buf)),
+                    Err(n) => Err((s, format!("its OPEN: {n}"))),
+                };
+            }
+            Ok(Some(_)) => return Err((s, "its first message is not an OPEN".into())),
+            Err(e) => return Err((s, format!("{}", e.notification()))),
+            Ok(None) => {}
+        }
+        match s.read_buf(&mut buf).await {
+            Ok(0) => return Err((s, "closed before an OPEN".into())),
+            Ok(_) => {}
+            Err(e) => return Err((s, format!("reading: {e}"))),
+        }
+    }
+}
+
 async fn reject(mut s: TcpStream) {
     let n = Notification::new(codes::CEASE, codes::CONNECTION_COLLISION_RESOLUTION);
     let _ = s.write_all(&wire::encode_notification(&n)).await;

@@ -231,6 +231,17 @@ fn errors_send_the_notification_they_carry_and_back_off() {
     let upd = Notification::new(codes::UPDATE_MESSAGE, codes::MALFORMED_ATTRIBUTE_LIST);
     let a = f.handle(Event::UpdateMsgErr(upd.clone()));
     assert_eq!(a[0], Action::SendNotification(upd));
+    // A 4,097-byte message while Established: Bad Message Length with the
+    // length (6.1), not an FSM error.
+    let mut f = in_state(State::Established, FsmConfig::default());
+    let long = Notification::with_data(
+        codes::MESSAGE_HEADER,
+        codes::BAD_MESSAGE_LENGTH,
+        &[0x10, 0x01],
+    );
+    let a = f.handle(Event::BgpHeaderErr(long.clone()));
+    assert_eq!(a[0], Action::SendNotification(long));
+    assert_eq!(f.state(), State::Idle);
     // Connect and Active send no NOTIFICATION before an OPEN.
     let mut f = in_state(State::Connect, FsmConfig::default());
     let a = f.handle(Event::BgpHeaderErr(n()));
