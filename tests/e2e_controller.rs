@@ -22,6 +22,10 @@
 //!   `AddressNotInPool`.
 //! - `graceful_stop_releases_the_lease`: SIGTERM of the leader hands over
 //!   at the other's next look, long before the Lease would expire.
+//! - `a_sharing_key_stays_within_its_namespace`: a Service of another
+//!   namespace with the same sharing key gets an address of its own, and
+//!   asking for the first one's is refused, until the pool sets
+//!   `allowSharingAcrossNamespaces`.
 //!
 //! The metrics and health endpoints are read on every replica.
 
@@ -544,5 +548,94 @@ fn graceful_stop_releases_the_lease() {
     assert!(
         leads.is_some(),
         "g2 holds the Lease but says it does not lead:\n{body}"
+    );
+}
+
+/// The sharing key stays within a namespace: a tenant's Service in
+/// another namespace with the same `rivora.io/sharing-key` and distinct
+/// ports gets an address of its own, and asking for the first one's
+/// address by name is `AddressTaken`, with a Warning Event. Once the
+/// pool sets `allowSharingAcrossNamespaces`, a Service of the other
+/// namespace joins it.
+#[test]
+fn a_sharing_key_stays_within_its_namespace() {
+    let sc = Scope::new();
+    let other = sc.k8s.kube.namespace("ctl-b-");
+    let k = &sc.k8s.kube;
+    // The pool admits both namespaces.
+    let both = json!({ "spec": { "namespaceSelector": { "matchLabels": null, "matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In",
+        "values": [sc.k8s.name, other.name] }] } } });
+    let patch_pool = |p: &Value| {
+        k.block_on(pools(k).patch(
+            &sc.pool,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(p),
+        ))
+        .unwrap_or_else(|e| panic!("patching AddressPool {}: {e}", sc.pool));
+    };
+    patch_pool(&both);
+    let _c = sc.controller("c1");
+    sc.wait_holder(&["c1"], WRITTEN);
+
+    let in_ns = |ns: &TestNs, name: &str, annotations: Value, port: (&str, i32)| {
+        let mut s = sc.service(
+            name,
+            annotations,
+            json!({
+                "ports": [{ "name": "p", "protocol": port.0, "port": port.1 }],
+            }),
+        );
+        s.metadata.namespace = Some(ns.name.clone());
+        ns.create_service(&s);
+    };
+    let ingress = |ns: &TestNs, name: &str| -> Vec<IpAddr> {
+        ns.service(name)
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|i| i.ip.as_deref()?.parse().ok())
+            .collect()
+    };
+    let wait_ingress = |ns: &TestNs, name: &str| -> IpAddr {
+        wait_for(WRITTEN, Duration::from_millis(100), || {
+            ingress(ns, name).first().copied()
+        })
+        .unwrap_or_else(|| panic!("{}/{name} got no address", ns.name))
+    };
+    let key = json!({ "rivora.io/sharing-key": "shared" });
+
+    in_ns(&sc.k8s, "owner", key.clone(), ("TCP", 443));
+    let a = wait_ingress(&sc.k8s, "owner");
+    in_ns(&other, "joiner", key.clone(), ("UDP", 53));
+    let b = wait_ingress(&other, "joiner");
+    assert_ne!(a, b, "a Service of another namespace joined {a}");
+
+    let mut asks = key.clone();
+    asks["rivora.io/load-balancer-ips"] = json!(a.to_string());
+    in_ns(&other, "asks", asks, ("UDP", 54));
+    let evs = wait_for(WRITTEN, Duration::from_millis(200), || {
+        let e = other.events_about("asks");
+        e.iter()
+            .any(|(t, r, m)| t == "Warning" && r == "AddressTaken" && m.contains("namespace"))
+            .then_some(e)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no Warning AddressTaken naming the namespace on asks: {:?}",
+            other.events_about("asks")
+        )
+    });
+    eprintln!("asks: {evs:?}");
+    assert!(ingress(&other, "asks").is_empty());
+
+    // The pool allows it: a new Service of the other namespace joins.
+    patch_pool(&json!({ "spec": { "allowSharingAcrossNamespaces": true } }));
+    in_ns(&other, "welcome", key, ("UDP", 55));
+    assert_eq!(wait_ingress(&other, "welcome"), a);
+    assert_eq!(
+        ingress(&sc.k8s, "owner"),
+        [a],
+        "the owner keeps its address"
     );
 }

@@ -318,6 +318,11 @@ pub enum ShareRefusal {
     TrafficPolicy {
         mine_local: bool,
     },
+    /// Another namespace's, and the address's pool does not allow
+    /// sharing across namespaces.
+    Namespace {
+        theirs: String,
+    },
 }
 
 impl fmt::Display for ShareRefusal {
@@ -336,6 +341,10 @@ impl fmt::Display for ShareRefusal {
             ShareRefusal::Port { protocol, port } => {
                 write!(f, "both use port {port}/{protocol}")
             }
+            ShareRefusal::Namespace { theirs } => write!(
+                f,
+                "it is held in namespace {theirs}, and its AddressPool does not set allowSharingAcrossNamespaces"
+            ),
             ShareRefusal::TrafficPolicy { mine_local } => {
                 let name = |local: bool| if local { "Local" } else { "Cluster" };
                 write!(
@@ -1220,12 +1229,21 @@ impl Allocator {
         object: &ClaimRef,
         sharing: &Sharing,
     ) -> Option<(ClaimRef, ShareRefusal)> {
+        let across = self
+            .pools
+            .pool_of(addr)
+            .is_some_and(|p| p.share_across_namespaces);
         self.holders(addr)
             .iter()
             .filter(|h| *h != object)
             .find_map(|h| {
                 let theirs = &self.held.get(h)?.sharing;
-                sharing.refusal(theirs).map(|why| (h.clone(), why))
+                let why = sharing.refusal(theirs).or_else(|| {
+                    (!across && h.namespace != object.namespace).then(|| ShareRefusal::Namespace {
+                        theirs: h.namespace.clone(),
+                    })
+                });
+                why.map(|why| (h.clone(), why))
             })
     }
 

@@ -92,6 +92,13 @@ pub struct AddressPoolSpec {
     /// network holds, bring their traffic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_announcement: Option<L2Announcement>,
+
+    /// Let Services of different namespaces share one of this pool's
+    /// addresses (same `rivora.io/sharing-key`, distinct ports). Off: a
+    /// sharing key joins only Services of one namespace, so a tenant
+    /// cannot join, and later take, another's address.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_sharing_across_namespaces: bool,
 }
 
 /// Which nodes may answer for a pool's addresses, and on which
@@ -598,6 +605,8 @@ pub struct ParsedPool {
     pub priority: Option<i32>,
     /// Its `l2Announcement`, if any.
     pub l2: Option<ParsedL2>,
+    /// `allowSharingAcrossNamespaces`.
+    pub share_across_namespaces: bool,
 }
 
 /// Which of a pool's selectors turned a Service away.
@@ -688,6 +697,7 @@ pub fn check_pool(name: &str, spec: &AddressPoolSpec) -> Result<ParsedPool, Pool
         namespace_selector: selector(SelectorKind::Namespace, &spec.namespace_selector)?,
         priority: spec.priority,
         l2: spec.l2_announcement.as_ref().map(check_l2).transpose()?,
+        share_across_namespaces: spec.allow_sharing_across_namespaces,
     })
 }
 
