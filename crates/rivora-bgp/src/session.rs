@@ -317,6 +317,23 @@ impl Session {
             let msg = match wire::decode(&mut c.buf, &mut ctx) {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
+                // RFC 7606: an UPDATE whose attributes are malformed but
+                // whose NLRI can still be found is treated as a withdraw
+                // of its routes. This speaker keeps none of what it
+                // receives, so that is to drop it and go on: one bad
+                // attribute from a router must not reset every node's
+                // session at every reconnect. A malformed attribute list
+                // or NLRI (the routes cannot be found) still resets.
+                Err(DecodeError::Attribute(n)) => {
+                    warn!(peer = %self.peer(), error = %n, "malformed UPDATE treated as a withdraw (RFC 7606), the session kept");
+                    self.set_error(format!("treated an UPDATE as a withdraw: {n}"));
+                    self.status.send_modify(|s| {
+                        s.messages_received += 1;
+                        s.updates_received += 1;
+                    });
+                    self.event(Event::UpdateMsg).await;
+                    continue;
+                }
                 Err(e) => {
                     let n = e.notification().clone();
                     warn!(peer = %self.peer(), notification = %n, "malformed message");
@@ -324,7 +341,9 @@ impl Session {
                     let ev = match e {
                         DecodeError::Header(n) | DecodeError::Other(n) => Event::BgpHeaderErr(n),
                         DecodeError::Open(n) => Event::BgpOpenMsgErr(n),
-                        DecodeError::Update(n) => Event::UpdateMsgErr(n),
+                        DecodeError::Update(n) | DecodeError::Attribute(n) => {
+                            Event::UpdateMsgErr(n)
+                        }
                     };
                     self.event(ev).await;
                     return;
@@ -835,8 +854,6 @@ pub fn merge(route: &RouteAttrs, peer: &RouteAttrs) -> RouteAttrs {
     }
 }
 
-/// Refuse a second connection with Cease/connection rejected... after
-/// our OPEN? No OPEN was sent on it: just close (RFC 4271 6.8 allows it).
 /// How long a new connection from an Established peer (graceful restart
 /// negotiated) has to send its OPEN.
 const OPEN_WAIT: Duration = Duration::from_secs(10);
@@ -872,6 +889,8 @@ async fn first_open(
     }
 }
 
+/// Refuse a connection the session does not take: Cease, connection
+/// collision resolution (RFC 4271 6.8, RFC 4486), then close.
 async fn reject(mut s: TcpStream) {
     let n = Notification::new(codes::CEASE, codes::CONNECTION_COLLISION_RESOLUTION);
     let _ = s.write_all(&wire::encode_notification(&n)).await;

@@ -95,6 +95,11 @@ pub enum DecodeError {
     Header(Notification),
     Open(Notification),
     Update(Notification),
+    /// An UPDATE whose attribute list and NLRI are whole (every
+    /// attribute's length adds up, no MP_REACH_NLRI or MP_UNREACH_NLRI)
+    /// but an attribute's content is malformed: RFC 7606 has it treated as
+    /// a withdraw, not a reset.
+    Attribute(Notification),
     /// A NOTIFICATION or ROUTE-REFRESH too malformed to read (the session
     /// ends either way: answered as a header error).
     Other(Notification),
@@ -106,6 +111,7 @@ impl DecodeError {
             DecodeError::Header(n)
             | DecodeError::Open(n)
             | DecodeError::Update(n)
+            | DecodeError::Attribute(n)
             | DecodeError::Other(n) => n,
         }
     }
@@ -180,6 +186,16 @@ pub fn decode(
                 Ok(_) => Err(header_err(codes::BAD_MESSAGE_TYPE, &[kind])),
                 Err(e) => {
                     let n = notification_of(&BgpNotificationMessage::from(e));
+                    if kind == TYPE_UPDATE && update_routes_found(&frame[HEADER_LEN..]) {
+                        let n = if n.code == codes::UPDATE_MESSAGE
+                            && n.subcode != codes::MALFORMED_ATTRIBUTE_LIST
+                        {
+                            n
+                        } else {
+                            Notification::new(codes::UPDATE_MESSAGE, OPTIONAL_ATTRIBUTE_ERROR)
+                        };
+                        return Err(DecodeError::Attribute(n));
+                    }
                     Err(match kind {
                         TYPE_OPEN if n.code == codes::OPEN_MESSAGE => DecodeError::Open(n),
                         TYPE_OPEN => DecodeError::Open(Notification::new(codes::OPEN_MESSAGE, 0)),
@@ -196,6 +212,69 @@ pub fn decode(
             }
         }
     }
+}
+
+/// UPDATE Message Error's subcode for a malformed optional attribute.
+const OPTIONAL_ATTRIBUTE_ERROR: u8 = 9;
+
+/// Whether an UPDATE's body (after the header) can be read for its routes
+/// whatever its attributes say (RFC 7606 section 4): the withdrawn routes
+/// and the attribute list end where their lengths say, each attribute's
+/// own length adds up to the list's, the NLRI are whole prefixes, and no
+/// MP_REACH_NLRI or MP_UNREACH_NLRI (types 14 and 15) carries routes of
+/// its own.
+fn update_routes_found(body: &[u8]) -> bool {
+    let u16_at = |i: usize| -> Option<usize> {
+        Some(usize::from(u16::from_be_bytes([
+            *body.get(i)?,
+            *body.get(i + 1)?,
+        ])))
+    };
+    let prefixes = |mut p: &[u8]| -> bool {
+        while let Some((&len, rest)) = p.split_first() {
+            let n = usize::from(len).div_ceil(8);
+            if len > 32 || rest.len() < n {
+                return false;
+            }
+            p = &rest[n..];
+        }
+        true
+    };
+    let Some(withdrawn) = u16_at(0) else {
+        return false;
+    };
+    let Some(w) = body.get(2..2 + withdrawn) else {
+        return false;
+    };
+    let Some(attr_len) = u16_at(2 + withdrawn) else {
+        return false;
+    };
+    let start = 4 + withdrawn;
+    let Some(attrs) = body.get(start..start + attr_len) else {
+        return false;
+    };
+    let mut p = 0;
+    while p < attrs.len() {
+        let Some(&[flags, kind]) = attrs.get(p..p + 2) else {
+            return false;
+        };
+        if kind == 14 || kind == 15 {
+            return false;
+        }
+        let (hdr, len) = if flags & 0x10 != 0 {
+            match attrs.get(p + 2..p + 4) {
+                Some(&[a, b]) => (4, usize::from(u16::from_be_bytes([a, b]))),
+                _ => return false,
+            }
+        } else {
+            match attrs.get(p + 2) {
+                Some(&l) => (3, usize::from(l)),
+                None => return false,
+            }
+        };
+        p += hdr + len;
+    }
+    p == attrs.len() && prefixes(w) && prefixes(&body[start + attr_len..])
 }
 
 /// Code, subcode and data of a netgauze NOTIFICATION, read from its own

@@ -454,3 +454,32 @@ proptest! {
         prop_assert_eq!(u.nlri().len(), n);
     }
 }
+
+#[test]
+fn a_malformed_attribute_whose_routes_can_be_found_is_an_attribute_error() {
+    // ORIGIN, AS_PATH (4-octet), NEXT_HOP, then `extra`; NLRI 10.9.0.0/24.
+    let update = |extra: &[u8]| -> Vec<u8> {
+        let mut attrs = vec![0x40, 1, 1, 0, 0x40, 2, 6, 2, 1, 0, 0, 0xfd, 0xe9];
+        attrs.extend_from_slice(&[0x40, 3, 4, 10, 0, 0, 1]);
+        attrs.extend_from_slice(extra);
+        let mut body = vec![0, 0];
+        body.extend_from_slice(&(attrs.len() as u16).to_be_bytes());
+        body.extend_from_slice(&attrs);
+        body.extend_from_slice(&[24, 10, 9, 0]);
+        let mut m = vec![0xff; 16];
+        m.extend_from_slice(&((19 + body.len()) as u16).to_be_bytes());
+        m.push(2);
+        m.extend_from_slice(&body);
+        m
+    };
+    // COMMUNITIES of length 3: treated as a withdraw (RFC 7606).
+    let e = err_of(&update(&[0xc0, 8, 3, 0, 1, 2]));
+    assert!(
+        matches!(e, DecodeError::Attribute(ref n) if n.code == codes::UPDATE_MESSAGE),
+        "{e:?}"
+    );
+    // The same in an MP_REACH_NLRI (type 14) that cannot be read: its
+    // routes cannot be found, so the session resets.
+    let e = err_of(&update(&[0x80, 14, 3, 0, 1, 2]));
+    assert!(matches!(e, DecodeError::Update(_)), "{e:?}");
+}
