@@ -27,6 +27,8 @@
 //! - every endpoint terminating but serving: they take new connections
 //!   (KEP-1669); one ready again, the others drain
 //!   (`every_endpoint_terminating_still_answers`);
+//! - a Service whose status names the node's own address: refused and
+//!   not captured (`a_service_may_not_capture_the_nodes_own_address`);
 //! - a deleted Service: its VIPs leave `vip list` and are no longer
 //!   answered (`deleted_service_loses_its_vips`);
 //! - a ServicePolicy switches a Service from NAT to DSR: `vip list` says
@@ -884,6 +886,58 @@ fn terminating_endpoint_keeps_its_connection() {
         BTreeSet::from([first.clone()]),
         "the long-lived connection stayed on {first}"
     );
+}
+
+/// Whoever can write a Service's status can name any address: one the
+/// node itself holds (here its address on the backends' subnet; on a real
+/// node its API server's or kubelet's) is refused, named in `rivoractl
+/// status` and in a Warning Event on the Service, and not captured: a connection to it from the client reaches
+/// the node's own kernel (nothing listens: refused), not a backend. The
+/// same Service's other address is served.
+#[test]
+fn a_service_may_not_capture_the_nodes_own_address() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let own = IpAddr::V4(t.node_v4);
+    let v = [own, IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.service("grab", &v, &ports, &[0, 1, 2]);
+    let (good, bad) = (vip_name("tcp", sa(t.vip4)), vip_name("tcp", sa(own)));
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "the Service's other address", &v, PROGRAMMED, |m| {
+        has(m, &good, &w.targets(&[0, 1, 2], false), &none)
+    });
+    let refused = wait_for(PROGRAMMED, Duration::from_millis(50), || {
+        let st = w.rd.status();
+        st["failed_vips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str())
+            .find(|f| f.starts_with(&bad) && f.contains("is an address of this node"))
+            .map(str::to_string)
+    });
+    assert!(refused.is_some(), "{bad} not refused: {}", w.rd.status());
+    assert!(!vips_on(&w.rd, &[own]).contains_key(&bad), "{bad} listed");
+    let event = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        w.k8s.events_about("grab").into_iter().find(|(t, r, m)| {
+            t == "Warning" && r == "NotProgrammed" && m.contains("is an address of this node")
+        })
+    });
+    assert!(
+        event.is_some(),
+        "no Warning Event on the Service: {:?}",
+        w.k8s.events_about("grab")
+    );
+    let r = t.client.run(move || tcp_once(sa(own), STEP));
+    assert!(
+        matches!(&r, Err(e) if e.contains("refused")),
+        "a connection to the node's own address reached {r:?}"
+    );
+    assert_spread(t, "the other address", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
 }
 
 // ---------------------------------------------------------------------

@@ -158,6 +158,9 @@ pub trait NodeFacts: Send {
     fn route_source(&self, addr: IpAddr) -> Result<IpAddr, NetError>;
     /// Host settings L3 DSR and full NAT rely on, for these interfaces.
     fn prepare_local_source(&self, interfaces: &[String]);
+    /// The addresses the node holds on any interface: a Service or
+    /// Gateway may not take one for a VIP.
+    fn addresses(&self) -> BTreeSet<IpAddr>;
 }
 
 /// The running kernel's interfaces and neighbour tables.
@@ -174,6 +177,23 @@ impl NodeFacts for KernelFacts {
 
     fn route_source(&self, addr: IpAddr) -> Result<IpAddr, NetError> {
         net::route_source(addr)
+    }
+
+    fn addresses(&self) -> BTreeSet<IpAddr> {
+        match nix::ifaddrs::getifaddrs() {
+            Ok(list) => list
+                .filter_map(|i| i.address)
+                .filter_map(|a| {
+                    a.as_sockaddr_in()
+                        .map(|v| IpAddr::V4(v.ip()))
+                        .or_else(|| a.as_sockaddr_in6().map(|v| IpAddr::V6(v.ip())))
+                })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "listing the node's addresses");
+                BTreeSet::new()
+            }
+        }
     }
 
     fn prepare_local_source(&self, interfaces: &[String]) {
@@ -750,7 +770,34 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         let mut resolved: BTreeMap<IpAddr, Result<Mac, String>> = BTreeMap::new();
         let mut sources: BTreeMap<IpAddr, Result<IpAddr, String>> = BTreeMap::new();
         let mut local_source = false;
+        // What a Service or Gateway may not capture: the node's own
+        // addresses (its API server's 6443, the kubelet's 10250 would be
+        // forwarded to someone's pods). The file is the operator's word.
+        let node_addrs = if merged
+            .vips
+            .values()
+            .any(|(o, _)| o.source != SourceKind::File)
+        {
+            self.facts.addresses()
+        } else {
+            BTreeSet::new()
+        };
         for (key, (owner, d)) in &merged.vips {
+            if owner.source != SourceKind::File && node_addrs.contains(&d.vip.addr) {
+                failed.insert(
+                    *key,
+                    format!(
+                        "{} is an address of this node: {} {} may not take it for a VIP",
+                        d.vip.addr,
+                        match owner.source {
+                            SourceKind::Gateway => "gateway",
+                            _ => "service",
+                        },
+                        owner.object
+                    ),
+                );
+                continue;
+            }
             local_source |= d.vip.mode == Mode::L3Dsr
                 || d.vip.mode == Mode::FullNat
                 || d.vip

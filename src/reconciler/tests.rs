@@ -46,6 +46,11 @@ impl NodeFacts for FixedFacts {
     }
 
     fn prepare_local_source(&self, _interfaces: &[String]) {}
+
+    /// `.253` of the test's networks is the node's own.
+    fn addresses(&self) -> BTreeSet<IpAddr> {
+        BTreeSet::from([IpAddr::V4([10, 0, 0, 253].into())])
+    }
 }
 
 struct Harness {
@@ -651,4 +656,36 @@ fn run_reclaims_what_an_apply_retired_after_a_grace_period_waited_for_beside_it(
         rec.writer().free_slots() + live,
         rec.writer().store().table_size()
     );
+}
+
+/// A Service or Gateway may not take an address the node holds (its API
+/// server, its kubelet would be forwarded to someone's pods): the VIP is
+/// refused, named, and nothing of it reaches the maps; another VIP of the
+/// same Service is applied. The file may (the operator's word).
+#[test]
+fn a_service_may_not_capture_the_nodes_own_address() {
+    let mut h = harness();
+    let own = vip("10.0.0.253", 6443, &["10.1.0.1"]);
+    let fine = vip("10.0.0.20", 80, &["10.1.0.1"]);
+    let r = h.set(svc("team-a/grab"), vec![own.clone(), fine.clone()]);
+    assert_eq!(r.failed.len(), 1, "{r:?}");
+    assert_eq!(r.failed[0].0, own.vip.key());
+    assert!(
+        r.failed[0]
+            .1
+            .contains("10.0.0.253 is an address of this node: service team-a/grab"),
+        "{:?}",
+        r.failed
+    );
+    let in_maps = |h: &Harness, k: VipKey| h.rec.writer().vips().iter().any(|v| v.key == Some(k));
+    assert!(
+        !in_maps(&h, own.vip.key()),
+        "the node's address in the maps"
+    );
+    assert_eq!(h.backends_in_maps(&fine.vip.key()).len(), 1);
+
+    let mut h = harness();
+    let r = h.set(file(), vec![own.clone()]);
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(h.backends_in_maps(&own.vip.key()).len(), 1);
 }
