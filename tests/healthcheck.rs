@@ -845,6 +845,25 @@ async fn a_probe_budget_stretches_every_interval_alike() {
         "{total} probes in {window:?} within a budget of 100 a second"
     );
 
+    // The factor moves in eighths: 19 targets ask 380 a second (3.8, run
+    // at 3.875); one more every second asks 381 (3.81, the same step), so
+    // it starts and no other target's schedule is touched.
+    let mut few = targets(19);
+    let diff = hc.set_targets(few.clone()).expect("valid targets");
+    assert_eq!(load.stretch.get(), 3.875);
+    assert_eq!(diff.restarted, 19, "{diff:?}");
+    few.push(ProbeTarget {
+        key: 99,
+        addr: server.addr,
+        spec: tcp_spec(1_000, 20, 1, 1),
+        initial: HealthState::Healthy,
+    });
+    let diff = hc.set_targets(few).expect("valid targets");
+    assert_eq!(load.stretch.get(), 3.875);
+    assert_eq!((diff.added, diff.restarted), (1, 0), "{diff:?}");
+    hc.set_targets(targets(20)).expect("valid targets");
+    assert_eq!(load.stretch.get(), 4.0);
+
     // A budget above the demand: every target at its own 50 ms again.
     let mut hc = hc.with_budget(Some(1_000.0), load.clone());
     let diff = hc.set_targets(targets(20)).expect("valid targets");

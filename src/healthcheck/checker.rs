@@ -253,8 +253,11 @@ impl<K: TargetKey> HealthChecker<K> {
             .iter()
             .map(|t| 1.0 / t.spec.interval.as_secs_f64())
             .sum();
+        // In eighths, rounded up: the rate stays within the budget, and a
+        // Service coming or going moves the factor (and restarts every
+        // target's schedule) only when it crosses a step.
         let stretch = match self.budget {
-            Some(b) if demand > b => demand / b,
+            Some(b) if demand > b => (demand / b * 8.0).ceil() / 8.0,
             _ => 1.0,
         };
         self.load.demand.set(demand);
