@@ -54,6 +54,13 @@ const HOLD: Duration = Duration::from_secs(5);
 
 static POOLS: AtomicU32 = AtomicU32::new(0);
 
+/// One test's controllers at a time: a controller clears the
+/// `rivora.io/AddressAssigned` condition of every Service that is not of
+/// its class (it takes it for one that stopped being Rivora's), so two
+/// tests' controllers would undo each other's conditions. The same holds
+/// for two Rivora installations in one cluster (in the note).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// One test's corner of the cluster: a namespace, a class, a pool, and a
 /// directory for kubeconfig and logs.
 struct Scope {
@@ -65,10 +72,15 @@ struct Scope {
     v6: String,
     dir: tempfile::TempDir,
     kubeconfig: std::path::PathBuf,
+    _alone: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Scope {
     fn new() -> Self {
+        // A test that failed while holding it leaves nothing shared behind.
+        let alone = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let kube = Kube::admin();
         let k8s = kube.namespace("ctl-");
         let dir = tempfile::tempdir().expect("a temp dir");
@@ -84,6 +96,7 @@ impl Scope {
             k8s,
             dir,
             kubeconfig,
+            _alone: alone,
         };
         s.create_pool();
         s
