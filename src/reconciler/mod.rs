@@ -270,8 +270,10 @@ fn now_secs() -> u64 {
 /// Replies waiting for the next apply.
 enum Waiting {
     Ack(Owner, oneshot::Sender<Applied>),
+    /// Answered after the publish that follows, so that a reader asking
+    /// next sees the drain (`vip`: the one VIP whose apply it waits for).
     Drain {
-        vip: VipKey,
+        vip: Option<VipKey>,
         done: DrainDone,
         reply: DrainReply,
     },
@@ -421,10 +423,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 drain,
                 reply,
             } => match self.drain(target, vip, drain) {
-                Ok((done, None)) => {
-                    let _ = reply.send(Ok(done));
-                }
-                Ok((done, Some(vip))) => waiting.push(Waiting::Drain { vip, done, reply }),
+                Ok((done, vip)) => waiting.push(Waiting::Drain { vip, done, reply }),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
@@ -619,8 +618,8 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                     replies.acks.push((ack, Applied { failed }));
                 }
                 Waiting::Drain { vip, done, reply } => {
-                    let r = match self.failed.get(&vip) {
-                        Some(reason) => Err(DrainError::NotApplied {
+                    let r = match vip.and_then(|v| Some((v, self.failed.get(&v)?))) {
+                        Some((vip, reason)) => Err(DrainError::NotApplied {
                             vip,
                             reason: reason.clone(),
                         }),

@@ -689,3 +689,54 @@ fn a_service_may_not_capture_the_nodes_own_address() {
     assert!(r.ok(), "{r:?}");
     assert_eq!(h.backends_in_maps(&own.vip.key()).len(), 1);
 }
+
+#[test]
+fn a_drain_is_answered_only_once_readers_see_it() {
+    // rivoractl drains, then lists: the list must show the drain. The
+    // answer waits in `waiting` for the publish, for every drain.
+    let mut h = harness();
+    assert!(h.set(file(), vec![vip("10.0.0.1", 80, &["10.1.0.1"])]).ok());
+    let target: SocketAddr = "10.1.0.1:8080".parse().unwrap();
+    for (drain, vip) in [
+        (true, None),
+        (false, None),
+        (true, Some(vip("10.0.0.1", 80, &[]).vip.key())),
+    ] {
+        let (tx, mut rx) = oneshot::channel();
+        let mut waiting = Vec::new();
+        assert!(h.rec.handle(
+            Command::Drain {
+                target,
+                vip,
+                drain,
+                reply: tx
+            },
+            &mut waiting
+        ));
+        assert!(
+            rx.try_recv().is_err(),
+            "drain {drain} of {vip:?} answered before the publish"
+        );
+        assert_eq!(waiting.len(), 1);
+        if h.rec.dirty {
+            h.rec.apply();
+        }
+        let replies = h.rec.answer(&mut waiting);
+        h.rec.publish();
+        replies.deliver();
+        assert!(rx.try_recv().expect("answered after the publish").is_ok());
+        let b = &h.status().vips[0].backends[0];
+        assert_eq!(b.drained, drain, "{b:?} after drain {drain} of {vip:?}");
+        // Everywhere: the datapath's health; for one VIP: its weight.
+        let (health, weight) = match (drain, vip) {
+            (true, None) => (Health::Draining, 1),
+            (true, Some(_)) => (Health::Healthy, 0),
+            (false, _) => (Health::Healthy, 1),
+        };
+        assert_eq!(
+            (b.health, b.weight),
+            (health, weight),
+            "{b:?} after drain {drain} of {vip:?}"
+        );
+    }
+}
