@@ -316,6 +316,11 @@ __noinline int rv_icmp_error(struct xdp_md *ctx, struct rv_pkt *pkt)
 	svc = rv_service_get(t.svc_id, f.family);
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
+	/* The error is about a flow to the quoted client: one the ranges
+	 * keep out has nothing behind the VIP to tell. */
+	ret = rv_source_allowed(svc, t.svc_id, f.family, f.caddr);
+	if (ret)
+		return ret;
 	rv_pick(svc, &f, &t);
 	/* An error creates no state: nothing is remembered. */
 	t.pick = 0;
@@ -390,6 +395,14 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt, __u32 forced)
 	svc = rv_service_get(t.svc_id, pkt->family);
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
+	/* Every packet, not only a flow's first: a range taken away ends
+	 * the flows it let in. A tunnelled packet was checked by the node
+	 * that took it in, against the client's address it still carries. */
+	if (!forced) {
+		ret = rv_source_allowed(svc, t.svc_id, pkt->family, pkt->saddr);
+		if (ret)
+			return ret;
+	}
 
 	if ((pkt->flags & RV_PKT_TCP_SYN) && !forced) {
 		ret = rv_rate_limit(pkt, t.svc_id, svc);

@@ -13,6 +13,7 @@ pub use crate::bpf::xdp_ingress::types::{
     rv_maglev_slot, rv_meta, rv_mode, rv_nat6_key, rv_nat6_value, rv_nat_key, rv_nat_owner,
     rv_nat_owner6_key, rv_nat_owner_key, rv_nat_value, rv_nexthop, rv_nexthop_flags, rv_nh_miss,
     rv_rl6_key, rv_rl_bucket, rv_rl_config, rv_rl_key, rv_service, rv_service_flags,
+    rv_source_range, rv_source_range6_key, rv_source_range_key, rv_source_refused,
     rv_tunnel_config, rv_tunnel_ep, rv_tunnel_ep_key, rv_vip6_key, rv_vip_filter, rv_vip_key,
     rv_vip_range6_key, rv_vip_range_key, rv_vip_stats, rv_vip_value,
 };
@@ -36,6 +37,8 @@ pub const VIP_FILTER_BITS: u32 = rv_limits::RV_VIP_FILTER_BITS.0;
 pub const VIP_FILTER_WORDS: usize = rv_limits::RV_VIP_FILTER_WORDS.0 as usize;
 /// Entries of fullnat_src_map (index 0 means none).
 pub const FULLNAT_SRCS: u32 = rv_limits::RV_FULLNAT_SRCS.0;
+/// Entries of each `source_range_map{,6}`, every VIP's together.
+pub const MAX_SOURCE_RANGES: u32 = rv_limits::RV_MAX_SOURCE_RANGES.0;
 
 /// The bit of `vip_filter_map` an address sets: `rv_vip_filter_bit` in
 /// `bpf/lib/lb.h`, on the address words as the kernel holds them.
@@ -125,6 +128,7 @@ pub const DROP_REASONS: &[rv_drop_reason] = &[
     rv_drop_reason::RV_DROP_FULLNAT_PORTS_EXHAUSTED,
     rv_drop_reason::RV_DROP_FULLNAT_TABLE_FULL,
     rv_drop_reason::RV_DROP_NO_FULLNAT_SRC,
+    rv_drop_reason::RV_DROP_SOURCE_RANGE,
 ];
 
 /// The metric label of a drop reason. Exhaustive over the C enum: a
@@ -148,6 +152,7 @@ pub fn drop_reason_label(r: rv_drop_reason) -> Option<&'static str> {
         rv_drop_reason::RV_DROP_FULLNAT_PORTS_EXHAUSTED => "fullnat_ports_exhausted",
         rv_drop_reason::RV_DROP_FULLNAT_TABLE_FULL => "fullnat_table_full",
         rv_drop_reason::RV_DROP_NO_FULLNAT_SRC => "no_fullnat_src",
+        rv_drop_reason::RV_DROP_SOURCE_RANGE => "source_range",
         _ => return None,
     })
 }

@@ -18,4 +18,4 @@ pub mod xdpgen;
 
 // The libbpf-free crates, under the paths they always had.
 pub use rivora_api as api;
-pub use rivora_model::{config, desired, maglev, model};
+pub use rivora_model::{config, desired, maglev, model, source_range};

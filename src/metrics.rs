@@ -61,6 +61,8 @@ pub struct VipCounters {
     pub bytes: u64,
     pub rate_limited_syns: u64,
     pub no_healthy_backend_drops: u64,
+    /// Packets from outside its source ranges.
+    pub source_refused: u64,
     /// Slots of its Maglev slice.
     pub maglev_slots: u64,
     /// Its slice is smaller than its weights need (the table is full).
@@ -227,7 +229,7 @@ impl Collector for SnapshotCollector {
         // byte-identical.
         let mut vips: Vec<&VipCounters> = s.vips.iter().collect();
         vips.sort_by(|a, b| a.vip.cmp(&b.vip));
-        let per_vip: [(&str, &str, VipField); 4] = [
+        let per_vip: [(&str, &str, VipField); 5] = [
             ("rivora_vip_packets", "Packets that matched the VIP.", |v| {
                 v.packets
             }),
@@ -245,6 +247,11 @@ impl Collector for SnapshotCollector {
                 "rivora_vip_no_healthy_backend_drops",
                 "Packets to the VIP dropped because no backend was healthy.",
                 |v| v.no_healthy_backend_drops,
+            ),
+            (
+                "rivora_vip_source_refused_packets",
+                "Packets to the VIP dropped because their source is outside its source ranges.",
+                |v| v.source_refused,
             ),
         ];
         for (name, help, get) in per_vip {
@@ -474,7 +481,7 @@ mod tests {
         p
     }
 
-    const FAMILIES: [(&str, &str); 13] = [
+    const FAMILIES: [(&str, &str); 14] = [
         ("rivora_build_info", "gauge"),
         ("rivora_vip_maglev_slots", "gauge"),
         ("rivora_vip_maglev_reduced_precision", "gauge"),
@@ -482,6 +489,7 @@ mod tests {
         ("rivora_vip_bytes_total", "counter"),
         ("rivora_vip_rate_limited_syns_total", "counter"),
         ("rivora_vip_no_healthy_backend_drops_total", "counter"),
+        ("rivora_vip_source_refused_packets_total", "counter"),
         ("rivora_backend_health", "gauge"),
         ("rivora_drops_total", "counter"),
         ("rivora_config_reloads_total", "counter"),
@@ -511,6 +519,7 @@ mod tests {
                     bytes: 500,
                     rate_limited_syns: 0,
                     no_healthy_backend_drops: 0,
+                    source_refused: 0,
                     maglev_slots: 96,
                     maglev_reduced_precision: true,
                 },
@@ -520,6 +529,7 @@ mod tests {
                     bytes: 64000,
                     rate_limited_syns: 3,
                     no_healthy_backend_drops: 7,
+                    source_refused: 9,
                     maglev_slots: 768,
                     maglev_reduced_precision: false,
                 },
@@ -568,6 +578,7 @@ mod tests {
             ("rivora_vip_bytes_total", 64000.0, 500.0),
             ("rivora_vip_rate_limited_syns_total", 3.0, 0.0),
             ("rivora_vip_no_healthy_backend_drops_total", 7.0, 0.0),
+            ("rivora_vip_source_refused_packets_total", 9.0, 0.0),
         ] {
             assert_eq!(p.value(name, &tcp), at_tcp, "{name}");
             assert_eq!(p.value(name, &udp), at_udp, "{name}");
@@ -626,10 +637,10 @@ mod tests {
             1.0
         );
 
-        // Nothing beyond the above: 1 + (4 counters + 2 gauges) × 2 VIPs +
+        // Nothing beyond the above: 1 + (5 counters + 2 gauges) × 2 VIPs +
         // 3 states + 2 + 2 + the two gauges, and per result the 14 bounds,
         // +Inf, _sum and _count.
-        assert_eq!(p.samples.len(), 1 + 12 + 3 + 2 + 2 + 2 + 3 * 17);
+        assert_eq!(p.samples.len(), 1 + 14 + 3 + 2 + 2 + 2 + 3 * 17);
         assert_eq!(
             m.encode(snapshot()).unwrap(),
             text,

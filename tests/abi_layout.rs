@@ -285,6 +285,24 @@ fn snapshot() -> String {
     layout!(s, rv_tunnel_ep { backend_id });
     layout!(
         s,
+        rv_source_range_key {
+            prefixlen,
+            svc_id,
+            addr
+        }
+    );
+    layout!(
+        s,
+        rv_source_range6_key {
+            prefixlen,
+            svc_id,
+            addr
+        }
+    );
+    layout!(s, rv_source_range { len });
+    layout!(s, rv_source_refused { packets });
+    layout!(
+        s,
         rv_meta {
             abi_version,
             maglev_size

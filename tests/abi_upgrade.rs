@@ -1,6 +1,6 @@
-//! Pinned maps of layout 2 upgraded in place to this build's layout
-//! (src/dataplane/loader.rs: `UPGRADABLE_ABI_VERSION`, `ADDED_IN_V3`,
-//! `REPLACED_IN_V3`), through the calls rivorad's start makes
+//! Pinned maps of layouts 2 and 3 upgraded in place to this build's
+//! layout (src/dataplane/loader.rs: `UPGRADABLE_ABI_VERSIONS`,
+//! `ADDED_IN_V3`, `REPLACED_IN_V3`, `ADDED_IN_V4`), through the calls rivorad's start makes
 //! (`Daemon::start`: the layout version read first; then the load, the
 //! writer's adoption of the maps, and the file's VIPs upserted).
 //!
@@ -32,6 +32,12 @@
 //!   still goes to its old backend (every byte of the translated frame,
 //!   through BPF_PROG_TEST_RUN), its reply is translated back by tc_nat,
 //!   and a new flow goes where the Maglev table says.
+//! - `v3_set_gains_the_source_range_maps_and_flows_stay`: a set of this
+//!   build's with the maps layout 4 added unpinned and meta_map saying 3
+//!   (what a layout 3 rivorad left) is upgraded by the load: the added
+//!   maps pinned empty, every other map the same kernel map with the same
+//!   entries, an established flow still on its backend, and a VIP written
+//!   with source ranges after the upgrade enforces them.
 //! - `other_layouts_are_refused_and_left_whole`: a layout 1 set, and a
 //!   layout 2 set whose meta_map says a version this build does not know,
 //!   are refused by the preflight, the load and rivorad's sequence with
@@ -71,7 +77,7 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{MapCore, MapFlags, MapType};
 use rivora::abi::*;
 use rivora::dataplane::loader::{
-    pinned_abi_version, ADDED_IN_V3, REPLACED_IN_V3, UPGRADABLE_ABI_VERSION,
+    pinned_abi_version, upgradable, ADDED_IN_V3, ADDED_IN_V4, REPLACED_IN_V3,
 };
 use rivora::dataplane::maps::{bytes_of, from_bytes};
 use rivora::dataplane::{
@@ -361,7 +367,7 @@ fn v2_set() -> V2Set {
 /// adoption; one after the other here); then the writer adopts the maps.
 fn start_like_rivorad(dir: &Path) -> Result<(Datapath, Writer<Maps>), DataplaneError> {
     let opts = opts(dir);
-    let upgrading = pinned_abi_version(dir)? == Some(UPGRADABLE_ABI_VERSION);
+    let upgrading = upgradable(pinned_abi_version(dir)?);
     if dir.join("meta_map").exists() && !upgrading {
         Datapath::preflight(&opts)?;
     }
@@ -415,11 +421,11 @@ fn assert_upgraded(set: &V2Set, before: &BTreeMap<String, Pinned>, dp: Datapath,
     let want: BTreeSet<&str> = V2
         .iter()
         .map(|m| m.name)
-        .chain(ADDED_IN_V3.iter().copied())
+        .chain(ADDED_IN_V3.iter().chain(&ADDED_IN_V4).copied())
         .collect();
     assert_eq!(
         names, want,
-        "the objects' pinned maps are layout 2's and ADDED_IN_V3"
+        "the objects' pinned maps are layout 2's, ADDED_IN_V3 and ADDED_IN_V4"
     );
     let after = snapshot(dir);
     assert_eq!(
@@ -536,13 +542,82 @@ fn v2_set_upgrades_in_place_and_flows_stay() {
     let _in = InNetns::enter(&ns);
     let set = v2_set();
     let before = snapshot(&set.dir.path);
-    assert_eq!(
-        pinned_abi_version(&set.dir.path).unwrap(),
-        Some(UPGRADABLE_ABI_VERSION)
-    );
+    assert_eq!(pinned_abi_version(&set.dir.path).unwrap(), Some(2));
     let (dp, w) = start_like_rivorad(&set.dir.path)
         .unwrap_or_else(|e| panic!("upgrading a layout 2 set: {e}"));
     assert_upgraded(&set, &before, dp, w);
+}
+
+#[test]
+fn v3_set_gains_the_source_range_maps_and_flows_stay() {
+    common::require::root_and_tools("abi_upgrade");
+    let ns = Netns::new(&unique("rvupgrade"));
+    let _in = InNetns::enter(&ns);
+    // Its own pin directory (TestDp's), removed when it goes.
+    let scratch = Fx::with_options(LoadOptions {
+        maglev_size: SIZES.maglev,
+        flow_table_size: SIZES.flow_table,
+        ..Default::default()
+    });
+    let dir = scratch.t.pin_dir.clone();
+    let v = vips()[0].clone();
+    let svc = scratch.apply(&v).svc;
+    let f = request(&v, 41_000);
+    let (verdict, _) = scratch.t.run_xdp(&f.build());
+    assert_eq!(verdict, XDP_PASS, "the flow's first packet");
+    let old = affinity_of(&scratch.t, svc, &f).expect("the flow's affinity entry");
+    let old = be_of(&scratch, old);
+    let f = f.established(2);
+    assert_forwarded(&scratch.t, "before the upgrade", &f, &old);
+
+    // What a layout 3 rivorad leaves: the same maps, less layout 4's.
+    for name in ADDED_IN_V4 {
+        std::fs::remove_file(dir.join(name)).expect("unpinning a map layout 4 added");
+    }
+    layouts::write_meta(&dir, 3, SIZES.maglev);
+    let before = snapshot(&dir);
+    let (dp, w) =
+        start_like_rivorad(&dir).unwrap_or_else(|e| panic!("upgrading a layout 3 set: {e}"));
+    let meta = read_meta(&dir);
+    assert_eq!(
+        (meta.abi_version, meta.maglev_size),
+        (ABI_VERSION, SIZES.maglev)
+    );
+    let after = snapshot(&dir);
+    for name in ADDED_IN_V4 {
+        assert_eq!(after[name].non_zero(), 0, "{name} pinned, empty");
+    }
+    let kept = |s: &BTreeMap<String, Pinned>| -> BTreeMap<String, Pinned> {
+        s.iter()
+            .filter(|(n, _)| n.as_str() != "meta_map" && !ADDED_IN_V4.contains(&n.as_str()))
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect()
+    };
+    let moved = layouts::diff(&kept(&before), &kept(&after));
+    assert!(moved.is_empty(), "maps layout 4 keeps moved: {moved:#?}");
+
+    let fx = Fx {
+        t: TestDp {
+            dp,
+            maps: Maps::open(&dir).expect("every map the writer knows is pinned"),
+            pin_dir: dir.clone(),
+        },
+        w: RefCell::new(w),
+    };
+    assert_forwarded(&fx.t, "after the upgrade", &f, &old);
+    // The new maps work: ranges that leave the client out end its flow.
+    let mut restricted = v.clone();
+    restricted.source_ranges = Some(vec!["192.0.2.0/24".parse().unwrap()]);
+    assert_eq!(fx.apply(&restricted).svc, svc);
+    let (verdict, out) = fx.t.run_xdp(&f.build());
+    assert_eq!(
+        (verdict, out),
+        (XDP_DROP, f.build()),
+        "outside the ranges now"
+    );
+    assert_eq!(fx.t.source_refused(svc), 1);
+    // Both datapaths over the same pins: one unpins them when it goes.
+    std::mem::forget(fx.t);
 }
 
 /// A refusal's message and a set left whole, for each way in.

@@ -940,6 +940,154 @@ fn a_service_may_not_capture_the_nodes_own_address() {
     assert_spread(t, "the other address", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
 }
 
+/// Merge-patch a Service's spec.
+fn patch_spec(k8s: &TestNs, name: &str, spec: Value) {
+    k8s.patch_service(name, &json!({ "spec": spec }));
+}
+
+/// `spec.loadBalancerSourceRanges` is enforced in XDP, both families,
+/// every packet: a client outside the ranges gets nothing (and is
+/// counted), one inside is served, none listed serves everyone; the
+/// older annotation is read when the spec lists none, and ranges of one
+/// family only admit nobody to the other's VIP.
+#[test]
+fn load_balancer_source_ranges_keep_other_clients_out() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, true);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4), IpAddr::V6(t.vip6)];
+    let client = [
+        format!("{}/32", t.client_v4),
+        format!("{}/128", t.client_v6),
+    ];
+    let elsewhere = ["198.51.100.0/24".to_string(), "fd00:ffff::/64".to_string()];
+    w.k8s.create_service(&lb_service(
+        "web",
+        &nat_ports(),
+        json!({ "ipFamilyPolicy": "PreferDualStack", "loadBalancerSourceRanges": client }),
+    ));
+    w.k8s.set_ingress("web", &v);
+    w.slices("web", &v, &nat_ports(), &[0, 1, 2], &[]);
+    let names: Vec<String> = [sa(t.vip4), sa(t.vip6)]
+        .iter()
+        .flat_map(|a| ["tcp", "udp"].map(|p| vip_name(p, *a)))
+        .collect();
+    let ranges_are = |want: Option<&[String]>| {
+        let names = names.clone();
+        let want: Option<Vec<String>> = want.map(|l| l.to_vec());
+        move |m: &BTreeMap<String, Value>| {
+            names.iter().all(|n| {
+                m.get(n).is_some_and(|vip| {
+                    let got: Option<Vec<String>> =
+                        serde_json::from_value(vip["source_ranges"].clone()).ok();
+                    got == want
+                })
+            })
+        }
+    };
+    wait_vips(
+        &w.rd,
+        "ranges holding the client",
+        &v,
+        PROGRAMMED,
+        ranges_are(Some(&client)),
+    );
+    for vip in [sa(t.vip4), sa(t.vip6)] {
+        for p in [Proto::Tcp, Proto::Udp] {
+            assert_spread(t, "the client inside the ranges", vip, p, &[0, 1, 2]);
+        }
+    }
+    let refused = |rd: &Rivorad| -> u64 {
+        vips_on(rd, &v)
+            .values()
+            .map(|x| x["source_refused"].as_u64().expect("source_refused"))
+            .sum()
+    };
+    assert_eq!(refused(&w.rd), 0);
+
+    // Ranges that leave the client out: nothing answers it, a long-lived
+    // connection included.
+    let stop = Arc::new(AtomicBool::new(false));
+    let echoed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ll = long_lived(
+        &t.client,
+        sa(t.vip4),
+        Duration::from_millis(20),
+        STEP,
+        stop.clone(),
+        echoed.clone(),
+    );
+    ll.first
+        .recv_timeout(STEP * 2)
+        .expect("the long-lived connection's first answer");
+    patch_spec(
+        &w.k8s,
+        "web",
+        json!({ "loadBalancerSourceRanges": elsewhere }),
+    );
+    wait_vips(
+        &w.rd,
+        "ranges elsewhere",
+        &v,
+        PROGRAMMED,
+        ranges_are(Some(&elsewhere)),
+    );
+    let at = echoed.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        echoed.load(Ordering::Relaxed) <= at + 1,
+        "the established connection went on outside the ranges"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for vip in [sa(t.vip4), sa(t.vip6)] {
+        assert_unanswered(
+            t,
+            "the client outside the ranges",
+            vip,
+            &[Proto::Tcp, Proto::Udp],
+        );
+    }
+    assert!(
+        refused(&w.rd) >= 4,
+        "refusals counted per VIP: {:?}",
+        vips_on(&w.rd, &v)
+    );
+    let drops = w.rd.ctl_json(&["stats"]);
+    assert!(
+        drops["drops"]["by_reason"]["source_range"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 4,
+        "the source_range drop reason: {drops}"
+    );
+
+    // None listed: everyone again.
+    patch_spec(&w.k8s, "web", json!({ "loadBalancerSourceRanges": null }));
+    wait_vips(&w.rd, "no ranges", &v, PROGRAMMED, ranges_are(None));
+    assert_spread(t, "no ranges", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
+    assert_spread(t, "no ranges", sa(t.vip6), Proto::Udp, &[0, 1, 2]);
+
+    // The annotation (the API server refuses one that is no prefix),
+    // when the spec lists none: an IPv4 range only, so the IPv6 VIP
+    // admits nobody rather than everybody.
+    let annotated = json!({ "metadata": { "annotations": {
+        rivora_k8s::source_ranges::SOURCE_RANGES_ANNOTATION: elsewhere[0].clone()
+    } } });
+    w.k8s.patch_service("web", &annotated);
+    wait_vips(
+        &w.rd,
+        "the annotation's ranges",
+        &v,
+        PROGRAMMED,
+        ranges_are(Some(&elsewhere[..1])),
+    );
+    for vip in [sa(t.vip4), sa(t.vip6)] {
+        assert_unanswered(t, "the annotation's ranges", vip, &[Proto::Tcp]);
+    }
+}
+
 // ---------------------------------------------------------------------
 // 4. A deleted Service loses its VIPs
 // ---------------------------------------------------------------------

@@ -88,7 +88,7 @@ use common::traffic::{
 use rivora::abi;
 use rivora::dataplane::adopt::adopt;
 use rivora::dataplane::attach::ifindex;
-use rivora::dataplane::loader::{ADDED_IN_V3, REPLACED_IN_V3};
+use rivora::dataplane::loader::{ADDED_IN_V3, ADDED_IN_V4, REPLACED_IN_V3};
 use rivora::dataplane::render::Health;
 use rivora::dataplane::{MapStore, Maps};
 use rivora::model::{Ports, Protocol, VipKey};
@@ -1038,7 +1038,12 @@ fn layout_2_pins_upgraded_under_traffic() {
     let want: BTreeSet<String> = v2_names
         .iter()
         .cloned()
-        .chain(ADDED_IN_V3.iter().map(|n| n.to_string()))
+        .chain(
+            ADDED_IN_V3
+                .iter()
+                .chain(&ADDED_IN_V4)
+                .map(|n| n.to_string()),
+        )
         .collect();
     assert_eq!(pinned(), want, "layout 2's pins and the added ones");
     for (name, id) in &kept_ids {

@@ -1144,3 +1144,118 @@ fn weights_show_in_the_spread() {
     let st = lb.t().vip_stats(svc);
     assert_eq!((st.packets, st.bytes), (n as u64, bytes), "stats_map");
 }
+
+// ---------------------------------------------------------------------
+// Source ranges
+
+fn ranges(list: &[&str]) -> Option<Vec<rivora::source_range::SourceRange>> {
+    Some(list.iter().map(|r| r.parse().expect("a prefix")).collect())
+}
+
+/// A VIP with source ranges takes packets from inside them only, every
+/// packet (a range taken away ends the flows it let in), counted per VIP
+/// and as the `source_range` drop; another VIP is not affected; ranges of
+/// the other family only admit nobody; none admits everyone again, and
+/// the maps keep no entry of it.
+#[test]
+fn source_ranges_admit_only_their_clients() {
+    let mut lb = Lb::new();
+    for fam in [Fam::V4, Fam::V6] {
+        let (svc, open, b) = match fam {
+            Fam::V4 => (20, 21, 12),
+            Fam::V6 => (22, 23, 13),
+        };
+        // client(n) is 10.9.(n >> 8).(n & 255), fd00:9::n.
+        let (in_first, outside, in_second) = (fam.client(1), fam.client(300), fam.client(400));
+        let list: &[&str] = match fam {
+            Fam::V4 => &["10.9.0.0/24", "10.9.1.128/25", "fd00:9::/120"],
+            Fam::V6 => &["fd00:9::/120", "fd00:9::180/121", "10.9.0.0/16"],
+        };
+        let id = lb.service(fam, svc, &[(b, 1)], |v| Vip {
+            source_ranges: ranges(list),
+            ..v
+        });
+        lb.service(fam, open, &[(b, 1)], |v| v);
+        let s = lb.fx.service(id);
+        assert_ne!(s.flags & rv_service_flags::RV_SVC_F_SOURCE_RANGES.0, 0);
+        let held: Vec<String> = lb
+            .fx
+            .image()
+            .source_ranges
+            .iter()
+            .filter(|(sid, _)| *sid == id)
+            .map(|(_, r)| r.to_string())
+            .collect();
+        assert_eq!(held, list[..2].to_vec(), "{fam:?}: its own family's ranges");
+
+        let dropped = |lb: &Lb| lb.drops(rv_drop_reason::RV_DROP_SOURCE_RANGE);
+        let d0 = dropped(&lb);
+        assert_eq!(lb.send(fam, svc, in_first, 1000, Tcp::Syn, b""), Out::To(b));
+        assert_eq!(
+            lb.send(fam, svc, in_second, 1000, Tcp::Syn, b""),
+            Out::To(b)
+        );
+        assert_eq!(lb.send(fam, svc, outside, 1000, Tcp::Syn, b""), Out::Drop);
+        assert_eq!(lb.send(fam, svc, outside, 1000, Tcp::Ack, b"x"), Out::Drop);
+        assert_eq!(dropped(&lb), d0 + 2, "{fam:?}");
+        assert_eq!(
+            lb.t().source_refused(id),
+            2,
+            "{fam:?}: counted against the VIP"
+        );
+        assert_eq!(
+            lb.send(fam, open, outside, 1000, Tcp::Syn, b""),
+            Out::To(b),
+            "{fam:?}: another VIP is not restricted"
+        );
+
+        // The second range goes: in_second's established flow ends with it.
+        let mut v = lb.vips[&(fam, svc)].clone();
+        v.source_ranges = ranges(&list[..1]);
+        assert_eq!(lb.fx.apply(&v).svc, id);
+        lb.vips.insert((fam, svc), v.clone());
+        assert_eq!(
+            lb.send(fam, svc, in_second, 1000, Tcp::Ack, b"y"),
+            Out::Drop
+        );
+        assert_eq!(
+            lb.send(fam, svc, in_first, 1000, Tcp::Ack, b"y"),
+            Out::To(b)
+        );
+
+        // Ranges of the other family only: nobody.
+        v.source_ranges = ranges(&list[2..]);
+        lb.fx.apply(&v);
+        assert_eq!(lb.send(fam, svc, in_first, 1001, Tcp::Syn, b""), Out::Drop);
+        assert!(
+            !lb.fx
+                .image()
+                .source_ranges
+                .iter()
+                .any(|(sid, _)| *sid == id),
+            "{fam:?}: no entry of the VIP's family"
+        );
+
+        // None: everyone, and the flag goes.
+        v.source_ranges = None;
+        lb.fx.apply(&v);
+        assert_eq!(lb.send(fam, svc, outside, 1002, Tcp::Syn, b""), Out::To(b));
+        assert_eq!(
+            lb.fx.service(id).flags & rv_service_flags::RV_SVC_F_SOURCE_RANGES.0,
+            0
+        );
+
+        // A removed VIP leaves no range for the next holder of its id.
+        v.source_ranges = ranges(&list[..2]);
+        lb.fx.apply(&v);
+        lb.fx.remove(&v);
+        assert!(
+            !lb.fx
+                .image()
+                .source_ranges
+                .iter()
+                .any(|(sid, _)| *sid == id),
+            "{fam:?}: the removed VIP's ranges are gone"
+        );
+    }
+}

@@ -1595,6 +1595,7 @@ fn status_of(
         slice: Slice { start: 0, len: 0 },
         mode: v.mode,
         affinity: v.affinity,
+        source_ranges: None,
         slice_need: None,
         backends: v
             .backends

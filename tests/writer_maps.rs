@@ -57,6 +57,7 @@ fn nat(addr: &str, port: u16, backends: Vec<Backend>) -> Vip {
         mode: Mode::Nat,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends,
     }
 }
@@ -439,6 +440,15 @@ impl MapStore for Probed<'_> {
     ) -> Result<(), DataplaneError> {
         let r = self.maps.put_tunnel_ep(svc, addr, backend);
         self.after(r, "tunnel endpoint")
+    }
+    fn put_source_range(
+        &mut self,
+        svc: u32,
+        r: &rivora::source_range::SourceRange,
+        on: bool,
+    ) -> Result<(), DataplaneError> {
+        let res = self.maps.put_source_range(svc, r, on);
+        self.after(res, "source range")
     }
     fn put_vip_filter(
         &mut self,

@@ -95,6 +95,45 @@ static __always_inline struct rv_service *rv_service_get(__u32 svc_id,
 	return svc;
 }
 
+/*
+ * Whether `saddr` may reach the service: always, unless it carries
+ * source ranges; then only from inside one of them. Returns 0 or
+ * -RV_DROP_SOURCE_RANGE, counted against the service.
+ */
+static __always_inline int rv_source_allowed(const struct rv_service *svc,
+					     __u32 svc_id, __u8 family,
+					     const __be32 *saddr)
+{
+	struct rv_source_refused *r;
+	void *hit;
+
+	if (!(svc->flags & RV_SVC_F_SOURCE_RANGES))
+		return 0;
+	if (family == RV_FAMILY_V4) {
+		struct rv_source_range_key k = {
+			.prefixlen = 64,
+			.svc_id = bpf_htonl(svc_id),
+			.addr = saddr[0],
+		};
+
+		hit = bpf_map_lookup_elem(&source_range_map, &k);
+	} else {
+		struct rv_source_range6_key k = {
+			.prefixlen = 160,
+			.svc_id = bpf_htonl(svc_id),
+		};
+
+		rv_addr6_copy(k.addr, saddr);
+		hit = bpf_map_lookup_elem(&source_range6_map, &k);
+	}
+	if (hit)
+		return 0;
+	r = bpf_map_lookup_elem(&source_refused_map, &svc_id);
+	if (r)
+		r->packets++;
+	return -RV_DROP_SOURCE_RANGE;
+}
+
 static __always_inline __u8 rv_backend_state(__u32 backend_id)
 {
 	struct rv_backend_health *h =

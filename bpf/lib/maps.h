@@ -188,6 +188,32 @@ struct {
 } drop_stats_map SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, RV_MAX_SOURCE_RANGES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rv_source_range_key);
+	__type(value, struct rv_source_range);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} source_range_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, RV_MAX_SOURCE_RANGES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rv_source_range6_key);
+	__type(value, struct rv_source_range);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} source_range6_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RV_SVC_ID_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rv_source_refused);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} source_refused_map SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);

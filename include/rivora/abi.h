@@ -20,10 +20,12 @@
  */
 enum rv_abi {
 	/* Layout version of the pinned maps; stored in rv_meta. Version 2
-	 * pins are upgraded in place (README, "Map layout versions"): 3
-	 * only adds maps, names three pad fields, and re-creates
-	 * drop_stats_map larger (counters only). */
-	RV_ABI_VERSION = 3,
+	 * and 3 pins are upgraded in place (README, "Map layout versions"):
+	 * 3 only adds maps, names three pad fields, and re-creates
+	 * drop_stats_map larger (counters only); 4 only adds maps (source
+	 * ranges), so that a binary that would ignore them refuses the
+	 * pins instead of opening a restricted VIP. */
+	RV_ABI_VERSION = 4,
 };
 
 enum rv_limits {
@@ -70,6 +72,10 @@ enum rv_limits {
 	/* Ports a new full-NAT flow tries (from the shared cursor) before
 	 * it is dropped as exhausted. */
 	RV_FULLNAT_PROBES = 32,
+	/* source_range_map{,6}: (service, prefix) entries, all VIPs
+	 * together. An LPM trie allocates per entry, so the bound costs
+	 * nothing until used. */
+	RV_MAX_SOURCE_RANGES = 65536,
 };
 
 enum rv_mode {
@@ -112,6 +118,10 @@ enum rv_service_flags {
 	 * service's): with clientIP affinity, each flow then keeps its
 	 * source port in an affinity entry of its own. */
 	RV_SVC_F_FULLNAT = 1 << 3,
+	/* Only sources in source_range_map{,6} under this service id
+	 * reach it (loadBalancerSourceRanges, sourceRanges in the file).
+	 * Set with no entry of the VIP's family: no source does. */
+	RV_SVC_F_SOURCE_RANGES = 1 << 4,
 };
 
 /*
@@ -144,6 +154,8 @@ enum rv_drop_reason {
 	RV_DROP_FULLNAT_TABLE_FULL = 15,
 	/* Full NAT: no source address for the backend (fullnat_src_map). */
 	RV_DROP_NO_FULLNAT_SRC = 16,
+	/* The source is outside the VIP's source ranges. */
+	RV_DROP_SOURCE_RANGE = 17,
 	RV_DROP_MAX,
 };
 
@@ -421,6 +433,34 @@ struct rv_vip_stats {
 	__u64 bytes;
 	__u64 rate_limited;
 	__u64 no_backend;
+};
+
+/*
+ * source_range_map: LPM trie. The service id is the first 32 bits of
+ * every prefix, so one lookup of (id, source) at full length finds the
+ * longest range of that service alone; prefixlen is 32 + the range's.
+ */
+struct rv_source_range_key {
+	__u32 prefixlen;
+	__be32 svc_id; /* network order: the trie matches bytes in order */
+	__be32 addr;
+};
+
+struct rv_source_range6_key {
+	__u32 prefixlen;
+	__be32 svc_id;
+	__be32 addr[4];
+};
+
+struct rv_source_range {
+	/* The range's own length, for dumps; the trie keeps it too. */
+	__u32 len;
+};
+
+/* source_refused_map (per-CPU): indexed by service id. Kept apart from
+ * rv_vip_stats so that the pinned stats keep their layout. */
+struct rv_source_refused {
+	__u64 packets;
 };
 
 /* drop_stats_map (per-CPU): indexed by enum rv_drop_reason. */

@@ -21,6 +21,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)]) -> VipStatus {
         slice: Slice { start: 0, len: 12 },
         mode: Mode::Nat,
         affinity: Affinity::None,
+        source_ranges: None,
         traffic_policy: crate::desired::TrafficPolicy::Cluster,
         slice_need: None,
         backends: backends

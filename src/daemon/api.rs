@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
-use crate::abi::{self, rv_drop_stats, rv_fullnat_stats, rv_vip_stats};
+use crate::abi::{self, rv_drop_stats, rv_fullnat_stats, rv_source_refused, rv_vip_stats};
 use crate::api::{
     Affinity as ApiAffinity, BackendHealth, BackendInfo, DrainOutcome, DrainSpec, Drops,
     InterfaceStatus, L2Group, L2Info, Ports as ApiPorts, ProbeState, Proto, ReloadResult,
@@ -153,6 +153,16 @@ impl DaemonApi {
         })
     }
 
+    /// Packets the VIP's source ranges kept out, summed over the CPUs.
+    fn source_refused(&self, svc_id: u32) -> u64 {
+        let per_cpu: Vec<rv_source_refused> = self
+            .maps
+            .source_refused_map
+            .get_percpu(&svc_id)
+            .unwrap_or_default();
+        per_cpu.iter().map(|s| s.packets).sum()
+    }
+
     /// A VIP's full-NAT drops, summed over the CPUs.
     fn fullnat_stats(&self, svc_id: u32) -> rv_fullnat_stats {
         let per_cpu: Vec<rv_fullnat_stats> = self
@@ -213,6 +223,11 @@ impl DaemonApi {
                     fullnat_ports_exhausted: f.ports_exhausted,
                     fullnat_table_full: f.table_full,
                     source: source_of(v.owner.as_ref()),
+                    source_ranges: v
+                        .source_ranges
+                        .as_ref()
+                        .map(|l| l.iter().map(ToString::to_string).collect()),
+                    source_refused: self.source_refused(v.svc_id),
                     slice_precision: v.slice_need.map_or_else(Default::default, |n| {
                         SlicePrecision {
                             needed: n.need,
@@ -480,6 +495,7 @@ impl ApiState for DaemonApi {
                     bytes: v.bytes,
                     rate_limited_syns: v.rate_limited,
                     no_healthy_backend_drops: v.no_backend,
+                    source_refused: v.source_refused,
                     maglev_slots: u64::from(v.slice_len),
                     maglev_reduced_precision: v.slice_precision.reduced,
                 })

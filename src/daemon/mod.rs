@@ -147,8 +147,9 @@ impl Daemon {
         };
         // A layout the load upgrades in place gains maps the writer opens:
         // it waits for the load then.
-        let upgrading = crate::dataplane::loader::pinned_abi_version(&opts.pin_dir)?
-            == Some(crate::dataplane::loader::UPGRADABLE_ABI_VERSION);
+        let upgrading = crate::dataplane::loader::upgradable(
+            crate::dataplane::loader::pinned_abi_version(&opts.pin_dir)?,
+        );
         let (cfg, reserved, config_ms, dp, load_ms, writer, adopt_ms) =
             if opts.pin_dir.join("meta_map").exists() && !upgrading {
                 Datapath::preflight(&load_opts)?;

@@ -31,8 +31,35 @@ pub const FLOW_TABLES: [&str; 6] = [
     "fullnat_rev_map6",
 ];
 
-/// The layout version whose pinned maps this binary upgrades in place.
-pub const UPGRADABLE_ABI_VERSION: u32 = 2;
+/// The layout versions whose pinned maps this binary upgrades in place.
+pub const UPGRADABLE_ABI_VERSIONS: [u32; 2] = [2, 3];
+
+/// Whether a pinned set of layout `v` is one this binary upgrades.
+pub fn upgradable(v: Option<u32>) -> bool {
+    v.is_some_and(|v| UPGRADABLE_ABI_VERSIONS.contains(&v))
+}
+
+/// The maps an upgrade from layout `from` creates: those every later
+/// layout added, and those it replaced.
+pub fn created_upgrading_from(from: u32) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if from < 3 {
+        out.extend(ADDED_IN_V3);
+        out.extend(REPLACED_IN_V3);
+    }
+    if from < 4 {
+        out.extend(ADDED_IN_V4);
+    }
+    out
+}
+
+/// Maps layout 4 added to layout 3's pinned set: source ranges and what
+/// they refused. Created empty by the upgrade; nothing else changed.
+pub const ADDED_IN_V4: [&str; 3] = [
+    "source_range_map",
+    "source_range6_map",
+    "source_refused_map",
+];
 /// Maps layout 3 added to layout 2's pinned set: created empty when a
 /// layout 2 set is upgraded in place (they hold full NAT's state, which
 /// layout 2 had none of, and the endpoints other nodes tunnel to).
@@ -306,10 +333,11 @@ fn check_pinned_def(
         max_entries: map.max_entries(),
         flags: map.map_flags(),
     };
-    let upgrading = pinned_version == Some(UPGRADABLE_ABI_VERSION);
+    let from_v2 = pinned_version == Some(2);
     let Some(have) = pinned_def(pin)? else {
-        let created_by_upgrade =
-            upgrading && (ADDED_IN_V3.contains(&name) || REPLACED_IN_V3.contains(&name));
+        let created_by_upgrade = pinned_version
+            .filter(|v| upgradable(Some(*v)))
+            .is_some_and(|v| created_upgrading_from(v).contains(&name));
         if pinned_version.is_some() && !created_by_upgrade {
             return Err(DataplaneError::PinnedMapMissing {
                 map: name.to_string(),
@@ -318,7 +346,7 @@ fn check_pinned_def(
         }
         return Ok(());
     };
-    if upgrading && REPLACED_IN_V3.contains(&name) && have != want {
+    if from_v2 && REPLACED_IN_V3.contains(&name) && have != want {
         return Ok(());
     }
     let fields = [
@@ -393,7 +421,7 @@ pub fn pinned_abi_version(pin_dir: &Path) -> Result<Option<u32>, DataplaneError>
 /// refused before anything is touched.
 fn check_version(pinned: Option<u32>) -> Result<(), DataplaneError> {
     match pinned {
-        Some(v) if v != abi::ABI_VERSION && v != UPGRADABLE_ABI_VERSION => {
+        Some(v) if v != abi::ABI_VERSION && !upgradable(Some(v)) => {
             Err(DataplaneError::AbiMismatch {
                 pinned: v,
                 binary: abi::ABI_VERSION,
@@ -403,12 +431,16 @@ fn check_version(pinned: Option<u32>) -> Result<(), DataplaneError> {
     }
 }
 
-/// Layout 2 to 3, in place: the maps 3 made larger and which hold counters
-/// only are unpinned, so that the load creates them anew (programs still
-/// running from the old ones keep theirs until the swap); the maps 3
-/// added are created by the load; meta_map is rewritten after it. Every
-/// map that holds flows or VIPs keeps its pin and its entries.
-fn upgrade_in_place(pin_dir: &Path) -> Result<(), DataplaneError> {
+/// Layout 2 or 3 to this one, in place: the maps 3 made larger and which
+/// hold counters only are unpinned (from 2), so that the load creates them
+/// anew (programs still running from the old ones keep theirs until the
+/// swap); the maps later layouts added are created by the load; meta_map
+/// is rewritten after it. Every map that holds flows or VIPs keeps its pin
+/// and its entries.
+fn upgrade_in_place(pin_dir: &Path, from: u32) -> Result<(), DataplaneError> {
+    if from >= 3 {
+        return Ok(());
+    }
     for name in REPLACED_IN_V3 {
         let pin = pin_dir.join(name);
         match fs::remove_file(&pin) {
@@ -487,11 +519,11 @@ impl Datapath {
         // maps stops here, before libbpf creates, pins or writes anything.
         let pinned_version = pinned_abi_version(&opts.pin_dir)?;
         check_version(pinned_version)?;
-        if pinned_version == Some(UPGRADABLE_ABI_VERSION) {
+        if let Some(v) = pinned_version.filter(|v| upgradable(Some(*v))) {
             // Every pin checked first (a map of another size, a missing
             // one), so that a set this binary cannot take is left whole.
             Self::preflight(opts)?;
-            upgrade_in_place(&opts.pin_dir)?;
+            upgrade_in_place(&opts.pin_dir, v)?;
         }
 
         let xdp = Owned::load(|storage| {
@@ -544,7 +576,7 @@ impl Datapath {
                 .map_err(|e| DataplaneError::load(format!("writing meta_map: {e}")))?;
             return Ok(());
         }
-        if m.abi_version == UPGRADABLE_ABI_VERSION {
+        if upgradable(Some(m.abi_version)) {
             // Upgraded in place: the new maps exist and are pinned now.
             let mut v = Vec::with_capacity(8);
             v.extend_from_slice(&abi::ABI_VERSION.to_ne_bytes());

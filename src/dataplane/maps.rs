@@ -74,6 +74,10 @@ pod!(
     rv_fullnat_cursor,
     rv_fullnat_stats,
     rv_fullnat_frag,
+    rv_source_range_key,
+    rv_source_range6_key,
+    rv_source_range,
+    rv_source_refused,
 );
 
 pub fn bytes_of<T: Pod>(v: &T) -> &[u8] {
@@ -355,4 +359,7 @@ maps!(
     fullnat_frag_map,
     fullnat_frag_map6,
     tunnel_ep_map,
+    source_range_map,
+    source_range6_map,
+    source_refused_map,
 );

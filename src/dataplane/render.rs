@@ -14,6 +14,7 @@ use crate::model::{
     Affinity, BackendTarget, FullNatSettings, Mac, Mode, NodeSettings, Ports, RateLimit, Vip,
     VipKey,
 };
+use crate::source_range::SourceRange;
 
 /// backend_health_map states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -475,6 +476,8 @@ pub struct MapImage {
     pub nat_owners: BTreeMap<NatOwnerKey, NatOwner>,
     /// tunnel_ep_map: (service id, endpoint address) to backend id.
     pub tunnel_eps: BTreeMap<(u32, IpAddr), u32>,
+    /// source_range_map{,6}: (service id, range).
+    pub source_ranges: BTreeSet<(u32, SourceRange)>,
     /// vip_filter_map's bits: those of every match entry's address (None:
     /// inactive, every packet goes on to the lookups).
     pub vip_filter: Option<[u64; abi::VIP_FILTER_WORDS]>,
@@ -536,6 +539,9 @@ pub fn service_entry(vip: &Vip, slice_start: u32, slice_len: u32) -> ServiceEntr
     if matches!(vip.ports, Ports::Range { .. }) {
         flags |= abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0;
     }
+    if vip.source_ranges.is_some() {
+        flags |= abi::rv_service_flags::RV_SVC_F_SOURCE_RANGES.0;
+    }
     let (affinity, timeout) = match vip.affinity {
         Affinity::None => (abi::rv_affinity::RV_AFFINITY_NONE.0 as u8, 0),
         Affinity::ClientIp { timeout_s } => {
@@ -568,6 +574,17 @@ pub fn vip_image(vip: &Vip, slice_start: u32, slots: Vec<u32>) -> VipImage {
         slots,
         rate_limit: vip.rate_limit,
     }
+}
+
+/// The source_range_map{,6} entries of a VIP: its ranges of its own
+/// family (the others cannot match a packet to it).
+pub fn source_ranges(vip: &Vip) -> BTreeSet<SourceRange> {
+    vip.source_ranges
+        .iter()
+        .flatten()
+        .filter(|r| r.is_ipv4() == vip.addr.is_ipv4())
+        .copied()
+        .collect()
 }
 
 /// A backend's entry; `fullnat_src` is the index of full NAT's source
@@ -633,6 +650,9 @@ pub fn render(
         }
         for (addr, id) in tunnel_eps(vip, &a.backend_ids) {
             img.tunnel_eps.insert((a.svc_id, addr), id);
+        }
+        for r in source_ranges(vip) {
+            img.source_ranges.insert((a.svc_id, r));
         }
         for (b, id) in vip.backends.iter().zip(&a.backend_ids) {
             img.backends

@@ -15,6 +15,7 @@ use crate::dataplane::render::{
 };
 use crate::dataplane::DataplaneError;
 use crate::model::{Mac, RateLimit};
+use crate::source_range::SourceRange;
 
 /// Map operations in the writer's terms. Each call is one or a few map
 /// updates; the writer orders calls so that the datapath never sees a
@@ -51,6 +52,13 @@ pub trait MapStore {
         svc: u32,
         addr: IpAddr,
         backend: Option<u32>,
+    ) -> Result<(), DataplaneError>;
+    /// Write (true) or delete (false) a source_range_map{,6} entry.
+    fn put_source_range(
+        &mut self,
+        svc: u32,
+        r: &SourceRange,
+        on: bool,
     ) -> Result<(), DataplaneError>;
     /// Write vip_filter_map's one entry, active with these bits.
     fn put_vip_filter(&mut self, bits: &[u64; abi::VIP_FILTER_WORDS])
@@ -104,6 +112,26 @@ fn tunnel_ep_key(svc: u32, addr: IpAddr) -> rv_tunnel_ep_key {
     rv_tunnel_ep_key {
         svc_id: svc,
         addr: fullnat_src(addr).addr,
+    }
+}
+
+/// The trie's key: the service id's 32 bits, then the range's.
+fn source_range_key(svc: u32, r: &SourceRange) -> Result<rv_source_range_key, [u32; 4]> {
+    match r.addr() {
+        IpAddr::V4(a) => Ok(rv_source_range_key {
+            prefixlen: 32 + u32::from(r.prefix_len()),
+            svc_id: svc.to_be(),
+            addr: abi::be32(a),
+        }),
+        IpAddr::V6(a) => Err(abi::be32x4(a)),
+    }
+}
+
+fn source_range6_key(svc: u32, r: &SourceRange, addr: [u32; 4]) -> rv_source_range6_key {
+    rv_source_range6_key {
+        prefixlen: 32 + u32::from(r.prefix_len()),
+        svc_id: svc.to_be(),
+        addr,
     }
 }
 
@@ -329,7 +357,10 @@ impl MapStore for Maps {
             op: "count possible cpus",
             source,
         })?;
-        self.stats_map.zero_percpu::<u32, rv_vip_stats>(&svc, ncpus)
+        self.stats_map
+            .zero_percpu::<u32, rv_vip_stats>(&svc, ncpus)?;
+        self.source_refused_map
+            .zero_percpu::<u32, rv_source_refused>(&svc, ncpus)
     }
 
     fn scrub_flows(&mut self, svcs: &BTreeSet<u32>) -> Result<(), DataplaneError> {
@@ -578,6 +609,32 @@ impl MapStore for Maps {
                 img.tunnel_eps.insert((k.svc_id, addr), v.backend_id);
             }
         }
+        for (k, _) in self
+            .source_range_map
+            .entries_by_walk::<rv_source_range_key, rv_source_range>()?
+        {
+            let len = k
+                .prefixlen
+                .checked_sub(32)
+                .and_then(|l| u8::try_from(l).ok());
+            let addr = IpAddr::V4(abi::ipv4_from_be32(k.addr));
+            if let Some(r) = len.and_then(|l| SourceRange::masked(addr, l)) {
+                img.source_ranges.insert((u32::from_be(k.svc_id), r));
+            }
+        }
+        for (k, _) in self
+            .source_range6_map
+            .entries_by_walk::<rv_source_range6_key, rv_source_range>()?
+        {
+            let len = k
+                .prefixlen
+                .checked_sub(32)
+                .and_then(|l| u8::try_from(l).ok());
+            let addr = IpAddr::V6(abi::ipv6_from_be32x4(k.addr));
+            if let Some(r) = len.and_then(|l| SourceRange::masked(addr, l)) {
+                img.source_ranges.insert((u32::from_be(k.svc_id), r));
+            }
+        }
         if let Some(f) = self.vip_filter_map.get::<u32, rv_vip_filter>(&0)? {
             img.vip_filter = (f.active != 0).then_some(f.bits);
         }
@@ -628,6 +685,27 @@ impl MapStore for Maps {
         match backend {
             Some(id) => self.tunnel_ep_map.put(&k, &rv_tunnel_ep { backend_id: id }),
             None => self.tunnel_ep_map.remove(&k),
+        }
+    }
+
+    fn put_source_range(
+        &mut self,
+        svc: u32,
+        r: &SourceRange,
+        on: bool,
+    ) -> Result<(), DataplaneError> {
+        let v = rv_source_range {
+            len: u32::from(r.prefix_len()),
+        };
+        match source_range_key(svc, r) {
+            Ok(k) if on => self.source_range_map.put(&k, &v),
+            Ok(k) => self.source_range_map.remove(&k),
+            Err(addr) if on => self
+                .source_range6_map
+                .put(&source_range6_key(svc, r, addr), &v),
+            Err(addr) => self
+                .source_range6_map
+                .remove(&source_range6_key(svc, r, addr)),
         }
     }
 
@@ -897,6 +975,41 @@ impl MapStore for MemStore {
                 self.image.nat_owners.remove(k);
             }
         }
+        Ok(())
+    }
+
+    fn put_source_range(
+        &mut self,
+        svc: u32,
+        r: &SourceRange,
+        on: bool,
+    ) -> Result<(), DataplaneError> {
+        let map = if r.is_ipv4() {
+            "source_range_map"
+        } else {
+            "source_range6_map"
+        };
+        self.step(map)?;
+        if !on {
+            self.image.source_ranges.remove(&(svc, *r));
+            return Ok(());
+        }
+        let same_family = self
+            .image
+            .source_ranges
+            .iter()
+            .filter(|(_, x)| x.is_ipv4() == r.is_ipv4())
+            .count();
+        if !self.image.source_ranges.contains(&(svc, *r))
+            && same_family >= abi::MAX_SOURCE_RANGES as usize
+        {
+            return Err(DataplaneError::Map {
+                map,
+                op: "update",
+                source: libbpf_rs::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32),
+            });
+        }
+        self.image.source_ranges.insert((svc, *r));
         Ok(())
     }
 

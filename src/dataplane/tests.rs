@@ -35,6 +35,7 @@ fn vip(addr: &str, ports: Ports, backends: Vec<Backend>) -> Vip {
         mode: Mode::Nat,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends,
     }
 }
@@ -806,6 +807,15 @@ impl MapStore for GapCheck {
     ) -> Result<(), DataplaneError> {
         let r = self.inner.put_tunnel_ep(svc, addr, backend);
         self.after(r, "put_tunnel_ep")
+    }
+    fn put_source_range(
+        &mut self,
+        svc: u32,
+        r: &crate::source_range::SourceRange,
+        on: bool,
+    ) -> Result<(), DataplaneError> {
+        let res = self.inner.put_source_range(svc, r, on);
+        self.after(res, "put_source_range")
     }
     fn put_vip_filter(
         &mut self,

@@ -52,6 +52,7 @@ use crate::model::{
     Affinity, BackendKey, BackendTarget, DesiredState, Mode, ModelError, NodeSettings, Ports, Vip,
     VipKey,
 };
+use crate::source_range::SourceRange;
 
 /// A health probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +78,8 @@ struct LiveVip {
     nat_owned: Vec<NatOwnerKey>,
     /// Its tunnel_ep_map entries: endpoint address to backend id.
     tunnel_eps: BTreeMap<IpAddr, u32>,
+    /// Its source_range_map{,6} entries.
+    source_ranges: BTreeSet<SourceRange>,
     /// How big its slice may be: from its spec's weights, or its current
     /// length for an adopted VIP no upsert has named (the maps keep no
     /// weights).
@@ -316,6 +319,16 @@ impl<S: MapStore> Writer<S> {
                 None => w.store.put_tunnel_ep(*svc, *addr, None)?,
             }
         }
+        // A range no VIP explains would admit its sources to whichever
+        // VIP gets the id next.
+        for (svc, r) in &img.source_ranges {
+            match w.vips.get_mut(svc) {
+                Some(v) => {
+                    v.source_ranges.insert(*r);
+                }
+                None => w.store.put_source_range(*svc, r, false)?,
+            }
+        }
         // The filter from what the maps match now, and full NAT's sources
         // (replies come to them), active from here on.
         let mut matches: Vec<MatchKey> = w
@@ -539,6 +552,7 @@ impl<S: MapStore> Writer<S> {
                 slice_owned,
                 nat_owned: Vec::new(),
                 tunnel_eps: BTreeMap::new(),
+                source_ranges: BTreeSet::new(),
             },
         );
     }
@@ -1524,6 +1538,8 @@ impl<S: MapStore> Writer<S> {
         let image = render::render_vip(vip, (slice.start, len), &ids);
         let (owned, _) = self.claim_nat_owners(svc, vip, &ids, &[]);
         let tunnel_eps = render::tunnel_eps(vip, &ids);
+        let want_ranges = render::source_ranges(vip);
+        let mut ranges = BTreeSet::new();
         let mut matched: Vec<MatchKey> = Vec::new();
         let mut tunnelled: Vec<IpAddr> = Vec::new();
         let mut filtered = false;
@@ -1534,6 +1550,8 @@ impl<S: MapStore> Writer<S> {
             }
             // Fresh counters: the id may have counted another VIP before.
             self.store.zero_stats(svc)?;
+            // Before the service entry that says to look them up.
+            add_ranges(&mut self.store, svc, &mut ranges, &want_ranges)?;
             self.store.put_service(svc, &image.service)?;
             for (addr, id) in &tunnel_eps {
                 self.store.put_tunnel_ep(svc, *addr, Some(*id))?;
@@ -1560,6 +1578,7 @@ impl<S: MapStore> Writer<S> {
             }
             self.release_nat_owners(&owned);
             let _ = self.store.put_service(svc, &Default::default());
+            let _ = drop_ranges(&mut self.store, svc, &mut ranges, &BTreeSet::new());
             if image.rate_limit.is_some() {
                 let _ = self.store.put_svc_rate_limit(svc, None);
             }
@@ -1587,6 +1606,7 @@ impl<S: MapStore> Writer<S> {
                 slice_owned: true,
                 nat_owned: owned,
                 tunnel_eps,
+                source_ranges: ranges,
                 need: vip.slice_need(),
             },
         );
@@ -1631,14 +1651,17 @@ impl<S: MapStore> Writer<S> {
         };
         let start = new_slice.map_or(old_slice.start, |s| s.start);
         let image = render::vip_image(vip, start, slots);
-        let (old_service, old_rl, old_matches) = {
+        let (old_service, old_rl, old_matches, old_ranges) = {
             let cur = &self.vips[&svc];
             (
                 cur.image.service,
                 cur.image.rate_limit,
                 cur.image.matches.clone(),
+                cur.source_ranges.clone(),
             )
         };
+        let want_ranges = render::source_ranges(vip);
+        let mut ranges = old_ranges.clone();
         let switched = (|| {
             if let Some(s) = new_slice {
                 self.store.put_slots(s.start, &image.slots)?;
@@ -1646,6 +1669,9 @@ impl<S: MapStore> Writer<S> {
             if image.rate_limit.is_some() && image.rate_limit != old_rl {
                 self.store.put_svc_rate_limit(svc, image.rate_limit)?;
             }
+            // New ranges before the entry that may start to look them
+            // up; the ones that go after it (the union meanwhile).
+            add_ranges(&mut self.store, svc, &mut ranges, &want_ranges)?;
             if image.service != old_service {
                 self.store.put_service(svc, &image.service)?;
             }
@@ -1659,6 +1685,7 @@ impl<S: MapStore> Writer<S> {
             if image.rate_limit.is_some() && image.rate_limit != old_rl {
                 let _ = self.store.put_svc_rate_limit(svc, old_rl);
             }
+            let _ = drop_ranges(&mut self.store, svc, &mut ranges, &old_ranges);
             self.release_backends(&ids, true);
             return Err(DataplaneError::Vip {
                 vip: key,
@@ -1703,6 +1730,10 @@ impl<S: MapStore> Writer<S> {
         }
         self.release_nat_owners(&unowned);
         let mut cleanup = self.sync_tunnel_eps(svc, render::tunnel_eps(vip, &new_ids));
+        cleanup = cleanup.and(drop_ranges(&mut self.store, svc, &mut ranges, &want_ranges));
+        if let Some(cur) = self.vips.get_mut(&svc) {
+            cur.source_ranges = ranges;
+        }
         // Match entries: the same for a VIP written by this writer; an
         // adopted one may hold different blocks.
         let added: Vec<MatchKey> = image
@@ -1765,7 +1796,13 @@ impl<S: MapStore> Writer<S> {
             .put_service(svc, &Default::default())
             .map_err(ctx)?;
         // Unreachable from here on: the rest is cleanup.
-        let tunnels = self.sync_tunnel_eps(svc, BTreeMap::new());
+        let mut ranges = cur.source_ranges.clone();
+        let tunnels = self.sync_tunnel_eps(svc, BTreeMap::new()).and(drop_ranges(
+            &mut self.store,
+            svc,
+            &mut ranges,
+            &BTreeSet::new(),
+        ));
         if let Some(k) = cur.key {
             self.by_key.remove(&k);
         }
@@ -1886,4 +1923,33 @@ fn runs(slots: &[u32]) -> Vec<Slice> {
         }
     }
     out
+}
+
+/// Write the entries of `want` that `have` (the VIP `svc`'s, as the maps
+/// hold them) lacks; `have` follows every write that lands.
+fn add_ranges<S: MapStore>(
+    store: &mut S,
+    svc: u32,
+    have: &mut BTreeSet<SourceRange>,
+    want: &BTreeSet<SourceRange>,
+) -> Result<(), DataplaneError> {
+    for r in want.difference(&have.clone()) {
+        store.put_source_range(svc, r, true)?;
+        have.insert(*r);
+    }
+    Ok(())
+}
+
+/// Delete the entries of `have` that `want` lacks.
+fn drop_ranges<S: MapStore>(
+    store: &mut S,
+    svc: u32,
+    have: &mut BTreeSet<SourceRange>,
+    want: &BTreeSet<SourceRange>,
+) -> Result<(), DataplaneError> {
+    for r in have.clone().difference(want) {
+        store.put_source_range(svc, r, false)?;
+        have.remove(r);
+    }
+    Ok(())
 }

@@ -1173,6 +1173,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
                 slice: info.slice,
                 mode: vip.mode,
                 affinity: vip.affinity,
+                source_ranges: vip.source_ranges.clone(),
                 backends,
                 slice_need: Some(info.need),
             });
@@ -1229,6 +1230,7 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             slice: u.slice,
             mode: u.mode?,
             affinity: u.affinity,
+            source_ranges: None,
             backends,
             slice_need: None,
         })

@@ -62,6 +62,9 @@ pub struct VipStatus {
     pub slice: Slice,
     pub mode: Mode,
     pub affinity: Affinity,
+    /// The clients it admits (None: every one); None for an unclaimed
+    /// VIP too, whose ranges are read from its source once claimed.
+    pub source_ranges: Option<Vec<crate::source_range::SourceRange>>,
     pub backends: Vec<BackendStatus>,
     /// How big its slice may be, from its weights (README "Maglev");
     /// None for an unclaimed VIP, whose weights the maps do not keep.

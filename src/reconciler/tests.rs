@@ -109,6 +109,7 @@ fn vip(addr: &str, port: u16, backends: &[&str]) -> DesiredVip {
         mode: Mode::Nat,
         affinity: Default::default(),
         rate_limit: None,
+        source_ranges: None,
         backends: backends
             .iter()
             .map(|b| Backend::new(b.parse().unwrap(), 8080))

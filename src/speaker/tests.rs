@@ -26,6 +26,7 @@ fn vip(addr: &str, port: u16, backends: &[(Health, u32)], policy: TrafficPolicy)
         slice: Slice { start: 0, len: 12 },
         mode: VipMode::Nat,
         affinity: Affinity::None,
+        source_ranges: None,
         backends: backends
             .iter()
             .enumerate()

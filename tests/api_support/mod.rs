@@ -127,6 +127,8 @@ impl Fake {
                 wanted: 768,
                 reduced: false,
             },
+            source_ranges: Some(vec!["192.0.2.0/24".into(), "198.51.100.0/24".into()]),
+            source_refused: 6,
         };
         let mut v6 = VipInfo {
             vip: VIP6.into(),
@@ -151,6 +153,8 @@ impl Fake {
             // Adopted from the maps on a restart, not claimed yet.
             source: "unclaimed".into(),
             slice_precision: SlicePrecision::default(),
+            source_ranges: None,
+            source_refused: 0,
         };
         for v in [&mut v4, &mut v6] {
             let name = v.vip.clone();
@@ -391,6 +395,7 @@ impl ApiState for Fake {
                     bytes: v.bytes,
                     rate_limited_syns: v.rate_limited,
                     no_healthy_backend_drops: v.no_backend,
+                    source_refused: v.source_refused,
                     maglev_slots: u64::from(v.slice_len),
                     maglev_reduced_precision: v.slice_precision.reduced,
                 })

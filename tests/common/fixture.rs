@@ -273,6 +273,11 @@ impl Fx {
     }
 
     /// The service's Maglev slice as the maps hold it.
+    /// Every entry the maps hold, read back by the writer's decoder.
+    pub fn image(&self) -> rivora::dataplane::render::MapImage {
+        self.w.borrow().read_maps().expect("reading the maps")
+    }
+
     pub fn slice(&self, svc: u32) -> Vec<u32> {
         let s = self.service(svc);
         (s.slice_start..s.slice_start + s.slice_len)
@@ -334,6 +339,7 @@ pub fn vip(addr: IpAddr, port: u16, proto: u8, mode: Mode, backends: Vec<Backend
         mode,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends,
     }
 }

@@ -376,6 +376,17 @@ impl TestNs {
         assert_eq!(written, want, "{}/{service}: ingress as stored", self.name);
     }
 
+    /// Merge-patch a Service (its spec, its metadata), as its owner does.
+    pub fn patch_service(&self, name: &str, patch: &Value) {
+        self.kube
+            .block_on(self.kube.services(&self.name).patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            ))
+            .unwrap_or_else(|e| panic!("patching Service {}/{name}: {e}", self.name));
+    }
+
     /// The stored Service, if any.
     pub fn service(&self, name: &str) -> Option<Service> {
         self.kube

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use rivora::abi;
-use rivora::dataplane::loader::{ADDED_IN_V3, REPLACED_IN_V3};
+use rivora::dataplane::loader::{ADDED_IN_V3, ADDED_IN_V4, REPLACED_IN_V3};
 use rivora::dataplane::maps::{bytes_of, from_bytes};
 use MapType::{Array, Hash, LpmTrie, LruHash, PercpuArray};
 use Size::{FlowTable, Maglev};
@@ -587,10 +587,10 @@ pub fn downgrade_to_v2(dir: &Path, sizes: Sizes) {
         match v2_map(&name) {
             None => {
                 assert!(
-                    ADDED_IN_V3.contains(&name.as_str()),
-                    "{name} is neither layout 2's nor in ADDED_IN_V3"
+                    ADDED_IN_V3.contains(&name.as_str()) || ADDED_IN_V4.contains(&name.as_str()),
+                    "{name} is neither layout 2's nor in ADDED_IN_V3 or ADDED_IN_V4"
                 );
-                std::fs::remove_file(&pin).expect("unpinning a map layout 3 added");
+                std::fs::remove_file(&pin).expect("unpinning a map a later layout added");
             }
             Some(m) if REPLACED_IN_V3.contains(&m.name) => {
                 std::fs::remove_file(&pin).expect("unpinning a map layout 3 replaced");

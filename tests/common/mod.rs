@@ -129,6 +129,16 @@ impl TestDp {
         })
     }
 
+    /// Packets the VIP's source ranges kept out, every CPU's.
+    pub fn source_refused(&self, svc_id: u32) -> u64 {
+        let per_cpu: Vec<rv_source_refused> = self
+            .maps
+            .source_refused_map
+            .get_percpu(&svc_id)
+            .expect("reading source_refused_map");
+        per_cpu.iter().map(|s| s.packets).sum()
+    }
+
     // Direct map writes, for tests of the datapath alone.
 
     pub fn vip4(&self, addr: Ipv4Addr, port: u16, proto: u8, svc_id: u32) {

@@ -353,6 +353,18 @@ pub fn vip_show(v: &VipInfo) -> String {
     let _ = writeln!(out, "mode          {}", mode(v.mode));
     let _ = writeln!(out, "affinity      {}", affinity(v.affinity));
     let _ = writeln!(out, "service id    {}", v.service_id);
+    match &v.source_ranges {
+        None => {}
+        Some(l) if l.is_empty() => {
+            let _ = writeln!(
+                out,
+                "sources       none admitted (no source range of the VIP's family)"
+            );
+        }
+        Some(l) => {
+            let _ = writeln!(out, "sources       {}", l.join(", "));
+        }
+    }
     let p = &v.slice_precision;
     let _ = write!(
         out,
@@ -377,6 +389,13 @@ pub fn vip_show(v: &VipInfo) -> String {
     let _ = writeln!(out, "bytes         {}", v.bytes);
     let _ = writeln!(out, "rate limited  {}", v.rate_limited);
     let _ = writeln!(out, "no backend    {}", v.no_backend);
+    if v.source_ranges.is_some() {
+        let _ = writeln!(
+            out,
+            "refused       {} (source outside the ranges)",
+            v.source_refused
+        );
+    }
     if v.fullnat_ports_exhausted > 0 || v.fullnat_table_full > 0 {
         let _ = writeln!(
             out,
@@ -643,7 +662,28 @@ mod tests {
             fullnat_table_full: 0,
             source: "file".into(),
             slice_precision: SlicePrecision::default(),
+            source_ranges: None,
+            source_refused: 0,
         }
+    }
+
+    #[test]
+    fn vip_show_names_the_source_ranges_and_what_they_refused() {
+        let mut v = vip("tcp/10.0.0.1:80", 1, 64);
+        assert!(!vip_show(&v).contains("sources"), "none: every client");
+        v.source_ranges = Some(vec!["192.0.2.0/24".into(), "fd00::/64".into()]);
+        v.source_refused = 4;
+        let out = vip_show(&v);
+        assert!(
+            out.contains("sources       192.0.2.0/24, fd00::/64\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("refused       4 (source outside the ranges)\n"),
+            "{out}"
+        );
+        v.source_ranges = Some(vec![]);
+        assert!(vip_show(&v).contains("sources       none admitted"));
     }
 
     #[test]

@@ -294,6 +294,13 @@ pub struct VipInfo {
     /// How its Maglev slice compares with what its weights need.
     #[serde(default)]
     pub slice_precision: SlicePrecision,
+    /// The client prefixes it admits; absent: every client. A list with
+    /// none of the VIP's family admits nobody.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<String>>,
+    /// Packets from clients outside its source ranges, dropped.
+    #[serde(default)]
+    pub source_refused: u64,
 }
 
 /// A VIP's Maglev slice against its weights (README "Maglev").

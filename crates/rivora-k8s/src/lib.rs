@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod ipam;
 pub mod policy;
 pub mod pool;
+pub mod source_ranges;
 pub mod translate;
 
 use kube::CustomResourceExt;

@@ -116,6 +116,20 @@ pub struct ServicePolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<PolicyAffinity>,
 
+    /// The client prefixes these Services' and listeners' VIPs admit
+    /// (`10.0.0.0/8`, `fd00::/64`), enforced in XDP before anything
+    /// else; empty admits every client. A Service's own
+    /// `loadBalancerSourceRanges` wins over it. Applied even when the rest
+    /// of the policy is not: a restriction never fails open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 1024),
+        inner(length(min = 3, max = 43)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    #[x_kube(validation = Rule::new("self.all(r, isCIDR(r) && cidr(r).masked() == cidr(r))").message("every source range is a network address and a length (10.0.0.0/8, fd00::/64)"))]
+    pub source_ranges: Vec<String>,
+
     /// Backend weights by endpoint label; the first rule that matches an
     /// endpoint gives its weight, unmatched endpoints weigh 1. The labels
     /// an endpoint has are its EndpointSlice's labels plus

@@ -174,7 +174,9 @@ pub fn service_vips<S: Borrow<EndpointSlice>>(
         Some(Ok(e)) => (Some(e), PolicyUse::Applied),
         Some(Err(issue)) => (None, PolicyUse::Rejected(issue)),
     };
-    let vips = match translate(svc, slices, effective.as_ref(), node, &mut warnings) {
+    let mut ranges_warnings = Vec::new();
+    let ranges = crate::source_ranges::service_ranges(svc, policy, &mut ranges_warnings);
+    let mut vips = match translate(svc, slices, effective.as_ref(), node, &mut warnings) {
         Ok(v) => v,
         Err(issue) => {
             used = PolicyUse::Rejected(issue);
@@ -185,6 +187,10 @@ pub fn service_vips<S: Borrow<EndpointSlice>>(
             v
         }
     };
+    for v in &mut vips {
+        v.vip.source_ranges.clone_from(&ranges);
+    }
+    warnings.extend(ranges_warnings);
     if let (PolicyUse::Rejected(issue), Some(p)) = (&used, policy) {
         warnings.insert(Warning {
             reason: WARN_INVALID_POLICY,
@@ -372,6 +378,8 @@ fn translate<S: Borrow<EndpointSlice>>(
                 mode,
                 affinity,
                 rate_limit: policy.and_then(|p| p.rate_limit),
+                // Set by the caller, the same for every VIP.
+                source_ranges: None,
                 backends,
             };
             place_backends(&mut vip, node, &nodes, preserve).map_err(|why| PolicyIssue {
@@ -483,6 +491,7 @@ pub(crate) fn vip_address(a: IpAddr) -> Result<(), rivora_model::model::ModelErr
         mode: Mode::Nat,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends: Vec::new(),
     }
     .validate()

@@ -294,6 +294,7 @@ mod tests {
             mode: Mode::Nat,
             affinity: Default::default(),
             rate_limit: None,
+            source_ranges: None,
             backends: vec![Backend {
                 addr: backend.parse().unwrap(),
                 port: 8080,

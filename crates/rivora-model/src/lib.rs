@@ -12,3 +12,4 @@ pub mod health;
 pub mod lease;
 pub mod maglev;
 pub mod model;
+pub mod source_range;

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::maglev;
+use crate::source_range::{SourceRange, MAX_SOURCE_RANGES_PER_VIP};
 
 /// Largest backend weight. Gateway API's backendRef weight goes to
 /// 1,000,000, and Maglev shares are computed in 128-bit arithmetic, so
@@ -433,6 +434,11 @@ pub struct Vip {
     /// This VIP's own SYN limit; without one the node-wide limit applies.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
+    /// The clients it admits: None admits every one; Some admits only
+    /// those in a range of the VIP's family, and so none when it holds
+    /// no such range ([`crate::source_range`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<SourceRange>>,
     #[serde(default)]
     pub backends: Vec<Backend>,
 }
@@ -495,6 +501,17 @@ impl Vip {
         }
         if let Some(rl) = self.rate_limit {
             check_rate_limit(&rl).map_err(|(f, p)| err(format!("rate_limit.{f}"), p))?;
+        }
+        let ranges = self.source_ranges.as_deref().unwrap_or(&[]);
+        if ranges.len() > MAX_SOURCE_RANGES_PER_VIP {
+            return Err(err(
+                "source_ranges".into(),
+                Problem::OutOfRange {
+                    value: ranges.len() as u64,
+                    min: 0,
+                    max: MAX_SOURCE_RANGES_PER_VIP as u64,
+                },
+            ));
         }
         let mut seen = HashSet::new();
         for (i, b) in self.backends.iter().enumerate() {
@@ -1140,6 +1157,7 @@ mod tests {
             mode,
             affinity: Affinity::None,
             rate_limit: None,
+            source_ranges: None,
             backends: vec![],
         }
     }

@@ -30,6 +30,7 @@ fn vip(addr: Ipv4Addr, backends: Vec<Backend>) -> Vip {
         mode: Mode::Nat,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends,
     }
 }

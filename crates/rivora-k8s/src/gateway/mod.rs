@@ -1039,6 +1039,10 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                 Some(Ok(e)) => (Some(e), PolicyUse::Applied),
                 Some(Err(issue)) => (None, PolicyUse::Rejected(issue)),
             };
+            // Whether the rest of the policy applies or not. Its CRD
+            // admits prefixes only, so there is nothing to warn of here.
+            let source_ranges =
+                policy.and_then(|p| crate::source_ranges::policy_ranges(p, &mut Vec::new()));
             let mut built = Vec::new();
             for &addr in &result.addresses {
                 let backends = route_backends(cluster, refs, addr, proto);
@@ -1111,6 +1115,7 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                         mode,
                         affinity,
                         rate_limit,
+                        source_ranges: source_ranges.clone(),
                         backends,
                     },
                 });

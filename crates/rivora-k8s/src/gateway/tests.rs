@@ -259,6 +259,10 @@ fn summary(res: &Resolution) -> Vec<String> {
             if v.health.iter().any(Option::is_some) {
                 extra.push_str(" +hc");
             }
+            if let Some(r) = &v.vip.source_ranges {
+                let r: Vec<String> = r.iter().map(ToString::to_string).collect();
+                extra.push_str(&format!(" from={}", r.join(",")));
+            }
             out.push(format!("vip {} [{}]{extra}", v.vip.key(), bs.join(" ")));
         }
     }
@@ -776,6 +780,19 @@ fn service_policy_on_a_listener() {
             },
             want: &["vip tcp/203.0.113.10:5432 [10.1.0.1:5432*1] mode=dsr rl=100/10 +hc", "vip udp/203.0.113.10:53 []"],
             not: &["vip udp/203.0.113.10:53 [] mode"],
+        },
+        Row {
+            rule: "a ServicePolicy's source ranges restrict the listener's VIPs, even when the rest of it is not applied",
+            cluster: |s| {
+                s.tcp_routes.push(db_route());
+                s.policies.push(from(json!({
+                    "apiVersion": "rivora.io/v1alpha1", "kind": "ServicePolicy",
+                    "metadata": {"name": "p", "namespace": "infra"},
+                    "spec": {"listeners": [{"gateway": "gw", "listener": "tcp"}], "mode": "dsr",
+                             "sourceRanges": ["192.0.2.0/24", "fd00::/64"]}})));
+            },
+            want: &["vip tcp/203.0.113.10:5432 [10.1.0.1:6432*1 10.1.0.2:6432*1] from=192.0.2.0/24,fd00::/64", "vip udp/203.0.113.10:53 []"],
+            not: &["vip udp/203.0.113.10:53 [] from"],
         },
         Row {
             rule: "DSR across nodes: the backends may listen on another port (their node NATs)",

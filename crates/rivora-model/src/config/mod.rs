@@ -29,6 +29,7 @@ use crate::model::{
     Affinity, Backend, CapacityError, DesiredState, FullNatSettings, Mac, Mode, ModelError,
     NodeSettings, Ports, Protocol, RateLimit, Vip, VipKey, MAX_IFACES,
 };
+use crate::source_range::SourceRange;
 
 pub mod bgp;
 mod fields;
@@ -374,6 +375,10 @@ pub struct VipConf {
     pub affinity: Option<AffinityConf>,
     #[serde(default)]
     pub syn_rate_limit: Option<RateLimitConf>,
+    /// The client prefixes admitted (`10.0.0.0/8`, `fd00::/64`); none
+    /// listed admits every client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<SourceRange>,
     #[serde(default)]
     pub health_check: Option<HealthCheckField>,
     #[serde(default)]
@@ -772,6 +777,8 @@ pub fn parse_with(path: &Path, text: &str, capacity: &Capacity) -> Result<Config
                 },
             },
             rate_limit: v.syn_rate_limit.map(rate_limit),
+            // An empty list admits everyone, as Kubernetes reads one.
+            source_ranges: (!v.source_ranges.is_empty()).then(|| v.source_ranges.clone()),
             backends: v
                 .backends
                 .iter()
@@ -1121,6 +1128,7 @@ fn file_field(model: &str) -> String {
             "addr" => "address",
             "ports" | "first" | "last" => "port",
             "rate_limit" => "synRateLimit",
+            "source_ranges" => "sourceRanges",
             "rate_per_sec" => "ratePerSec",
             "proto" => "protocol",
             "timeout_s" => "timeout",

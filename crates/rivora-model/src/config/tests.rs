@@ -236,6 +236,34 @@ fn port_ranges_and_affinity() {
     assert_eq!(v.affinity, Affinity::ClientIp { timeout_s: 3600 });
 }
 
+#[test]
+fn source_ranges_restrict_and_an_empty_list_does_not() {
+    let text = GOOD.replacen(
+        "    mode: nat\n",
+        "    mode: nat\n    sourceRanges: [192.0.2.0/24, \"fd00::/64\"]\n",
+        1,
+    );
+    let c = parse_str(&text).expect("valid");
+    let got: Vec<String> = c.desired.vips[0]
+        .source_ranges
+        .iter()
+        .flatten()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(got, ["192.0.2.0/24", "fd00::/64"]);
+    let open = GOOD.replacen(
+        "    mode: nat\n",
+        "    mode: nat\n    sourceRanges: []\n",
+        1,
+    );
+    let c = parse_str(&open).expect("valid");
+    assert_eq!(
+        c.desired.vips[0].source_ranges, None,
+        "as Kubernetes reads []"
+    );
+    assert_eq!(parse_str(GOOD).unwrap().desired.vips[0].source_ranges, None);
+}
+
 /// `GOOD` with `from` replaced by `to` (once; the edit must apply).
 fn edit(from: &str, to: &str) -> String {
     let text = GOOD.replacen(from, to, 1);
@@ -536,6 +564,20 @@ fn messages_name_field_line_and_value() {
             7,
             "vips[0].mode",
             "VIP tcp/10.0.0.100:80: mode l3dsr needs the node's IPv4 tunnel source (node.tunnelSource.ipv4)",
+        ),
+        (
+            "a source range with host bits",
+            edit(VIP, "    mode: nat\n    sourceRanges: [192.0.2.0/24, 10.1.2.3/8]\n"),
+            8,
+            "vips[0].sourceRanges[1]",
+            "\"10.1.2.3/8\" has host bits set: did you mean 10.0.0.0/8?",
+        ),
+        (
+            "a source range that is no prefix",
+            edit(VIP, "    mode: nat\n    sourceRanges:\n      - 192.0.2.7\n"),
+            9,
+            "vips[0].sourceRanges[0]",
+            "\"192.0.2.7\" is not a prefix",
         ),
         (
             "TCP API without a token",

@@ -127,6 +127,7 @@ fn fullnat_vip(addr: IpAddr, backends: &[IpAddr]) -> Vip {
         mode: Mode::FullNat,
         affinity: Affinity::None,
         rate_limit: None,
+        source_ranges: None,
         backends: backends
             .iter()
             .enumerate()
