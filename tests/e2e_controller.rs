@@ -26,15 +26,34 @@
 //!   namespace with the same sharing key gets an address of its own, and
 //!   asking for the first one's is refused, until the pool sets
 //!   `allowSharingAcrossNamespaces`.
+//! - `a_refused_write_leaves_the_status_that_won`: a leader whose view runs
+//!   behind the API server writes a Service's first address from a version
+//!   older than a status written meanwhile; the write is refused (409),
+//!   and the status that won stays, with Rivora's condition: the address
+//!   the leader picked is neither written over it nor kept (the next
+//!   Service gets it).
+//! - `an_address_removed_from_the_status_by_hand_is_not_written_back`: an
+//!   address flagged `AddressNotInPool` after the pool shrank, removed from
+//!   the status as the flag advises, stays removed; the Service gets an
+//!   address of the pool instead.
+//! - `a_new_leader_from_a_stale_list_renumbers_nothing`: SIGKILL of the
+//!   leader, and a status written the moment the Lease changes hands, which
+//!   the list the new leader (its view behind the API server) starts from
+//!   lacks: its write from that list is refused, the status written
+//!   meanwhile stays, and no earlier Service's status changes.
 //!
 //! The metrics and health endpoints are read on every replica.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::controller::{Controller, FAST_LEASE};
@@ -53,6 +72,22 @@ const WRITTEN: Duration = Duration::from_secs(30);
 const HOLD: Duration = Duration::from_secs(5);
 
 static POOLS: AtomicU32 = AtomicU32::new(0);
+
+/// How far behind the API server a replica behind [`Lagging`] runs.
+const LAG: Duration = Duration::from_secs(2);
+
+/// Lease settings for replicas of a test with a lagging one: each of its
+/// Lease requests is bounded by the retry period and each status write
+/// by min(duration - renew deadline, 5 s), and every answer comes [`LAG`]
+/// late.
+const LAGGED_LEASE: [&str; 6] = [
+    "-lease-duration",
+    "15s",
+    "-lease-renew-deadline",
+    "10s",
+    "-lease-retry-period",
+    "4s",
+];
 
 /// One test's controllers at a time: a controller clears the
 /// `rivora.io/AddressAssigned` condition of every Service that is not of
@@ -121,6 +156,16 @@ impl Scope {
             .unwrap_or_else(|e| panic!("creating AddressPool {}: {e}", self.pool));
     }
 
+    fn patch_pool(&self, patch: &Value) {
+        let k = &self.k8s.kube;
+        k.block_on(pools(k).patch(
+            &self.pool,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        ))
+        .unwrap_or_else(|e| panic!("patching AddressPool {}: {e}", self.pool));
+    }
+
     fn delete_pool(&self) {
         let k = &self.k8s.kube;
         k.block_on(pools(k).delete(&self.pool, &DeleteParams::default()))
@@ -142,6 +187,18 @@ impl Scope {
     }
 
     fn controller_with(&self, identity: &str, lease: &[&str]) -> Controller {
+        self.controller_at(identity, &self.kubeconfig, lease)
+    }
+
+    /// A replica whose view of the API server runs [`LAG`] behind: it
+    /// talks to it through `proxy`.
+    fn lagging_controller(&self, identity: &str, proxy: &Lagging) -> Controller {
+        let kubeconfig = self.dir.path().join(format!("{identity}.kubeconfig"));
+        write_kubeconfig(&kubeconfig, &proxy.url, &Identity::admin());
+        self.controller_at(identity, &kubeconfig, &LAGGED_LEASE)
+    }
+
+    fn controller_at(&self, identity: &str, kubeconfig: &Path, lease: &[&str]) -> Controller {
         let selector = format!("test.rivora.io/scope={}", self.pool);
         let mut args = vec![
             "-namespace",
@@ -153,7 +210,7 @@ impl Scope {
             &selector,
         ];
         args.extend(lease);
-        Controller::start(self.dir.path(), &self.kubeconfig, identity, &args)
+        Controller::start(self.dir.path(), kubeconfig, identity, &args)
     }
 
     fn service(&self, name: &str, annotations: Value, spec: Value) -> Service {
@@ -281,6 +338,184 @@ impl Scope {
             None => panic!("{what}: not so within {WRITTEN:?}; the Services: {last:#?}"),
         }
     }
+}
+
+/// Wait until a replica's log says a write of Service `ns/name`'s status
+/// was refused because the Service had changed (409): the proof that a
+/// test made the race it is about. A lagging replica hears the answer
+/// [`LAG`] after its write landed.
+fn wait_refused(c: &Controller, ns: &str, name: &str) {
+    let target = format!("target=Service {ns}/{name} ");
+    wait_for(WRITTEN, Duration::from_millis(100), || {
+        c.log_text()
+            .lines()
+            .any(|l| l.contains("status changed under the write") && l.contains(&target))
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{} had no write of {ns}/{name}'s status refused: the race the test is about did not happen",
+            c.identity
+        )
+    });
+}
+
+/// Wait until a replica's metrics say it leads.
+fn wait_leads(m: SocketAddr, who: &str) {
+    wait_for(WRITTEN, Duration::from_millis(100), || {
+        (metric(&get(m, "/metrics").1, "rivora_controller_is_leader", &[]) == Some(1.0))
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("{who} never led"));
+}
+
+/// A TCP proxy to the API server that passes what the client sends at
+/// once and what the server sends `lag` late: a replica behind it sees
+/// every watch event and every answer `lag` after the API server had it
+/// (a loaded API server, a slow link), while its writes land at once. The
+/// lists it leads from are that old. Its threads stop on drop.
+struct Lagging {
+    url: String,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Lagging {
+    fn start(upstream: SocketAddr, lag: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the lagging proxy");
+        listener
+            .set_nonblocking(true)
+            .expect("a nonblocking listener");
+        let url = format!("https://{}", listener.local_addr().expect("its address"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let acceptor = {
+            let (stop, conns) = (stop.clone(), conns.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((client, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let threads = lag_conn(client, upstream, lag, &stop);
+                    let mut c = conns.lock().unwrap_or_else(PoisonError::into_inner);
+                    c.retain(|h| !h.is_finished());
+                    c.extend(threads);
+                }
+            })
+        };
+        Self {
+            url,
+            stop,
+            acceptor: Some(acceptor),
+            conns,
+        }
+    }
+}
+
+impl Drop for Lagging {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+        let conns = std::mem::take(&mut *self.conns.lock().unwrap_or_else(PoisonError::into_inner));
+        for h in conns {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One proxied connection: the client's bytes to the server at once; the
+/// server's into a queue, stamped with when they are due; the queue to the
+/// client, each chunk when due. Either side closing closes both, once
+/// what the server sent before it closed has been delivered.
+fn lag_conn(
+    client: TcpStream,
+    upstream: SocketAddr,
+    lag: Duration,
+    stop: &Arc<AtomicBool>,
+) -> Vec<JoinHandle<()>> {
+    let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(5)) else {
+        return Vec::new();
+    };
+    for s in [&client, &server] {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_nodelay(true);
+        // Reads wake up to look at `stop`.
+        let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+    }
+    let pair = || Some((client.try_clone().ok()?, server.try_clone().ok()?));
+    let (Some((c_up, s_up)), Some((c_down, s_down))) = (pair(), pair()) else {
+        return Vec::new();
+    };
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let up = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            copy_while(&c_up, &stop, |b| (&s_up).write_all(b).is_ok());
+            close_both(&c_up, &s_up);
+        })
+    };
+    let read_down = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            copy_while(&server, &stop, |b| {
+                tx.send((Instant::now() + lag, b.to_vec())).is_ok()
+            });
+        })
+    };
+    let deliver = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            'queue: loop {
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok((due, bytes)) => {
+                        while let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            if stop.load(Ordering::Relaxed) {
+                                break 'queue;
+                            }
+                            std::thread::sleep(wait.min(Duration::from_millis(50)));
+                        }
+                        if (&c_down).write_all(&bytes).is_err() {
+                            break;
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
+                    Err(_) => break,
+                }
+            }
+            close_both(&c_down, &s_down);
+        })
+    };
+    vec![up, read_down, deliver]
+}
+
+/// Read `from` until it ends or fails, `sink` refuses, or `stop`.
+fn copy_while(mut from: &TcpStream, stop: &AtomicBool, mut sink: impl FnMut(&[u8]) -> bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if !sink(&buf[..n]) {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn close_both(a: &TcpStream, b: &TcpStream) {
+    let _ = a.shutdown(Shutdown::Both);
+    let _ = b.shutdown(Shutdown::Both);
 }
 
 fn pools(k: &Kube) -> Api<AddressPool> {
@@ -650,5 +885,165 @@ fn a_sharing_key_stays_within_its_namespace() {
         ingress(&sc.k8s, "owner"),
         [a],
         "the owner keeps its address"
+    );
+}
+
+/// A write refused (409) because the Service changed under it leaves the
+/// status that won. The leader runs [`LAG`] behind the API server, so it
+/// computes the Service's first address from a version older than a
+/// status written in between, and its write of it is refused: the address
+/// it picked is neither written over the status that won nor kept for the
+/// Service (the next Service gets it).
+#[test]
+fn a_refused_write_leaves_the_status_that_won() {
+    let sc = Scope::new();
+    let proxy = Lagging::start(shared().addr, LAG);
+    let r1 = sc.lagging_controller("r1", &proxy);
+    sc.wait_holder(&["r1"], WRITTEN);
+    wait_leads(r1.metrics_addr(WRITTEN), "r1");
+    let [a, b, c] = sc.v4;
+    let won = IpAddr::from([a, b, c, 9]);
+    sc.create_all(vec![sc.service("x", json!({}), json!({}))]);
+    // Apart from the create by more than r1 takes to plan, well within
+    // LAG: r1 writes x's first address from the version without it.
+    std::thread::sleep(Duration::from_millis(500));
+    sc.k8s.set_ingress("x", &[won]);
+    let settled = sc.wait_services(
+        "x keeps the status that won, with Rivora's condition",
+        |m| {
+            m.get("x")
+                .is_some_and(|s| s.ingress == [won] && s.cond_is("True", "Assigned"))
+        },
+    );
+    wait_refused(&r1, &sc.k8s.name, "x");
+    std::thread::sleep(HOLD);
+    assert_eq!(
+        sc.statuses()["x"],
+        settled["x"],
+        "x changed after it settled"
+    );
+
+    // The address r1 picked for the refused write is free: the lowest.
+    sc.create_all(vec![sc.service("y", json!({}), json!({}))]);
+    let now = sc.wait_services("y assigned", |m| {
+        m.get("y").is_some_and(|s| s.ingress.len() == 1)
+    });
+    assert_eq!(now["y"].ingress, [IpAddr::from([a, b, c, 0])]);
+    assert_eq!(now["x"].ingress, [won]);
+}
+
+/// An address removed from a Service's status by hand stays removed: the
+/// leader takes the status as the API server has it, which makes the
+/// advice of the `AddressNotInPool` flag ("remove it from the status for
+/// a new one") work, and assigns again by the usual rules.
+#[test]
+fn an_address_removed_from_the_status_by_hand_is_not_written_back() {
+    let sc = Scope::new();
+    let _c = sc.controller("h1");
+    sc.wait_holder(&["h1"], WRITTEN);
+    let [a, b, c] = sc.v4;
+    let first = IpAddr::from([a, b, c, 0]);
+    sc.create_all(vec![sc.service("x", json!({}), json!({}))]);
+    sc.wait_services("x assigned", |m| {
+        m.get("x")
+            .is_some_and(|s| s.ingress == [first] && s.cond_is("True", "Assigned"))
+    });
+
+    // The pool shrinks to its upper half: x's address is in no pool, kept
+    // and flagged, and the Warning says how to get a new one.
+    sc.patch_pool(&json!({ "spec": { "addresses": [
+        format!("{a}.{b}.{c}.128/25"), format!("{}/120", sc.v6),
+    ] } }));
+    sc.wait_services("x flagged", |m| {
+        m.get("x")
+            .is_some_and(|s| s.ingress == [first] && s.cond_is("True", "AddressNotInPool"))
+    });
+    let advice = "remove it from the status for a new one";
+    wait_for(WRITTEN, Duration::from_millis(200), || {
+        sc.k8s
+            .events_about("x")
+            .iter()
+            .any(|(t, r, m)| t == "Warning" && r == "AddressNotInPool" && m.contains(advice))
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no Warning AddressNotInPool with the advice on x: {:?}",
+            sc.k8s.events_about("x")
+        )
+    });
+
+    // The owner takes the advice.
+    sc.k8s.set_ingress("x", &[]);
+    let upper = IpAddr::from([a, b, c, 128]);
+    let settled = sc.wait_services("x gets an address of the pool instead", |m| {
+        m.get("x")
+            .is_some_and(|s| s.ingress == [upper] && s.cond_is("True", "Assigned"))
+    });
+    std::thread::sleep(HOLD);
+    assert_eq!(
+        sc.statuses()["x"],
+        settled["x"],
+        "x changed after it settled"
+    );
+    let counted = wait_for(WRITTEN, Duration::from_millis(200), || {
+        let p = sc.pool_status();
+        (p["assigned"]["ipv4"] == 1).then_some(p)
+    });
+    assert!(counted.is_some(), "pool status: {}", sc.pool_status());
+}
+
+/// A new leader that starts from a list older than the API server keeps
+/// the statuses written meanwhile. The leader is SIGKILLed; a Service is
+/// created while no one leads; the moment the Lease names the other
+/// replica, whose view runs [`LAG`] behind, the Service's status is
+/// written: the list that replica leads from has the Service without an
+/// address. Its write from that list is refused, the status written
+/// meanwhile stays, and no earlier Service's status changes.
+#[test]
+fn a_new_leader_from_a_stale_list_renumbers_nothing() {
+    let sc = Scope::new();
+    let mut n1 = sc.controller_with("n1", &LAGGED_LEASE);
+    sc.wait_holder(&["n1"], WRITTEN);
+    let proxy = Lagging::start(shared().addr, LAG);
+    let n2 = sc.lagging_controller("n2", &proxy);
+    let m2 = n2.metrics_addr(WRITTEN);
+    wait_for(WRITTEN, Duration::from_millis(100), || {
+        (get(m2, "/readyz").0 == 200).then_some(())
+    })
+    .expect("n2 ready");
+    sc.create_all(
+        (0..4)
+            .map(|i| sc.service(&format!("s{i}"), json!({}), json!({})))
+            .collect(),
+    );
+    let before = sc.wait_services("n1 assigns", |m| {
+        (0..4).all(|i| {
+            m.get(&format!("s{i}"))
+                .is_some_and(|s| s.ingress.len() == 1 && s.cond_is("True", "Assigned"))
+        })
+    });
+
+    n1.kill();
+    sc.create_all(vec![sc.service("late", json!({}), json!({}))]);
+    // The API server has n2's write of the Lease; n2 hears of it LAG
+    // later and leads from the list it has then, as old.
+    sc.wait_holder(&["n2"], Duration::from_secs(60));
+    let [a, b, c] = sc.v4;
+    let meanwhile = IpAddr::from([a, b, c, 200]);
+    sc.k8s.set_ingress("late", &[meanwhile]);
+    let settled = sc.wait_services("late keeps the status written meanwhile", |m| {
+        m.get("late")
+            .is_some_and(|s| s.ingress == [meanwhile] && s.cond_is("True", "Assigned"))
+    });
+    wait_refused(&n2, &sc.k8s.name, "late");
+    std::thread::sleep(HOLD);
+    let now = sc.statuses();
+    for (name, s) in &before {
+        assert_eq!(&now[name], s, "{name} changed across the takeover");
+    }
+    assert_eq!(
+        now["late"], settled["late"],
+        "late changed after it settled"
     );
 }

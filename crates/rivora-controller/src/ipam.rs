@@ -5,9 +5,17 @@
 //! leads) and feeds the watches' events back in. Pure given its inputs
 //! and the time passed in, so every rule is tested here without a server.
 //!
-//! - Leading starts with [`Ipam::lead`]: the allocation table is rebuilt
-//!   from every Service's status before anything is assigned, so a
-//!   restart or a failover keeps every address (the allocator's rule).
+//! - Leading starts with [`Ipam::lead`], only from lists that are whole
+//!   and current ([`Ipam::may_lead`]: no watch listing again): the
+//!   allocation table is rebuilt from every Service's status before
+//!   anything is assigned, so a restart or a failover keeps every address
+//!   (the allocator's rule).
+//! - The API server's status is the truth: a Service's version that the
+//!   table did not assign from (its write's result, the change that got
+//!   the write refused, a status edited by hand, the first news of a
+//!   status after leading from an old list) replaces what the table holds
+//!   for it, and an address picked for a write that did not land is free
+//!   again unless that status has it.
 //! - A Service that is Rivora's gets `status.loadBalancer.ingress` and the
 //!   `rivora.io/AddressAssigned` condition from its outcome; one that
 //!   stops being Rivora's (type, class) or is deleted releases its
@@ -17,7 +25,8 @@
 //!   holds any more, Services that can now be served) and rewrites the
 //!   pools' counts and conditions.
 //! - A write is planned only when the status would change, and not again
-//!   from the same object version while one is in flight.
+//!   from the same object version while one is in flight or after one
+//!   was refused (409): the watch brings the newer version, planned then.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -25,6 +34,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::runtime::watcher::Event;
 use kube::ResourceExt;
 use rivora_k8s::gateway::api::gateways::Gateway;
 use rivora_k8s::ipam::{gateway_claim, ClaimKind, ClaimRef, Outcome, CONDITION_ADDRESS_ASSIGNED};
@@ -98,9 +108,11 @@ pub struct Ipam {
     /// Some pool's status may be out of date (counts moved, a write of it
     /// answered, its status changed under us).
     pool_status_dirty: bool,
-    /// What was sent and not answered yet: the object version each write
-    /// was computed from.
+    /// What was sent and not answered yet, or refused: the object
+    /// version each write was computed from.
     in_flight: HashMap<Target, String>,
+    /// The watches listing now (the first time, or again), by name.
+    lists_running: BTreeSet<&'static str>,
 }
 
 impl Ipam {
@@ -118,6 +130,7 @@ impl Ipam {
             pools_dirty: false,
             pool_status_dirty: false,
             in_flight: HashMap::new(),
+            lists_running: BTreeSet::new(),
         }
     }
 
@@ -127,6 +140,36 @@ impl Ipam {
 
     pub fn leads(&self) -> bool {
         self.alloc.is_some()
+    }
+
+    /// Whether this replica may start leading: every watch has listed and
+    /// none is listing again. During a list the copies stay as old as the
+    /// watch's last event (kept whole until the list is done), and a
+    /// table rebuilt from them would give out addresses that statuses it
+    /// has not seen hold.
+    pub fn may_lead(&self) -> bool {
+        self.all_listed() && self.lists_running.is_empty()
+    }
+
+    /// A watch's event, before it is applied: from `Init` to `InitDone`
+    /// the watch `watch` is listing, the first time or again after it
+    /// fell too far behind (410 Gone).
+    pub fn listing<K>(&mut self, watch: &'static str, ev: &Event<K>) {
+        match ev {
+            Event::Init => {
+                self.lists_running.insert(watch);
+            }
+            Event::InitDone => {
+                self.lists_running.remove(watch);
+            }
+            Event::InitApply(_) | Event::Apply(_) | Event::Delete(_) => {}
+        }
+    }
+
+    /// A watch whose resource is not installed: it lists nothing, and
+    /// counts as listed.
+    pub fn not_installed(&mut self, watch: &'static str) {
+        self.lists_running.remove(watch);
     }
 
     /// A Service changed (or was listed again).
@@ -183,6 +226,25 @@ impl Ipam {
         }
     }
 
+    /// A write computed from `resource_version` was refused (409): the
+    /// object changed since. Nothing is planned from that version again;
+    /// the watch brings the newer one, and with it the status that won,
+    /// which the next plan starts from ([`Allocator::assign`]). Until
+    /// then the address picked for the write stays reserved: the newer
+    /// status may be this replica's own earlier write, holding it.
+    pub fn refused(&mut self, target: &Target, resource_version: &str) {
+        if let Target::Service(k) = target {
+            if self.services.get(k).is_none() {
+                return;
+            }
+        }
+        // A write from a newer version may be in flight already (the
+        // watch was quicker than this answer): that one stays.
+        self.in_flight
+            .entry(target.clone())
+            .or_insert_with(|| resource_version.to_string());
+    }
+
     fn gateway_claim(&self, g: &Gateway) -> Option<rivora_k8s::Claim> {
         let empty = BTreeMap::new();
         let labels = self
@@ -208,8 +270,9 @@ impl Ipam {
         service_claim(svc, labels, &self.opts)
     }
 
-    /// Start leading: rebuild the table from the statuses as the watches
-    /// have them. Every Service and pool is planned next.
+    /// Start leading (when [`Ipam::may_lead`]): rebuild the table from the
+    /// statuses as the watches have them. Every Service and pool is
+    /// planned next.
     pub fn lead(&mut self) {
         let mut alloc = Allocator::new(self.pool_set());
         let claims: Vec<rivora_k8s::Claim> = self
@@ -287,6 +350,7 @@ impl Ipam {
         let before = alloc.addresses(&object).to_vec();
         let Some(svc) = svc else {
             alloc.release(&object);
+            self.in_flight.remove(&Target::Service(key.clone()));
             return !before.is_empty();
         };
         let status = match claim {

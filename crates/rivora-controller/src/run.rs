@@ -72,7 +72,8 @@ pub enum RunError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Ok,
-    /// The object changed under it: planned again from the newer version.
+    /// The object changed under it: planned again from the newer version
+    /// when the watch brings it.
     Conflict,
     /// Not sent: the fence closed.
     NotLeader,
@@ -89,9 +90,15 @@ enum Msg {
     TcpRoute(GwEvent<TcpRoute>),
     UdpRoute(GwEvent<UdpRoute>),
     Grant(GwEvent<ReferenceGrant>),
-    Written(Target, Outcome),
+    /// A write's target, the version it was computed from, its end.
+    Written(Target, String, Outcome),
     Leads(bool),
 }
+
+/// The watches' names, in logs and in [`Ipam::listing`].
+const POOLS: &str = "addresspools";
+const SERVICES: &str = "services";
+const NAMESPACES: &str = "namespaces";
 
 /// "Not installed" answers after which a Gateway API kind counts as
 /// listed, empty: discovery can briefly miss a CRD just after the API
@@ -140,8 +147,8 @@ pub async fn run(
     .boxed();
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let done = futures::stream::unfold(done_rx, |mut rx| async move {
-        let (t, o) = rx.recv().await?;
-        Some((Msg::Written(t, o), rx))
+        let (t, rv, o) = rx.recv().await?;
+        Some((Msg::Written(t, rv, o), rx))
     })
     .boxed();
     let mut streams = vec![pools, services, namespaces, leads, done];
@@ -190,7 +197,7 @@ pub async fn run(
                 _ => break,
             }
         }
-        if wants_lead && !ipam.leads() && ipam.all_listed() && leadership.leads() {
+        if wants_lead && !ipam.leads() && ipam.may_lead() && leadership.leads() {
             info!("leading: rebuilding the address table from the Services' statuses");
             ipam.lead();
         } else if !wants_lead && ipam.leads() {
@@ -232,9 +239,9 @@ fn not_listed(ipam: &Ipam) -> String {
     let mut w = Vec::new();
     let g = &ipam.gateway;
     for (synced, what) in [
-        (ipam.pools.synced, "addresspools"),
-        (ipam.services.synced, "services"),
-        (ipam.namespaces.synced, "namespaces"),
+        (ipam.pools.synced, POOLS),
+        (ipam.services.synced, SERVICES),
+        (ipam.namespaces.synced, NAMESPACES),
         (g.classes.synced, "gatewayclasses"),
         (g.gateways.synced, "gateways"),
         (g.tcp_routes.synced, "tcproutes"),
@@ -274,9 +281,13 @@ fn handle_gw<K: kube::Resource>(
                 l.synced = true;
                 ipam.gateways_changed();
             }
+            if *n >= NOT_INSTALLED_ANSWERS {
+                ipam.not_installed(kind);
+            }
         }
         GwEvent::Watch(Ok(ev)) => {
             not_installed.remove(kind);
+            ipam.listing(kind, &ev);
             let mut bad = Vec::new();
             let change = listed(&mut ipam.gateway).apply_read(ev, &mut bad);
             for u in bad {
@@ -310,7 +321,11 @@ fn handle(
             &mut g.grants
         }),
         Msg::Leads(l) => *wants_lead = l,
-        Msg::Written(t, o) => ipam.written(&t, matches!(o, Outcome::Ok | Outcome::NotLeader)),
+        Msg::Written(t, rv, o) => match o {
+            Outcome::Conflict => ipam.refused(&t, &rv),
+            Outcome::Ok | Outcome::NotLeader => ipam.written(&t, true),
+            Outcome::Error => ipam.written(&t, false),
+        },
         Msg::Pool(Err(e)) if rivora_kube::is_not_found(&e) => {
             debug!(error = %e, "the AddressPool CRD is not installed: no addresses to give");
             // No pools is an answer: Services are told so.
@@ -319,28 +334,34 @@ fn handle(
                 ipam.pools.synced = true;
                 ipam.pools_changed();
             }
+            ipam.not_installed(POOLS);
         }
         Msg::Pool(Err(e)) | Msg::Service(Err(e)) | Msg::Namespace(Err(e)) => {
             warn!(error = %e, "watch failed; retrying");
         }
-        Msg::Pool(Ok(ev)) => match ipam.pools.apply(ev) {
-            Change::None => {}
-            // The pool's own status written back: no pool changed (a
-            // status write does not move the generation).
-            Change::One(Some(old), Some(new))
-                if old.metadata.generation == new.metadata.generation =>
-            {
-                ipam.pool_status_changed()
+        Msg::Pool(Ok(ev)) => {
+            ipam.listing(POOLS, &ev);
+            match ipam.pools.apply(ev) {
+                Change::None => {}
+                // The pool's own status written back: no pool changed (a
+                // status write does not move the generation).
+                Change::One(Some(old), Some(new))
+                    if old.metadata.generation == new.metadata.generation =>
+                {
+                    ipam.pool_status_changed()
+                }
+                _ => ipam.pools_changed(),
             }
-            _ => ipam.pools_changed(),
-        },
+        }
         Msg::Service(Ok(ev)) => {
+            ipam.listing(SERVICES, &ev);
             let ch = ipam.services.apply(ev);
             for k in ch.keys(&ipam.services) {
                 ipam.service_changed(k);
             }
         }
         Msg::Namespace(Ok(ev)) => {
+            ipam.listing(NAMESPACES, &ev);
             let ch = ipam.namespaces.apply(ev);
             for k in ch.keys(&ipam.namespaces) {
                 ipam.namespace_changed(&k.name);
@@ -355,7 +376,7 @@ struct Writer {
     leadership: Leadership,
     slots: Arc<Semaphore>,
     timeout: Duration,
-    done: mpsc::UnboundedSender<(Target, Outcome)>,
+    done: mpsc::UnboundedSender<(Target, String, Outcome)>,
     metrics: Arc<Metrics>,
 }
 
@@ -367,6 +388,7 @@ impl Writer {
                 return;
             };
             let target = w.target.clone();
+            let rv = w.resource_version.clone();
             let outcome = this.write(w).await;
             let kind = match target {
                 Target::Service(_) => "service",
@@ -378,18 +400,14 @@ impl Writer {
             };
             match outcome {
                 Outcome::Ok => this.metrics.wrote(kind, "ok"),
-                Outcome::Conflict => {
-                    this.metrics.wrote(kind, "conflict");
-                    // The watch brings the newer version; give it a moment.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                Outcome::Conflict => this.metrics.wrote(kind, "conflict"),
                 Outcome::Error => {
                     this.metrics.wrote(kind, "error");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 Outcome::NotLeader => {}
             }
-            let _ = this.done.send((target, outcome));
+            let _ = this.done.send((target, rv, outcome));
         });
     }
 

@@ -11,12 +11,19 @@
 //! - Never two owners of an address, except claims with the same
 //!   `rivora.io/sharing-key`, no (protocol, port) in common and the same
 //!   externalTrafficPolicy: they share it.
-//! - What a claim already holds (in this table, else in its status) is
-//!   kept while the claim still wants it: its family is still wanted, it
-//!   is still requested (when addresses are requested), and its co-owners
-//!   still allow sharing. Pools do not enter: an address that lies in no
-//!   pool any more, or in one whose selectors no longer admit the claim,
-//!   is kept and flagged ([`Flag`]), never silently changed.
+//! - What a claim already holds is kept while the claim still wants it:
+//!   its family is still wanted, it is still requested (when addresses
+//!   are requested), and its co-owners still allow sharing. Pools do not
+//!   enter: an address that lies in no pool any more, or in one whose
+//!   selectors no longer admit the claim, is kept and flagged ([`Flag`]),
+//!   never silently changed; removed from the status, it is gone.
+//! - What a claim holds is its status ([`Claim::current`]): the API
+//!   server's is the truth. The table stands in for it only for the very
+//!   version of the object it last assigned from ([`Claim::version`]),
+//!   whose write may still be in flight; a claim read from any later
+//!   version brings a status that replaces the table's (the write's
+//!   result, the change that got the write refused, or a hand edit), and
+//!   an address the table picked that this status lacks is free again.
 //! - A requested address (`rivora.io/load-balancer-ips`, else the
 //!   deprecated `spec.loadBalancerIP`) is given when it lies in a pool in
 //!   use that admits the claim, is not skipped by avoidBuggyIPs, and is
@@ -401,6 +408,11 @@ pub struct Claim {
     pub sharing: Sharing,
     /// The addresses in its status now (`status.loadBalancer.ingress`).
     pub current: Vec<IpAddr>,
+    /// The `resourceVersion` of the object it was read from: the table's
+    /// addresses for the claim count instead of `current` only while it
+    /// is the version they were assigned from. None for a caller that
+    /// tracks no versions: the table then always counts.
+    pub version: Option<String>,
 }
 
 impl Claim {
@@ -416,6 +428,7 @@ impl Claim {
             request: Request::Auto,
             sharing: Sharing::default(),
             current: Vec::new(),
+            version: None,
         }
     }
 
@@ -526,6 +539,7 @@ pub fn service_claim(
         .iter()
         .filter_map(|i| i.ip.as_deref()?.parse().ok())
         .collect();
+    claim.version = svc.metadata.resource_version.clone();
     Some(claim)
 }
 
@@ -633,6 +647,7 @@ pub fn gateway_claim(
         .filter(|a| a.r#type.as_deref().is_none_or(|t| t == "IPAddress"))
         .filter_map(|a| a.value.parse().ok())
         .collect();
+    claim.version = gw.metadata.resource_version.clone();
     Some(claim)
 }
 
@@ -807,14 +822,14 @@ impl AllocError {
 pub enum Flag {
     #[error("{object}: address {addr} is in no AddressPool in use; it is kept and given to no one else (add it to a pool, or remove it from the status for a new one)")]
     NotInPool { object: ClaimRef, addr: IpAddr },
-    #[error("{object}: address {addr} is in AddressPool {pool}, whose {selector} no longer selects it; it is kept")]
+    #[error("{object}: address {addr} is in AddressPool {pool}, whose {selector} no longer selects it; it is kept (remove it from the status for a new one)")]
     PoolNotAllowed {
         object: ClaimRef,
         addr: IpAddr,
         pool: String,
         selector: SelectorKind,
     },
-    #[error("{object}: address {addr} ends in .0 or .255, which AddressPool {pool} now avoids (avoidBuggyIPs); it is kept")]
+    #[error("{object}: address {addr} ends in .0 or .255, which AddressPool {pool} now avoids (avoidBuggyIPs); it is kept (remove it from the status for a new one)")]
     Avoided {
         object: ClaimRef,
         addr: IpAddr,
@@ -1013,6 +1028,8 @@ impl Outcome {
 struct Held {
     addrs: Vec<IpAddr>,
     sharing: Sharing,
+    /// The claim's version these were assigned from ([`Claim::version`]).
+    version: Option<String>,
 }
 
 /// Address counts of one pool.
@@ -1116,9 +1133,12 @@ impl Allocator {
     /// What it holds is kept while it still wants it; see the module
     /// documentation for the rules.
     pub fn assign(&mut self, claim: &Claim) -> Outcome {
+        // From the version the table assigned from, its status cannot
+        // show yet what was assigned (the write is in flight, or failed
+        // and is sent again): the table's. From any other, the status.
         let prev = match self.held.get(&claim.object) {
-            Some(h) => h.addrs.clone(),
-            None => claim.current.clone(),
+            Some(h) if h.version == claim.version => h.addrs.clone(),
+            _ => claim.current.clone(),
         };
         self.place(claim, &prev, true)
     }
@@ -1186,6 +1206,7 @@ impl Allocator {
         let h = self.held.entry(object.clone()).or_insert_with(|| Held {
             addrs: Vec::new(),
             sharing: sharing.clone(),
+            version: None,
         });
         h.sharing = sharing.clone();
         if !h.addrs.contains(&addr) {
@@ -1289,6 +1310,9 @@ impl Allocator {
             self.fill(claim, &wanted, &mut got, &mut out);
         }
         out.addresses = wanted.iter().filter_map(|f| got.get(f).copied()).collect();
+        if let Some(h) = self.held.get_mut(object) {
+            h.version = claim.version.clone();
+        }
         let required = claim.required(&wanted);
         out.served = if required.is_empty() {
             !got.is_empty()

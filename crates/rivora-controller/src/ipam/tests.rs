@@ -384,6 +384,239 @@ fn gauges_count_per_pool_and_family() {
     assert_eq!(g[&("p".to_string(), "ipv6")], (0, 4));
 }
 
+/// `s` as the API server has it after someone else's change of its
+/// `status` (merge-patched), at version `rv`.
+fn edited(s: &Service, status: Value, rv: &str) -> Service {
+    let w = Write {
+        target: Target::Service(key_of(s)),
+        resource_version: String::new(),
+        status,
+    };
+    after(s, &w, rv)
+}
+
+fn assigned_condition(w: &Write) -> &Value {
+    condition(&w.status["conditions"], CONDITION_ADDRESS_ASSIGNED)
+}
+
+#[test]
+fn a_refused_write_leaves_the_status_that_won() {
+    let web = svc("a", "web", 1, json!({}));
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![web.clone()]);
+    i.lead();
+    let plan = i.plan(&at(5));
+    assert_eq!(ingress(service_writes(&plan)["a/web"]), ["10.0.0.0"]);
+
+    // Someone else wrote the status first: the write from version 10 is
+    // refused (409), and the watch brings the status that won.
+    let k = Key::new("a", "web");
+    i.refused(&Target::Service(k.clone()), "10");
+    let won = edited(
+        &web,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "10.0.0.5" }] } }),
+        "11",
+    );
+    i.services.apply(Event::Apply(won));
+    i.service_changed(k);
+    let plan = i.plan(&at(6));
+    let w = service_writes(&plan);
+    assert_eq!(
+        ingress(w["a/web"]),
+        ["10.0.0.5"],
+        "the address picked for the refused write is written over the status that won"
+    );
+    assert_eq!(w["a/web"].resource_version, "11");
+    let cond = assigned_condition(w["a/web"]);
+    assert_eq!(
+        (&cond["status"], &cond["reason"]),
+        (&json!("True"), &json!("Assigned"))
+    );
+    assert_eq!(cond["message"], "assigned 10.0.0.5");
+
+    // The address picked and never written is no one's: the next Service
+    // gets it.
+    i.services.apply(Event::Apply(svc("a", "db", 2, json!({}))));
+    i.service_changed(Key::new("a", "db"));
+    let plan = i.plan(&at(7));
+    assert_eq!(ingress(service_writes(&plan)["a/db"]), ["10.0.0.0"]);
+}
+
+#[test]
+fn a_refused_write_is_not_sent_again_from_the_same_version() {
+    let web = svc("a", "web", 1, json!({}));
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![web.clone()]);
+    i.lead();
+    let first = i.plan(&at(5));
+    assert_eq!(service_writes(&first).len(), 1);
+    // Refused before the watch brings the newer version: planned again
+    // from version 10 (a pool change replans every Service), it would
+    // only be refused again.
+    let k = Key::new("a", "web");
+    i.refused(&Target::Service(k.clone()), "10");
+    i.pools_changed();
+    let again = i.plan(&at(6));
+    assert!(
+        service_writes(&again).is_empty(),
+        "sent again from the refused version: {:#?}",
+        again.writes
+    );
+    // The newer version (a label someone added, no status) is planned
+    // and written: the address reserved meanwhile, which no status
+    // holds, is given again by the usual rules.
+    let mut newer = web.clone();
+    newer.metadata.resource_version = Some("11".into());
+    newer
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".into(), "x".into());
+    i.services.apply(Event::Apply(newer));
+    i.service_changed(k);
+    let plan = i.plan(&at(7));
+    let w = service_writes(&plan);
+    assert_eq!(w["a/web"].resource_version, "11");
+    assert_eq!(ingress(w["a/web"]), ["10.0.0.0"]);
+}
+
+#[test]
+fn an_address_removed_from_the_status_by_hand_is_not_written_back() {
+    let held = svc(
+        "a",
+        "web",
+        1,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "10.0.0.2" }] } }),
+    );
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![held.clone()]);
+    i.lead();
+    let plan = i.plan(&at(5));
+    let web = after(&held, service_writes(&plan)["a/web"], "11");
+    i.services.apply(Event::Apply(web.clone()));
+    i.written(&Target::Service(key_of(&web)), true);
+    land_pool_writes(&mut i, &plan);
+
+    // The pool shrinks: 10.0.0.2 is in no pool, kept and flagged, and
+    // the flag tells the owner how to get a new one.
+    let mut smaller = pool("p", &["10.0.0.4/30"]);
+    smaller.metadata.generation = Some(2);
+    i.pools.apply(Event::Apply(smaller));
+    i.pools_changed();
+    let plan = i.plan(&at(6));
+    let w = service_writes(&plan);
+    assert_eq!(ingress(w["a/web"]), ["10.0.0.2"]);
+    let cond = assigned_condition(w["a/web"]);
+    assert_eq!(cond["reason"], "AddressNotInPool");
+    let advice = "remove it from the status for a new one";
+    assert!(
+        cond["message"].as_str().unwrap_or("").contains(advice),
+        "{cond}"
+    );
+    let web = after(&web, w["a/web"], "12");
+    i.services.apply(Event::Apply(web.clone()));
+    i.written(&Target::Service(key_of(&web)), true);
+
+    // The owner takes the advice.
+    let removed = edited(&web, json!({ "loadBalancer": { "ingress": null } }), "13");
+    i.services.apply(Event::Apply(removed));
+    i.service_changed(key_of(&web));
+    let plan = i.plan(&at(7));
+    let w = service_writes(&plan);
+    assert_eq!(
+        ingress(w["a/web"]),
+        ["10.0.0.4"],
+        "the address removed by hand is written back"
+    );
+    assert_eq!(w["a/web"].resource_version, "13");
+    let cond = assigned_condition(w["a/web"]);
+    assert_eq!(
+        (&cond["status"], &cond["reason"]),
+        (&json!("True"), &json!("Assigned"))
+    );
+    assert_eq!(i.gauges()[&("p".to_string(), "ipv4")], (1, 3));
+}
+
+#[test]
+fn a_relist_holds_off_leading_until_it_is_done() {
+    let web = svc(
+        "a",
+        "web",
+        1,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "10.0.0.3" }] } }),
+    );
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![web.clone()]);
+    assert!(i.may_lead());
+    // The Service watch fell too far behind (410 Gone) and lists again:
+    // until the list is done its copies are older than the API server,
+    // and a table rebuilt from them would hand out addresses that
+    // statuses it has not seen hold.
+    let ev = |e: Event<Service>, i: &mut Ipam| {
+        i.listing("services", &e);
+        i.services.apply(e);
+    };
+    ev(Event::Init, &mut i);
+    assert!(!i.may_lead(), "leads from a list in progress");
+    ev(Event::InitApply(web), &mut i);
+    assert!(!i.may_lead(), "leads from a list in progress");
+    ev(Event::InitDone, &mut i);
+    assert!(i.may_lead());
+    // Any watch: a Namespace list in progress too.
+    i.listing("namespaces", &Event::<Namespace>::Init);
+    assert!(!i.may_lead());
+    i.listing("namespaces", &Event::<Namespace>::InitDone);
+    assert!(i.may_lead());
+}
+
+#[test]
+fn a_leader_that_started_from_a_stale_list_takes_the_newer_statuses() {
+    let web = svc(
+        "a",
+        "web",
+        1,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "10.0.0.0" }] } }),
+    );
+    // In the copy this replica leads from, "late" has no address; the
+    // API server has a newer version whose status gives it 10.0.0.3,
+    // which the watch has not brought yet.
+    let late = svc("a", "late", 2, json!({}));
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![web, late.clone()]);
+    i.lead();
+    let plan = i.plan(&at(5));
+    assert_eq!(ingress(service_writes(&plan)["a/late"]), ["10.0.0.1"]);
+
+    // The watch brings the newer version before the write's answer.
+    let k = Key::new("a", "late");
+    let newer = edited(
+        &late,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "10.0.0.3" }] } }),
+        "12",
+    );
+    i.services.apply(Event::Apply(newer));
+    i.service_changed(k.clone());
+    let plan = i.plan(&at(6));
+    let w = service_writes(&plan);
+    assert_eq!(
+        ingress(w["a/late"]),
+        ["10.0.0.3"],
+        "renumbered to the stale list's guess"
+    );
+    assert_eq!(w["a/late"].resource_version, "12");
+    // Then the answer: version 10 was refused. The write from 12 is in
+    // flight: nothing is sent twice.
+    i.refused(&Target::Service(k), "10");
+    i.pools_changed();
+    let plan = i.plan(&at(7));
+    assert!(
+        !service_writes(&plan).contains_key("a/late"),
+        "{:#?}",
+        plan.writes
+    );
+    // The guess is no one's.
+    i.services
+        .apply(Event::Apply(svc("a", "new", 3, json!({}))));
+    i.service_changed(Key::new("a", "new"));
+    let plan = i.plan(&at(8));
+    assert_eq!(ingress(service_writes(&plan)["a/new"]), ["10.0.0.1"]);
+}
+
 // ---------------------------------------------------------------------
 // Gateways
 

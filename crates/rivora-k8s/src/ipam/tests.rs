@@ -75,6 +75,10 @@ trait Build: Sized {
     fn created(self, n: u32) -> Self {
         self.with(|c| c.created = Some(at(n)))
     }
+    /// Read from this `resourceVersion` of the object.
+    fn at_version(self, v: &str) -> Self {
+        self.with(|c| c.version = Some(v.into()))
+    }
 }
 
 impl Build for Claim {
@@ -1046,6 +1050,64 @@ fn rebuild_keeps_statuses_and_the_older_keeps_a_disputed_address() {
     }
 }
 
+/// The API server's status is the truth: the table's addresses stand
+/// for the version of the object they were assigned from (a write of
+/// them may be in flight), and a claim read from any other version
+/// brings a status that replaces them.
+#[test]
+fn a_newer_status_wins_over_the_table() {
+    let p = p4("a", 1, &["10.0.0.0/29"]);
+    let mut alloc = Allocator::new(PoolSet::new([&p]));
+    let x = || svc("s/x");
+    assert_eq!(
+        alloc.assign(&x().at_version("1")).addresses,
+        [ip("10.0.0.0")]
+    );
+    // The same version again (its write in flight): what the table picked.
+    assert_eq!(
+        alloc.assign(&x().at_version("1")).addresses,
+        [ip("10.0.0.0")]
+    );
+
+    // The write was refused: the status that won says 10.0.0.5. The pick
+    // was never written: it is free again, not kept beside the status.
+    let o = alloc.assign(&x().at_version("2").current(&["10.0.0.5"]));
+    assert_eq!(o.addresses, [ip("10.0.0.5")]);
+    assert!(o.released.is_empty(), "{o:?}");
+    assert!(alloc.holders(ip("10.0.0.0")).is_empty());
+    assert_eq!(alloc.addresses(&x().object), [ip("10.0.0.5")]);
+    assert_eq!(alloc.assign(&svc("s/y")).addresses, [ip("10.0.0.0")]);
+
+    // An address in no pool, kept and flagged while the status has it ...
+    let o = alloc.assign(&x().at_version("3").current(&["192.0.2.7"]));
+    assert_eq!(o.addresses, [ip("192.0.2.7")]);
+    assert_eq!(o.flags[0].reason(), "AddressNotInPool");
+    assert!(
+        o.flags[0].to_string().contains("remove it from the status"),
+        "{}",
+        o.flags[0]
+    );
+    // ... and removed from the status by hand, as the flag advises: gone
+    // from the table too, and a pool address instead.
+    let o = alloc.assign(&x().at_version("4"));
+    assert_eq!(o.addresses, [ip("10.0.0.1")]);
+    assert!(o.flags.is_empty(), "{o:?}");
+    assert!(alloc.holders(ip("192.0.2.7")).is_empty());
+
+    // A status naming an address another claim holds (and will not
+    // share): the holder keeps it, the newcomer is told and served anew.
+    let o = alloc.assign(&x().at_version("5").current(&["10.0.0.0"]));
+    assert_eq!(o.addresses, [ip("10.0.0.1")]);
+    assert_eq!(alloc.holders(ip("10.0.0.0")), [svc("s/y").object]);
+    assert_eq!(o.warnings()[0].reason, "AddressConflict");
+
+    // A claim read without a version keeps what the table holds.
+    assert_eq!(
+        alloc.assign(&svc("s/y").current(&["10.0.0.6"])).addresses,
+        [ip("10.0.0.0")]
+    );
+}
+
 #[test]
 fn pool_set_refuses_the_younger_of_two_that_overlap() {
     let pools = [
@@ -1416,4 +1478,21 @@ fn a_gateways_claim_reads_requests_families_and_listener_ports() {
     )
     .expect("a claim");
     assert!(matches!(c.request, Request::Invalid(_)), "{:?}", c.request);
+}
+
+#[test]
+fn claims_carry_the_version_they_were_read_from() {
+    let s = service(json!({
+        "metadata": {"namespace": "a", "name": "b", "resourceVersion": "42"},
+        "spec": {"type": "LoadBalancer"}
+    }));
+    let c = service_claim(&s, &BTreeMap::new(), &TranslateOptions::default()).expect("ours");
+    assert_eq!(c.version.as_deref(), Some("42"));
+    let g: crate::gateway::api::gateways::Gateway = serde_json::from_value(json!({
+        "metadata": {"namespace": "n", "name": "g", "resourceVersion": "43"},
+        "spec": {"gatewayClassName": "rivora", "listeners": []},
+    }))
+    .expect("a Gateway");
+    let c = gateway_claim(&g, true, &BTreeMap::new()).expect("ours");
+    assert_eq!(c.version.as_deref(), Some("43"));
 }
