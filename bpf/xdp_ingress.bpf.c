@@ -395,10 +395,10 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt, __u32 forced)
 	svc = rv_service_get(t.svc_id, pkt->family);
 	if (!svc)
 		return -RV_DROP_NO_SERVICE;
-	/* Every packet, not only a flow's first: a range taken away ends
-	 * the flows it let in. A tunnelled packet was checked by the node
-	 * that took it in, against the client's address it still carries. */
-	if (!forced) {
+	/* A SYN before its rate limit, which a refused one must not drain.
+	 * A tunnelled packet was checked by the node that took it in,
+	 * against the client's address it still carries. */
+	if ((pkt->flags & RV_PKT_TCP_SYN) && !forced) {
 		ret = rv_source_allowed(svc, t.svc_id, pkt->family, pkt->saddr);
 		if (ret)
 			return ret;
@@ -422,6 +422,12 @@ __noinline int rv_vip_path(struct xdp_md *ctx, struct rv_pkt *pkt, __u32 forced)
 	f.proto = pkt->proto;
 	f.family = pkt->family;
 	rv_pick(svc, &f, &t);
+	if (!forced && (svc->flags & RV_SVC_F_SOURCE_RANGES)) {
+		ret = rv_source_admit(svc, &f, &t,
+				      !(pkt->flags & RV_PKT_TCP_SYN));
+		if (ret)
+			return ret;
+	}
 	if (forced && t.backend_id != forced) {
 		t.backend_id = forced;
 		t.pick = RV_PICK_NEW;

@@ -39,6 +39,8 @@ pub const VIP_FILTER_WORDS: usize = rv_limits::RV_VIP_FILTER_WORDS.0 as usize;
 pub const FULLNAT_SRCS: u32 = rv_limits::RV_FULLNAT_SRCS.0;
 /// Entries of each `source_range_map{,6}`, every VIP's together.
 pub const MAX_SOURCE_RANGES: u32 = rv_limits::RV_MAX_SOURCE_RANGES.0;
+/// Where `rv_service.flags` keeps the generation of its source ranges.
+pub const RANGES_GEN_SHIFT: u32 = rv_limits::RV_SVC_RANGES_GEN_SHIFT.0;
 
 /// The bit of `vip_filter_map` an address sets: `rv_vip_filter_bit` in
 /// `bpf/lib/lb.h`, on the address words as the kernel holds them.

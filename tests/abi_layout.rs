@@ -184,7 +184,7 @@ fn snapshot() -> String {
             backend_id,
             fullnat_port,
             fullnat_src,
-            pad,
+            ranges_gen,
             last_seen_ns
         }
     );

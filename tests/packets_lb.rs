@@ -735,7 +735,7 @@ fn client_ip_affinity_and_its_timeout() {
                 backend_id: id1,
                 fullnat_port: 0,
                 fullnat_src: 0,
-                pad: 0,
+                ranges_gen: 0,
                 last_seen_ns: now - 20_000_000_000,
             },
         );
@@ -760,7 +760,7 @@ fn client_ip_affinity_and_its_timeout() {
                 backend_id: id1,
                 fullnat_port: 0,
                 fullnat_src: 0,
-                pad: 0,
+                ranges_gen: 0,
                 last_seen_ns: now - 31_000_000_000,
             },
         );
@@ -802,7 +802,7 @@ fn client_ip_affinity_and_its_timeout() {
             backend_id: id1,
             fullnat_port: 0,
             fullnat_src: 0,
-            pad: 0,
+            ranges_gen: 0,
             last_seen_ns: old,
         },
     );
@@ -1209,10 +1209,29 @@ fn source_ranges_admit_only_their_clients() {
             "{fam:?}: another VIP is not restricted"
         );
 
+        // A flow's entry carries the generation it was admitted under,
+        // so that its later packets skip the lookup.
+        let gen = |lb: &Lb| lb.fx.service(id).flags >> RANGES_GEN_SHIFT;
+        let stamp =
+            |lb: &Lb, c| affinity(lb.t(), id, c, 1000, VPORT, PROTO_TCP).map(|a| a.ranges_gen);
+        let g1 = gen(&lb);
+        assert_ne!(g1, 0, "{fam:?}: a VIP with ranges has a generation");
+        assert_eq!(stamp(&lb, in_second), Some(g1 as u8));
+        assert_eq!(
+            stamp(&lb, outside),
+            None,
+            "{fam:?}: a refused flow is not remembered"
+        );
+
         // The second range goes: in_second's established flow ends with it.
         let mut v = lb.vips[&(fam, svc)].clone();
         v.source_ranges = ranges(&list[..1]);
         assert_eq!(lb.fx.apply(&v).svc, id);
+        assert_eq!(
+            gen(&lb),
+            g1 % 255 + 1,
+            "{fam:?}: a change is a new generation"
+        );
         lb.vips.insert((fam, svc), v.clone());
         assert_eq!(
             lb.send(fam, svc, in_second, 1000, Tcp::Ack, b"y"),
@@ -1222,6 +1241,20 @@ fn source_ranges_admit_only_their_clients() {
             lb.send(fam, svc, in_first, 1000, Tcp::Ack, b"y"),
             Out::To(b)
         );
+        assert_eq!(
+            stamp(&lb, in_first),
+            Some(gen(&lb) as u8),
+            "{fam:?}: checked again, stamped"
+        );
+        assert_eq!(
+            stamp(&lb, in_second),
+            Some(g1 as u8),
+            "{fam:?}: never stamped again"
+        );
+        // Written again as it is: the generation stays.
+        let g2 = gen(&lb);
+        lb.fx.apply(&v);
+        assert_eq!(gen(&lb), g2);
 
         // Ranges of the other family only: nobody.
         v.source_ranges = ranges(&list[2..]);

@@ -221,8 +221,15 @@ struct rv_target {
 	__u64 now; /* bpf_ktime_get_coarse_ns() at the pick */
 	__u32 svc_id;
 	__u32 backend_id;
-	/* The flow label of an IPv6 L3 DSR tunnel: only computed for those. */
-	__u32 label;
+	/* The remembered entry's rv_affinity_value.ranges_gen (0 for a new
+	 * pick), what rv_remember() writes into a new entry; then, once the
+	 * flow is remembered, the flow label of an IPv6 L3 DSR tunnel (only
+	 * computed for those). One word for both: the established path
+	 * zeroes and carries every byte of this struct. */
+	union {
+		__u32 ranges_gen;
+		__u32 label;
+	};
 	/* Full NAT: the flow's source port (0: none yet), address index and,
 	 * once rv_fullnat_prepare() has run, the address. */
 	__be16 fnat_port;
@@ -315,6 +322,7 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 				t->backend_id = a->backend_id;                 \
 				t->fnat_port = a->fullnat_port;                \
 				t->fnat_src = a->fullnat_src;                  \
+				t->ranges_gen = a->ranges_gen;                 \
 				return;                                        \
 			}                                                      \
 			__builtin_memset(&k, 0, sizeof(k));                    \
@@ -326,6 +334,7 @@ static __always_inline int rv_affinity_usable(struct rv_affinity_value *a,
 		if (usable) {                                                  \
 			t->pick = usable & RV_PICK_REFRESHED;                  \
 			t->backend_id = a->backend_id;                         \
+			t->ranges_gen = a->ranges_gen;                         \
 			if (!addr_only) {                                      \
 				t->fnat_port = a->fullnat_port;                \
 				t->fnat_src = a->fullnat_src;                  \
@@ -345,6 +354,7 @@ static __always_inline void rv_pick_backend(const struct rv_service *svc,
 	 * established path. */
 	t->now = bpf_ktime_get_coarse_ns();
 	t->pick = 0;
+	t->ranges_gen = 0;
 	if (f->family == RV_FAMILY_V4)
 		RV_PICK_BODY(struct rv_flow_key, connection_affinity_map,
 			     rv_flow_key4)
@@ -366,6 +376,55 @@ __noinline int rv_pick(const struct rv_service *svc, const struct rv_flow *f,
 	if (!svc || !f || !t)
 		return 0;
 	rv_pick_backend(svc, f, t);
+	return 0;
+}
+
+/*
+ * The source ranges for every packet of a flow, not only its first (a
+ * range taken away ends the flows it let in), at the cost of one lookup
+ * per flow and change of the ranges: a flow whose affinity entry says it
+ * was inside the ranges of this generation skips the trie. `check` 0: the
+ * packet was checked already (a SYN, before its rate limit). A new pick's
+ * entry is written with the generation by rv_remember(); a remembered
+ * one is stamped here once it passes.
+ */
+#define RV_STAMP_BODY(KEY, MAP, FILL)                                       \
+	{                                                                   \
+		KEY k = {};                                                 \
+		struct rv_affinity_value *a;                                \
+                                                                            \
+		FILL(&k, t->svc_id, svc->affinity == RV_AFFINITY_CLIENT_IP, \
+		     f);                                                    \
+		a = bpf_map_lookup_elem(&MAP, &k);                          \
+		if (a && a->backend_id == t->backend_id)                    \
+			a->ranges_gen = gen;                                \
+	}
+
+static __always_inline int rv_source_admit(const struct rv_service *svc,
+					   const struct rv_flow *f,
+					   struct rv_target *t, int check)
+{
+	__u8 gen = svc->flags >> RV_SVC_RANGES_GEN_SHIFT;
+	int ret;
+
+	/* Generation 0 is no generation: a writer that set none leaves
+	 * every packet checked. */
+	if (gen && !(t->pick & RV_PICK_NEW) && t->ranges_gen == gen)
+		return 0;
+	if (check) {
+		ret = rv_source_allowed(svc, t->svc_id, f->family, f->caddr);
+		if (ret)
+			return ret;
+	}
+	t->ranges_gen = gen;
+	if (t->pick & RV_PICK_NEW)
+		return 0;
+	if (f->family == RV_FAMILY_V4)
+		RV_STAMP_BODY(struct rv_flow_key, connection_affinity_map,
+			      rv_flow_key4)
+	else
+		RV_STAMP_BODY(struct rv_flow6_key, connection_affinity_map6,
+			      rv_flow_key6)
 	return 0;
 }
 
@@ -392,6 +451,7 @@ static __always_inline void rv_remember(const struct rv_service *svc,
 					const struct rv_target *t)
 {
 	struct rv_affinity_value v = { .backend_id = t->backend_id,
+				       .ranges_gen = t->ranges_gen,
 				       .last_seen_ns = t->now };
 	int addr_only = svc->affinity == RV_AFFINITY_CLIENT_IP;
 

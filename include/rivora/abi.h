@@ -76,6 +76,9 @@ enum rv_limits {
 	 * together. An LPM trie allocates per entry, so the bound costs
 	 * nothing until used. */
 	RV_MAX_SOURCE_RANGES = 65536,
+	/* rv_service.flags' top byte: the generation of the service's
+	 * source ranges (1-255, a new one at every change of them). */
+	RV_SVC_RANGES_GEN_SHIFT = 24,
 };
 
 enum rv_mode {
@@ -311,7 +314,10 @@ struct rv_affinity_value {
 	 * the pad word of layout 2. */
 	__be16 fullnat_port;
 	__u8 fullnat_src;
-	__u8 pad;
+	/* The generation of the service's source ranges this flow was
+	 * last found inside (0: never checked; the pad byte of layout 3):
+	 * the flow's packets skip the lookup until the ranges change. */
+	__u8 ranges_gen;
 	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
 };
 

@@ -78,14 +78,26 @@ fn flags(f: u32) -> String {
         (abi::rv_service_flags::RV_SVC_F_ACTIVE.0, "active"),
         (abi::rv_service_flags::RV_SVC_F_RATE_LIMIT.0, "rate_limit"),
         (abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0, "port_range"),
+        (abi::rv_service_flags::RV_SVC_F_FULLNAT.0, "fullnat"),
+        (
+            abi::rv_service_flags::RV_SVC_F_SOURCE_RANGES.0,
+            "source_ranges",
+        ),
     ] {
         if f & bit != 0 {
             v.push(name.to_string());
         }
     }
+    let gen = f >> abi::RANGES_GEN_SHIFT;
+    if gen != 0 {
+        v.push(format!("ranges_gen={gen}"));
+    }
     let known = abi::rv_service_flags::RV_SVC_F_ACTIVE.0
         | abi::rv_service_flags::RV_SVC_F_RATE_LIMIT.0
-        | abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0;
+        | abi::rv_service_flags::RV_SVC_F_PORT_RANGE.0
+        | abi::rv_service_flags::RV_SVC_F_FULLNAT.0
+        | abi::rv_service_flags::RV_SVC_F_SOURCE_RANGES.0
+        | (0xff << abi::RANGES_GEN_SHIFT);
     if f & !known != 0 {
         v.push(format!("{:#x}", f & !known));
     }

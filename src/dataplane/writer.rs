@@ -1535,7 +1535,8 @@ impl<S: MapStore> Writer<S> {
                 return Err(e);
             }
         };
-        let image = render::render_vip(vip, (slice.start, len), &ids);
+        let mut image = render::render_vip(vip, (slice.start, len), &ids);
+        image.service.flags |= ranges_gen(None, &image.service, &BTreeSet::new(), &BTreeSet::new());
         let (owned, _) = self.claim_nat_owners(svc, vip, &ids, &[]);
         let tunnel_eps = render::tunnel_eps(vip, &ids);
         let want_ranges = render::source_ranges(vip);
@@ -1650,7 +1651,7 @@ impl<S: MapStore> Writer<S> {
             old_slice
         };
         let start = new_slice.map_or(old_slice.start, |s| s.start);
-        let image = render::vip_image(vip, start, slots);
+        let mut image = render::vip_image(vip, start, slots);
         let (old_service, old_rl, old_matches, old_ranges) = {
             let cur = &self.vips[&svc];
             (
@@ -1661,6 +1662,13 @@ impl<S: MapStore> Writer<S> {
             )
         };
         let want_ranges = render::source_ranges(vip);
+        image.service.flags |= ranges_gen(
+            Some(&old_service),
+            &image.service,
+            &old_ranges,
+            &want_ranges,
+        );
+        let restricted = image.service.flags & SOURCE_RANGES != 0;
         let mut ranges = old_ranges.clone();
         let switched = (|| {
             if let Some(s) = new_slice {
@@ -1669,9 +1677,14 @@ impl<S: MapStore> Writer<S> {
             if image.rate_limit.is_some() && image.rate_limit != old_rl {
                 self.store.put_svc_rate_limit(svc, image.rate_limit)?;
             }
-            // New ranges before the entry that may start to look them
-            // up; the ones that go after it (the union meanwhile).
+            // The entries as they are to be before the service entry
+            // that names their generation: a flow stamped with it was
+            // checked against these alone. Without ranges from now on,
+            // they go once nothing looks them up.
             add_ranges(&mut self.store, svc, &mut ranges, &want_ranges)?;
+            if restricted {
+                drop_ranges(&mut self.store, svc, &mut ranges, &want_ranges)?;
+            }
             if image.service != old_service {
                 self.store.put_service(svc, &image.service)?;
             }
@@ -1685,6 +1698,7 @@ impl<S: MapStore> Writer<S> {
             if image.rate_limit.is_some() && image.rate_limit != old_rl {
                 let _ = self.store.put_svc_rate_limit(svc, old_rl);
             }
+            let _ = add_ranges(&mut self.store, svc, &mut ranges, &old_ranges);
             let _ = drop_ranges(&mut self.store, svc, &mut ranges, &old_ranges);
             self.release_backends(&ids, true);
             return Err(DataplaneError::Vip {
@@ -1952,4 +1966,31 @@ fn drop_ranges<S: MapStore>(
         have.remove(r);
     }
     Ok(())
+}
+
+const SOURCE_RANGES: u32 = abi::rv_service_flags::RV_SVC_F_SOURCE_RANGES.0;
+
+/// The generation bits of `new` (a service entry as rendered, which
+/// carries none): none without source ranges; else `old`'s while its
+/// ranges stay `want`, the next one (1-255, never 0: the datapath reads 0
+/// as "check every packet") when they start or change, so that every
+/// flow is checked again against the new ones.
+fn ranges_gen(
+    old: Option<&render::ServiceEntry>,
+    new: &render::ServiceEntry,
+    have: &BTreeSet<SourceRange>,
+    want: &BTreeSet<SourceRange>,
+) -> u32 {
+    if new.flags & SOURCE_RANGES == 0 {
+        return 0;
+    }
+    let old_gen = old
+        .filter(|o| o.flags & SOURCE_RANGES != 0)
+        .map(|o| o.flags >> abi::RANGES_GEN_SHIFT);
+    let gen = match old_gen {
+        Some(g) if g != 0 && have == want => g,
+        Some(g) => g % 255 + 1,
+        None => 1,
+    };
+    gen << abi::RANGES_GEN_SHIFT
 }

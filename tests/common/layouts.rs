@@ -566,7 +566,7 @@ pub fn assert_v2_entries(dir: &Path) {
         for (k, v) in read_pinned(&dir.join(map)).entries {
             let a: abi::rv_affinity_value = from_bytes(&v).expect("rv_affinity_value");
             assert_eq!(
-                (a.fullnat_port, a.fullnat_src, a.pad),
+                (a.fullnat_port, a.fullnat_src, a.ranges_gen),
                 (0, 0, 0),
                 "{map} {k:?}: layout 2's pad word holds something"
             );

@@ -54,6 +54,10 @@ const VIP_DSR: [u8; 4] = [10, 99, 100, 2];
 const VIP_L3: [u8; 4] = [10, 99, 100, 3];
 const VIP_UDP: [u8; 4] = [10, 99, 100, 4];
 const VIP_DSR_UDP: [u8; 4] = [10, 99, 100, 5];
+/// NAT, as VIP_NAT, with SOURCE_RANGES source ranges, one of them the
+/// client's (issue 28).
+const VIP_NAT_RANGES: [u8; 4] = [10, 99, 100, 6];
+const SOURCE_RANGES: u32 = 64;
 const BACKENDS: [[u8; 4]; 3] = [[10, 99, 2, 11], [10, 99, 2, 12], [10, 99, 2, 13]];
 const CLIENT6: &str = "fd00:99:1::1";
 const VIP6: &str = "fd00:99:100::1";
@@ -310,6 +314,29 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
     service(6, rv_mode::RV_MODE_DSR, v6, [11, 12, 13])?;
     service(7, rv_mode::RV_MODE_L3DSR, v6, [11, 12, 13])?;
     service(8, rv_mode::RV_MODE_DSR, v4, [1, 2, 3])?;
+    // Backends of its own (port 8081), which it owns as VIP_NAT owns
+    // its: the new-flow case then pays for its ranges, not for the second
+    // insert of a VIP that shares its backends.
+    for (i, b) in BACKENDS.iter().enumerate() {
+        let a = Ipv4Addr::from(*b);
+        w.put(
+            "backend_map",
+            &(21 + i as u32),
+            &rv_backend {
+                addr: be32(a),
+                port: be16(8081),
+                mac: [2, 0, 0, 0, 2, 11 + i as u8],
+                nh: nh_of(IpAddr::V4(a)),
+            },
+        )?;
+        w.put(
+            "backend_health_map",
+            &(21 + i as u32),
+            &rv_backend_health::default(),
+        )?;
+    }
+    service(9, rv_mode::RV_MODE_NAT, v4, [21, 22, 23])?;
+    source_ranges(w, 9)?;
     let mut vip_addrs: Vec<IpAddr> = Vec::new();
     for (addr, port, proto, svc) in [
         (VIP_NAT, 80, 6, 1),
@@ -317,6 +344,7 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
         (VIP_L3, 80, 6, 3),
         (VIP_UDP, 53, 17, 4),
         (VIP_DSR_UDP, 53, 17, 8),
+        (VIP_NAT_RANGES, 80, 6, 9),
     ] {
         let k = rv_vip_key {
             addr: be32(Ipv4Addr::from(addr)),
@@ -352,15 +380,31 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
             bits: rivora::dataplane::render::vip_filter(vip_addrs),
         },
     )?;
-    for (svc, vip, port, proto, ids) in [
+    for (svc, vip, port, proto, ids, bport) in [
         (
             1u32,
             IpAddr::V4(Ipv4Addr::from(VIP_NAT)),
             80u16,
             6u8,
             [1u32, 2, 3],
+            8080u16,
         ),
-        (4, IpAddr::V4(Ipv4Addr::from(VIP_UDP)), 53, 17, [1, 2, 3]),
+        (
+            4,
+            IpAddr::V4(Ipv4Addr::from(VIP_UDP)),
+            53,
+            17,
+            [1, 2, 3],
+            8080,
+        ),
+        (
+            9,
+            IpAddr::V4(Ipv4Addr::from(VIP_NAT_RANGES)),
+            80,
+            6,
+            [21, 22, 23],
+            8081,
+        ),
     ] {
         for (i, id) in ids.iter().enumerate() {
             let _ = port;
@@ -368,7 +412,7 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
                 "nat_owner_map",
                 &rv_nat_owner_key {
                     backend_addr: be32(Ipv4Addr::from(BACKENDS[i])),
-                    backend_port: be16(8080),
+                    backend_port: be16(bport),
                     proto,
                     pad: 0,
                 },
@@ -426,6 +470,60 @@ fn program_maps(w: &PinWriter, nh: &HashMap<IpAddr, NextHop>, rvb0: u32) -> Resu
         },
     )?;
     Ok(())
+}
+
+/// Service `svc` admits only sources in SOURCE_RANGES prefixes: the
+/// client's /16 among others of every length, as the writer keys them
+/// (the service id's 32 bits first), and the flag that says to look.
+fn source_ranges(w: &PinWriter, svc: u32) -> Result<()> {
+    let put = |addr: [u8; 4], len: u32| -> Result<()> {
+        w.put(
+            "source_range_map",
+            &rv_source_range_key {
+                prefixlen: 32 + len,
+                svc_id: svc.to_be(),
+                addr: be32(Ipv4Addr::from(addr)),
+            },
+            &rv_source_range { len },
+        )
+    };
+    // A /16: the new-flow case varies the low half of the source.
+    put([CLIENT[0], CLIENT[1], 0, 0], 16)?;
+    for i in 1..SOURCE_RANGES {
+        let len = 8 + (i * 7) % 25;
+        let a = u32::from(Ipv4Addr::new(
+            11 + (i % 200) as u8,
+            i as u8,
+            (i * 3) as u8,
+            0,
+        ));
+        let masked = a & u32::MAX.checked_shl(32 - len).unwrap_or(0);
+        put(Ipv4Addr::from(masked).octets(), len)?;
+    }
+    let path = w.0.join("service_config_map");
+    let m = MapHandle::from_pinned_path(&path).context("opening service_config_map")?;
+    let cur = m
+        .lookup(&svc.to_ne_bytes(), MapFlags::ANY)
+        .context("reading service_config_map")?
+        .context("the service's entry")?;
+    let mut s = rv_service::default();
+    ensure!(
+        cur.len() == std::mem::size_of::<rv_service>(),
+        "rv_service's size"
+    );
+    // SAFETY: rv_service is a plain repr(C) struct of integers, as long
+    // as the value read.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            cur.as_ptr(),
+            (&mut s as *mut rv_service).cast::<u8>(),
+            cur.len(),
+        )
+    };
+    // Generation 1, as the writer's first: a flow stamped with it skips
+    // the trie.
+    s.flags |= rv_service_flags::RV_SVC_F_SOURCE_RANGES.0 | (1 << RANGES_GEN_SHIFT);
+    w.put("service_config_map", &svc, &s)
 }
 
 fn set_pkt(map: &libbpf_rs::MapMut<'_>, case: &Case) -> Result<()> {
@@ -561,6 +659,20 @@ pub fn run(results: &mut Results) -> Result<()> {
         net("xdp_established_nat_v4_ns") / net("xdp_established_dsr_v4_ns"),
         net("xdp_established_l3dsr_v4_ns") / net("xdp_established_dsr_v4_ns"),
     ));
+    if measured
+        .iter()
+        .any(|(n, ..)| n == "xdp_established_nat_v4_sourceranges_ns")
+    {
+        let r = ratio(
+            "xdp_established_nat_v4_sourceranges_ns",
+            "xdp_established_nat_v4_ns",
+        );
+        results.set("xdp_established_nat_v4_sourceranges_ratio", r);
+        results.note(format!(
+            "  issue 28: NAT v4 with {SOURCE_RANGES} source ranges / without: established {r:.2} (<= 1.1), new flow {:.2}",
+            ratio("xdp_syn_nat_v4_sourceranges_ns", "xdp_syn_nat_v4_ns"),
+        ));
+    }
     if FULLNAT_CASES
         .iter()
         .any(|(k, ..)| measured.iter().any(|(n, ..)| n == k))
@@ -761,6 +873,22 @@ fn measure() -> Result<(Measured, Option<Exhaustion>)> {
             true,
             tcp4(VIP_NAT, false),
             false,
+            Prog::Xdp,
+            TX,
+        ),
+        case(
+            "xdp_established_nat_v4_sourceranges_ns",
+            false,
+            tcp4(VIP_NAT_RANGES, false),
+            false,
+            Prog::Xdp,
+            TX,
+        ),
+        case(
+            "xdp_syn_nat_v4_sourceranges_ns",
+            false,
+            tcp4(VIP_NAT_RANGES, true),
+            true,
             Prog::Xdp,
             TX,
         ),
