@@ -262,6 +262,8 @@ fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
         &["get", "list", "watch", "create", "update"],
         "*",
     ));
+    // persistDatapath (the default): its own DaemonSet, at a stop.
+    s.extend(grants(ns, "apps", &["daemonsets"], &["get"], "rivorad"));
     if bgp {
         s.extend(grants(
             "*",

@@ -104,7 +104,7 @@ use common::k8s::{
     ApiState, Ep, Identity, Kube, Rbac, SvcPort, TestGatewayClass, TestNs,
 };
 use common::netns::{spawn_in, Netns};
-use common::rivorad::{rivorad_bin, Home, Rivorad};
+use common::rivorad::{attached, rivorad_bin, Home, Rivorad};
 use common::topology::{Mode, Topology, NAT_BACKEND_PORT, VIP_PORT};
 use common::traffic::{canonical, exchanges, long_lived, tcp_once, wait_for, Hit, Proto, Servers};
 use common::unique;
@@ -1086,6 +1086,157 @@ fn load_balancer_source_ranges_keep_other_clients_out() {
     for vip in [sa(t.vip4), sa(t.vip6)] {
         assert_unanswered(t, "the annotation's ranges", vip, &[Proto::Tcp]);
     }
+}
+
+/// A Node object a test made (no kubelet runs it), deleted when the test
+/// ends.
+struct TestNode {
+    kube: Kube,
+    name: String,
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.kube.client.clone());
+        let _ = self
+            .kube
+            .block_on(nodes.delete(&self.name, &kube::api::DeleteParams::default()));
+    }
+}
+
+/// With -persist-datapath and -owner-daemonset, a stop asks whether the
+/// DaemonSet goes on here: while it does (an upgrade, a restart) the
+/// datapath keeps forwarding; when it no longer selects the node, or is
+/// deleted (uninstalled), the links and pins go, and nothing is left to
+/// forward old VIPs to pod addresses that get reused.
+#[test]
+fn uninstall_takes_the_datapath_away_and_an_upgrade_leaves_it() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::builder(Mode::Nat).ipv4_only().build();
+    let servers = Servers::for_topology(&topo, false);
+    let mut w = World::new(topo, servers, &[]);
+    let label = "rivora.io/e2e-lb";
+    let kube = Kube::admin();
+    let nodes: kube::Api<Node> = kube::Api::all(kube.client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": w.node, "labels": { label: "yes" } },
+    }))
+    .expect("a Node");
+    kube.block_on(nodes.create(&kube::api::PostParams::default(), &node))
+        .expect("creating this node's Node");
+    let _node = TestNode {
+        kube: Kube::admin(),
+        name: w.node.clone(),
+    };
+    let dss: kube::Api<DaemonSet> = kube::Api::namespaced(kube.client.clone(), &w.k8s.name);
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": { "name": "rivorad" },
+        "spec": {
+            "selector": { "matchLabels": { "app": "rivorad" } },
+            "template": {
+                "metadata": { "labels": { "app": "rivorad" } },
+                "spec": {
+                    "nodeSelector": { label: "yes" },
+                    "containers": [{ "name": "rivorad", "image": "rivora:test" }],
+                },
+            },
+        },
+    }))
+    .expect("a DaemonSet");
+    kube.block_on(dss.create(&kube::api::PostParams::default(), &ds))
+        .expect("creating the DaemonSet");
+    let owner = format!("{}/rivorad", w.k8s.name);
+    let flags = ["-persist-datapath", "-owner-daemonset", owner.as_str()];
+
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("web", &v, &nat_ports(), &[0, 1, 2]);
+    let tcp4 = vip_name("tcp", sa(t.vip4));
+    let all = w.targets(&[0, 1, 2], false);
+    let none = BTreeSet::new();
+    w.rd.stop();
+    let pins = w.rd.home.pin_dir().to_path_buf();
+    let run = |w: &mut World, what: &str| {
+        w.rd.restart(&flags);
+        wait_vips(&w.rd, what, &v, PROGRAMMED, |m| has(m, &tcp4, &all, &none));
+        assert_spread(&w.topo, what, sa(w.topo.vip4), Proto::Tcp, &[0, 1, 2]);
+    };
+
+    // An upgrade: the DaemonSet goes on here.
+    run(&mut w, "before an upgrade");
+    w.rd.stop();
+    assert!(
+        w.rd.log_text()
+            .contains("stopping for an upgrade or a restart"),
+        "{}",
+        w.rd.log_text()
+    );
+    assert!(
+        attached(&w.topo.node, "n0").0,
+        "XDP detached by an upgrade's stop"
+    );
+    assert!(
+        pins.join("links").exists(),
+        "links unpinned by an upgrade's stop"
+    );
+    assert_spread(
+        &w.topo,
+        "between two rivorads",
+        sa(w.topo.vip4),
+        Proto::Tcp,
+        &[0, 1, 2],
+    );
+
+    // The node leaves the DaemonSet.
+    run(&mut w, "before the node leaves");
+    let relabel = |value: &str| {
+        kube.block_on(nodes.patch(
+            &w.node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({ "metadata": { "labels": { label: value } } })),
+        ))
+        .expect("relabelling the node");
+    };
+    relabel("no");
+    w.rd.stop();
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("stopping for good") && log.contains("no longer selects node"),
+        "{log}"
+    );
+    assert_eq!(
+        attached(&w.topo.node, "n0"),
+        (false, 0),
+        "the datapath left behind"
+    );
+    assert!(
+        !pins.exists(),
+        "pins left behind: {:?}",
+        std::fs::read_dir(&pins).map(|d| d.count())
+    );
+
+    // The DaemonSet is deleted: uninstalled.
+    relabel("yes");
+    run(&mut w, "before the uninstall");
+    kube.block_on(dss.delete("rivorad", &kube::api::DeleteParams::default()))
+        .expect("deleting the DaemonSet");
+    w.rd.stop();
+    let log = w.rd.log_text();
+    assert!(
+        log.contains("stopping for good") && log.contains("is gone: uninstalled"),
+        "{log}"
+    );
+    assert_eq!(
+        attached(&w.topo.node, "n0"),
+        (false, 0),
+        "the datapath left behind"
+    );
+    assert!(!pins.exists(), "pins left behind");
 }
 
 // ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ use rivora::metrics::Metrics;
 use rivora::sources::kubernetes::{self, KubeOptions, KubeOutputs};
 use rivora::speaker::{KubeSide, Speaker, SpeakerConfig, SpeakerMetrics};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -91,6 +91,12 @@ struct Args {
     /// without a class (for clusters with another load balancer).
     #[arg(long)]
     require_class: bool,
+    /// The DaemonSet this rivorad runs in, NAMESPACE/NAME (the chart sets
+    /// it). With -persist-datapath, a stop keeps the datapath for the
+    /// DaemonSet's next pod, unless the DaemonSet is gone or no longer
+    /// selects this node: then it is removed, as with -cleanup.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "kubernetes", value_parser = parse_owner)]
+    owner_daemonset: Option<String>,
     #[command(subcommand)]
     command: Option<Sub>,
 }
@@ -100,6 +106,10 @@ enum Sub {
     /// Print the CustomResourceDefinitions Rivora defines (what
     /// helm/crds/ holds) and exit.
     Crds,
+}
+
+fn parse_owner(s: &str) -> Result<String, String> {
+    daemon::leaving::parse_owner(s).map(|_| s.to_string())
 }
 
 /// `-node-name`, else `$NODE_NAME`, else the hostname.
@@ -135,6 +145,9 @@ fn config_or_default(given: Option<PathBuf>, default: &Path) -> Result<PathBuf, 
 /// `-health-probe-budget`'s default: 20 times what 1,000 backends
 /// probed every 2 s (the default interval) ask for.
 const DEFAULT_PROBE_BUDGET: f64 = 10_000.0;
+/// How long a stopping rivorad waits for the API server to say whether
+/// its DaemonSet goes on: within the pod's termination grace period.
+const LEAVING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `-health-probe-budget`: 0 (no bound), or 1 probe a second or more.
 fn parse_probe_budget(s: &str) -> Result<f64, String> {
@@ -343,6 +356,13 @@ fn main() -> Result<()> {
         ),
         None => None,
     };
+    // Who is asked at the stop whether the datapath stays.
+    let owner = match (&kube, &args.owner_daemonset) {
+        (Some((client, opts, _, _)), Some(ds)) if args.persist_datapath => {
+            Some((client.clone(), ds.clone(), opts.node_name.clone()))
+        }
+        _ => None,
+    };
     if let Some((client, opts, outputs, _)) = kube {
         if let Some(b) = &bgp {
             info!(node = %opts.node_name, "taking BGP peers from BGPPeers too");
@@ -358,7 +378,7 @@ fn main() -> Result<()> {
     }
     info!(socket = %api_conf.socket.display(), metrics = ?metrics_addr, "ready");
 
-    runtime.block_on(async move {
+    let keep = runtime.block_on(async move {
         // Reload when the file changes, as on SIGHUP.
         let watcher = {
             let file = file.clone();
@@ -379,11 +399,26 @@ fn main() -> Result<()> {
             }
         }
         watcher.abort();
+        let keep = match owner {
+            None => args.persist_datapath,
+            Some((client, ds, node)) => {
+                match daemon::leaving::ask(client, &ds, &node, LEAVING_WAIT).await {
+                    daemon::leaving::Leaving::Keep(why) => {
+                        info!(reason = %why, "stopping for an upgrade or a restart: the datapath keeps forwarding");
+                        true
+                    }
+                    daemon::leaving::Leaving::Remove(why) => {
+                        warn!(reason = %why, "stopping for good: removing the datapath");
+                        false
+                    }
+                }
+            }
+        };
         // Peers first: without a pinned datapath the routes are withdrawn
         // before the programs detach; with one, the sessions close for
         // the peers' graceful restart to keep them.
         if let Some(b) = &bgp {
-            rivora::bgp::stop(b, args.persist_datapath).await;
+            rivora::bgp::stop(b, keep).await;
         }
         // Quiet, then the Leases released: another node takes over at
         // once rather than when they expire.
@@ -394,11 +429,16 @@ fn main() -> Result<()> {
         if let Some(m) = metrics {
             m.shutdown().await;
         }
-        anyhow::Ok(())
+        anyhow::Ok(keep)
     })?;
     drop(state);
     drop(runtime);
     d.shutdown();
+    if !keep && args.persist_datapath {
+        let detached = daemon::cleanup(&args.pin_dir)
+            .with_context(|| format!("removing {}", args.pin_dir.display()))?;
+        info!(links = detached.len(), pin_dir = %args.pin_dir.display(), "datapath removed");
+    }
     info!("stopped");
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! attached links.
 
 pub mod api;
+pub mod leaving;
 pub mod net;
 pub mod preflight;
 pub mod state;
