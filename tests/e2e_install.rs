@@ -704,6 +704,30 @@ fn round_one(cli: &Cli, kube: &Kube) {
     }
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], 9441);
+    // On the host's network, metrics listen on the node's own address
+    // (the pod's, where the probes go), not on every address it has.
+    let at = args
+        .iter()
+        .position(|a| *a == "-metrics-listen")
+        .unwrap_or_else(|| panic!("rivorad args {args:?} lack -metrics-listen"));
+    assert_eq!(args.get(at + 1), Some(&"$(RIVORA_HOST_IP):9441"));
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "RIVORA_HOST_IP"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"),
+        "{}",
+        c["env"]
+    );
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert!(
+            c[probe]["httpGet"]["host"].is_null(),
+            "{probe}: {}",
+            c[probe]
+        );
+    }
     let mounts: BTreeSet<&str> = pod["volumes"]
         .as_array()
         .unwrap()

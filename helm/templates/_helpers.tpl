@@ -45,10 +45,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.controller.serviceAccount.name | default (include "rivora.controller" .) -}}
 {{- end -}}
 
-{{/* rivorad's metrics, /healthz and /readyz listener. */}}
+{{/* rivorad's metrics, /healthz and /readyz listener, when bindAddress
+is set (else each node's address, given as -metrics-listen). */}}
 {{- define "rivora.rivoradMetricsListen" -}}
 {{- $a := .Values.rivorad.metrics.bindAddress -}}
 {{- if contains ":" $a -}}[{{ $a }}]:{{ .Values.rivorad.metrics.port }}{{- else -}}{{ $a }}:{{ .Values.rivorad.metrics.port }}{{- end -}}
+{{- end -}}
+
+{{/* The probes' host: the pod's address (the node's) unless bindAddress
+names one address. */}}
+{{- define "rivora.rivoradProbeHost" -}}
+{{- $a := .Values.rivorad.metrics.bindAddress -}}
+{{- if and $a (ne $a "0.0.0.0") (ne $a "::") -}}
+host: {{ $a | quote }}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -91,6 +91,12 @@ struct Args {
     /// without a class (for clusters with another load balancer).
     #[arg(long)]
     require_class: bool,
+    /// Where /metrics, /healthz and /readyz listen, ADDRESS:PORT, over the
+    /// file's metrics.listen: the chart passes the node's own address, so
+    /// that a pod on the host's network does not listen on every address
+    /// the node has. An IPv6 address may go without brackets.
+    #[arg(long, value_name = "ADDRESS:PORT", value_parser = parse_listen)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// The DaemonSet this rivorad runs in, NAMESPACE/NAME (the chart sets
     /// it). With -persist-datapath, a stop keeps the datapath for the
     /// DaemonSet's next pod, unless the DaemonSet is gone or no longer
@@ -150,6 +156,20 @@ const DEFAULT_PROBE_BUDGET: f64 = 10_000.0;
 const LEAVING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `-health-probe-budget`: 0 (no bound), or 1 probe a second or more.
+/// `ADDRESS:PORT`, `[V6]:PORT` or `V6:PORT` (what `$(HOST_IP):PORT`
+/// becomes in a pod's args on an IPv6 node).
+fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    let bad = || format!("{s:?} is not ADDRESS:PORT");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let addr: std::net::IpAddr = host.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(std::net::SocketAddr::new(addr, port))
+}
+
 fn parse_probe_budget(s: &str) -> Result<f64, String> {
     let n: f64 = s
         .trim()
@@ -304,7 +324,7 @@ fn main() -> Result<()> {
         None => None,
     };
     let api_conf = d.node.api.clone();
-    let metrics_addr = d.node.metrics.listen;
+    let metrics_addr = args.metrics_listen.or(d.node.metrics.listen);
     let file = d.file_source();
     // The L2 speaker: -kubernetes, or `announce: l2` in the file.
     let speaker = {
@@ -503,6 +523,26 @@ mod tests {
         ))
         .unwrap();
         assert!(matches!(c.command, Some(Sub::Crds)));
+    }
+
+    #[test]
+    fn metrics_listen_takes_what_a_pod_arg_expands_to() {
+        for (given, want) in [
+            ("10.0.0.5:9441", "10.0.0.5:9441"),
+            ("[fd00::5]:9441", "[fd00::5]:9441"),
+            ("fd00::5:9441", "[fd00::5]:9441"),
+        ] {
+            assert_eq!(parse_listen(given).unwrap().to_string(), want, "{given}");
+        }
+        for bad in [
+            "10.0.0.5",
+            ":9441",
+            "$(HOST_IP):9441",
+            "10.0.0.5:99999",
+            "x:1",
+        ] {
+            assert!(parse_listen(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
