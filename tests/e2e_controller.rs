@@ -199,16 +199,35 @@ impl Scope {
     }
 
     fn controller_at(&self, identity: &str, kubeconfig: &Path, lease: &[&str]) -> Controller {
+        self.controller_args(identity, kubeconfig, lease, true)
+    }
+
+    /// A replica that also serves Services of no class (the chart's
+    /// `requireClass: false`): no other test makes a LoadBalancer Service
+    /// without a class, so it meets only this test's.
+    fn unclassed_controller(&self, identity: &str) -> Controller {
+        self.controller_args(identity, &self.kubeconfig, &FAST_LEASE, false)
+    }
+
+    fn controller_args(
+        &self,
+        identity: &str,
+        kubeconfig: &Path,
+        lease: &[&str],
+        require_class: bool,
+    ) -> Controller {
         let selector = format!("test.rivora.io/scope={}", self.pool);
         let mut args = vec![
             "-namespace",
             &self.k8s.name,
             "-load-balancer-class",
             &self.class,
-            "-require-class",
             "-pool-selector",
             &selector,
         ];
+        if require_class {
+            args.push("-require-class");
+        }
         args.extend(lease);
         Controller::start(self.dir.path(), kubeconfig, identity, &args)
     }
@@ -1045,5 +1064,51 @@ fn a_new_leader_from_a_stale_list_renumbers_nothing() {
     assert_eq!(
         now["late"], settled["late"],
         "late changed after it settled"
+    );
+}
+
+/// With unset classes accepted, a Service of no class that another load
+/// balancer answered first (its status holds an address and no condition
+/// of Rivora's) is left as it is, and an Event says so; one of no class
+/// that nobody answered is Rivora's.
+#[test]
+fn a_service_another_load_balancer_answered_is_left_to_it() {
+    let sc = Scope::new();
+    let no_class = json!({ "loadBalancerClass": null });
+    sc.k8s
+        .create_service(&sc.service("theirs", json!({}), no_class.clone()));
+    let foreign: IpAddr = "192.0.2.77".parse().expect("an address");
+    sc.k8s.set_ingress("theirs", &[foreign]);
+    let _c = sc.unclassed_controller("c1");
+    sc.wait_holder(&["c1"], WRITTEN);
+    sc.k8s
+        .create_service(&sc.service("mine", json!({}), no_class));
+    let mine = wait_for(WRITTEN, Duration::from_millis(100), || {
+        sc.k8s
+            .service("mine")
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .and_then(|i| i.first()?.ip.clone())
+    });
+    assert!(
+        mine.is_some(),
+        "a Service of no class nobody answered got no address"
+    );
+    let event = wait_for(WRITTEN, Duration::from_millis(100), || {
+        sc.k8s.events_about("theirs").into_iter().find(|(t, r, m)| {
+            t == "Warning" && r == "LeftToAnotherLoadBalancer" && m.contains("192.0.2.77")
+        })
+    });
+    assert!(
+        event.is_some(),
+        "no Event on theirs: {:?}",
+        sc.k8s.events_about("theirs")
+    );
+    // As that implementation wrote it (the API server adds ipMode).
+    let theirs = sc.k8s.service("theirs").expect("theirs");
+    let status = serde_json::to_value(theirs.status).expect("json");
+    assert_eq!(
+        status,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "192.0.2.77", "ipMode": "VIP" }] } }),
+        "Rivora wrote on another implementation's Service"
     );
 }

@@ -370,6 +370,23 @@ impl Ipam {
             None => {
                 let released = alloc.release(&object);
                 let pools = alloc.pools();
+                if left_to_another(&svc, &self.opts) {
+                    plan.warnings.push(ObjectWarning {
+                        object: Target::Service(key.clone()),
+                        warning: Warning {
+                            reason: WARN_LEFT_TO_ANOTHER,
+                            message: format!(
+                                "another load balancer gave this Service its addresses ({}): Rivora leaves it; set spec.loadBalancerClass: {} for Rivora to serve it",
+                                ingress_of(&svc)
+                                    .iter()
+                                    .map(ToString::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                self.opts.class
+                            ),
+                        },
+                    });
+                }
                 cleared_status(&svc, &released, |a| pools.pool_of(a).is_some())
             }
         };
@@ -575,6 +592,19 @@ fn has_ingress_extras(svc: &Service) -> bool {
 /// Rivora's condition, and without the ingress when Rivora held it (what
 /// it released now, or, after a restart, addresses of Rivora's pools
 /// under Rivora's condition). None when there is nothing of Rivora's.
+/// Event reason on a Service of no class another implementation serves.
+pub const WARN_LEFT_TO_ANOTHER: &str = "LeftToAnotherLoadBalancer";
+
+/// A LoadBalancer Service of no class, which Rivora would take, whose
+/// addresses another implementation wrote first.
+fn left_to_another(svc: &Service, opts: &TranslateOptions) -> bool {
+    let spec = svc.spec.as_ref();
+    opts.accept_unset_class
+        && spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+        && spec.is_some_and(|s| s.load_balancer_class.is_none())
+        && rivora_k8s::translate::written_by_another(svc)
+}
+
 pub fn cleared_status(
     svc: &Service,
     released: &[IpAddr],

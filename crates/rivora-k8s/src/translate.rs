@@ -138,7 +138,10 @@ pub fn owner(svc: &Service) -> Owner {
     )
 }
 
-/// Whether this node serves the Service at all (type and class).
+/// Whether this node serves the Service at all (type and class). A
+/// Service of no class is Rivora's (when unset classes are accepted)
+/// unless another load balancer has given it addresses first
+/// ([`written_by_another`]).
 pub fn is_ours(svc: &Service, opts: &TranslateOptions) -> bool {
     let Some(spec) = &svc.spec else {
         return false;
@@ -148,8 +151,31 @@ pub fn is_ours(svc: &Service, opts: &TranslateOptions) -> bool {
     }
     match &spec.load_balancer_class {
         Some(c) => *c == opts.class,
-        None => opts.accept_unset_class,
+        None => opts.accept_unset_class && !written_by_another(svc),
     }
+}
+
+/// A Service whose status holds addresses (`status.loadBalancer.ingress`)
+/// that Rivora did not give: rivora-controller writes its
+/// `rivora.io/AddressAssigned` condition in the same patch as the
+/// addresses, so ingress without it is another implementation's (a
+/// cloud's, kube-vip). For a Service of no class, which every
+/// implementation may take, the first to answer keeps it.
+pub fn written_by_another(svc: &Service) -> bool {
+    let Some(status) = &svc.status else {
+        return false;
+    };
+    let has_ingress = status
+        .load_balancer
+        .as_ref()
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    let ours = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == crate::ipam::CONDITION_ADDRESS_ASSIGNED);
+    has_ingress && !ours
 }
 
 /// See the module documentation for the rules.

@@ -20,17 +20,32 @@ fn pool(name: &str, addresses: &[&str]) -> AddressPool {
     p
 }
 
-/// A LoadBalancer Service in `ns`, created at minute `age`, with `status`.
+/// A LoadBalancer Service of Rivora's class in `ns`, created at minute
+/// `age`, with `status` (written by whoever the test says: a Service of
+/// Rivora's class is Rivora's whatever its status holds).
 fn svc(ns: &str, name: &str, age: u32, status: Value) -> Service {
     serde_json::from_value(json!({
         "metadata": {
             "namespace": ns, "name": name, "generation": 1, "resourceVersion": "10",
             "creationTimestamp": format!("2026-01-01T00:{age:02}:00Z"),
         },
-        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+        "spec": {
+            "type": "LoadBalancer", "loadBalancerClass": rivora_k8s::translate::RIVORA_LB_CLASS,
+            "ports": [{ "port": 80, "protocol": "TCP" }],
+        },
         "status": status,
     }))
     .expect("a Service")
+}
+
+/// [`svc`] without a class: Rivora's while unset classes are accepted and
+/// no other implementation has given it addresses.
+fn unclassed(ns: &str, name: &str, age: u32, status: Value) -> Service {
+    let mut s = svc(ns, name, age, status);
+    if let Some(spec) = s.spec.as_mut() {
+        spec.load_balancer_class = None;
+    }
+    s
 }
 
 fn ns(name: &str) -> Namespace {
@@ -867,4 +882,69 @@ fn a_new_leader_keeps_the_gateways_addresses_and_writes_nothing() {
     j.lead();
     let again = j.plan(&at(9));
     assert!(again.writes.is_empty(), "{:#?}", again.writes);
+}
+
+#[test]
+fn a_service_of_no_class_another_load_balancer_answered_is_left_alone() {
+    // kube-vip (or a cloud) gave "theirs" an address first: no condition
+    // of Rivora's beside it. "mine" has no status yet: Rivora's.
+    let theirs = unclassed(
+        "a",
+        "theirs",
+        1,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "192.0.2.7" }] } }),
+    );
+    let mine = unclassed("a", "mine", 2, json!({}));
+    let mut i = ipam(
+        vec![pool("p", &["10.0.0.0/29"])],
+        vec![theirs, mine.clone()],
+    );
+    i.lead();
+    let plan = i.plan(&at(5));
+    let w = service_writes(&plan);
+    assert!(
+        !w.contains_key("a/theirs"),
+        "its status was written: {:?}",
+        w.get("a/theirs")
+    );
+    assert_eq!(ingress(w["a/mine"]), ["10.0.0.0"]);
+    let said: Vec<&ObjectWarning> = plan
+        .warnings
+        .iter()
+        .filter(|w| w.object == Target::Service(Key::new("a", "theirs")))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", plan.warnings);
+    assert_eq!(said[0].warning.reason, WARN_LEFT_TO_ANOTHER);
+    assert!(
+        said[0].warning.message.contains("192.0.2.7"),
+        "{}",
+        said[0].warning.message
+    );
+    // What Rivora wrote carries its condition: still Rivora's after.
+    let mine = after(&mine, w["a/mine"], "11");
+    assert!(!rivora_k8s::translate::written_by_another(&mine));
+    i.services.apply(Event::Apply(mine.clone()));
+    i.written(&Target::Service(key_of(&mine)), true);
+    i.service_changed(key_of(&mine));
+    let plan = i.plan(&at(6));
+    assert!(service_writes(&plan).is_empty(), "{:?}", plan.writes);
+    // With -require-class nothing of no class is Rivora's, and nothing
+    // is said about it either.
+    let mut strict = Ipam::new(TranslateOptions {
+        accept_unset_class: false,
+        ..TranslateOptions::default()
+    });
+    strict.pools = listed(vec![pool("p", &["10.0.0.0/29"])]);
+    strict.namespaces = listed(vec![ns("a")]);
+    strict.services = listed(vec![unclassed(
+        "a",
+        "theirs",
+        1,
+        json!({ "loadBalancer": { "ingress": [{ "ip": "192.0.2.7" }] } }),
+    )]);
+    let mut strict = with_gateways(strict, vec![], vec![], vec![]);
+    strict.lead();
+    let plan = strict.plan(&at(5));
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+    assert!(service_writes(&plan).is_empty());
 }
