@@ -1112,3 +1112,52 @@ fn a_service_another_load_balancer_answered_is_left_to_it() {
         "Rivora wrote on another implementation's Service"
     );
 }
+
+/// Two installations, each with a class of its own, in one cluster: one
+/// never clears the other's condition (the Services' status as the other
+/// wrote it stays).
+#[test]
+fn another_installations_condition_is_left_alone() {
+    let sc = Scope::new();
+    let other_class = json!({ "loadBalancerClass": unique("other.example/lb-") });
+    sc.k8s
+        .create_service(&sc.service("its", json!({}), other_class));
+    let status = json!({
+        "loadBalancer": { "ingress": [{ "ip": "192.0.2.78" }] },
+        "conditions": [{ "type": "rivora.io/AddressAssigned", "status": "True",
+            "reason": "Assigned", "message": "assigned 192.0.2.78 (the other installation)",
+            "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+    });
+    let k = &sc.k8s.kube;
+    let api: Api<Service> = Api::namespaced(k.client.clone(), &sc.k8s.name);
+    k.block_on(api.patch_status(
+        "its",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&json!({ "status": status })),
+    ))
+    .expect("the other installation's status");
+    let _c = sc.controller("c1");
+    sc.wait_holder(&["c1"], WRITTEN);
+    sc.k8s
+        .create_service(&sc.service("mine", json!({}), json!({})));
+    let mine = wait_for(WRITTEN, Duration::from_millis(100), || {
+        sc.k8s
+            .service("mine")
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .and_then(|i| i.first()?.ip.clone())
+    });
+    assert!(mine.is_some(), "this installation's Service got no address");
+    let conditions = sc
+        .k8s
+        .service("its")
+        .and_then(|s| s.status?.conditions)
+        .unwrap_or_default();
+    assert_eq!(
+        conditions
+            .iter()
+            .map(|c| c.message.as_str())
+            .collect::<Vec<_>>(),
+        ["assigned 192.0.2.78 (the other installation)"],
+        "the other installation's condition was cleared"
+    );
+}

@@ -387,7 +387,15 @@ impl Ipam {
                         },
                     });
                 }
-                cleared_status(&svc, &released, |a| pools.pool_of(a).is_some())
+                // Another class is another installation's (a second
+                // Rivora with a class of its own): what it wrote, its
+                // condition included, is not this one's to clear, unless
+                // this one held the Service until now.
+                if released.is_empty() && other_class(&svc, &self.opts) {
+                    None
+                } else {
+                    cleared_status(&svc, &released, |a| pools.pool_of(a).is_some())
+                }
             }
         };
         let moved = alloc.addresses(&object) != before.as_slice();
@@ -603,6 +611,14 @@ fn left_to_another(svc: &Service, opts: &TranslateOptions) -> bool {
         && spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
         && spec.is_some_and(|s| s.load_balancer_class.is_none())
         && rivora_k8s::translate::written_by_another(svc)
+}
+
+/// A Service that names a class other than this installation's.
+fn other_class(svc: &Service, opts: &TranslateOptions) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_class.as_deref())
+        .is_some_and(|c| c != opts.class)
 }
 
 pub fn cleared_status(

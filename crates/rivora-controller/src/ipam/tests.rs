@@ -948,3 +948,52 @@ fn a_service_of_no_class_another_load_balancer_answered_is_left_alone() {
     assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
     assert!(service_writes(&plan).is_empty());
 }
+
+#[test]
+fn another_installations_services_keep_what_it_wrote() {
+    // A second Rivora, class "other.example/lb", assigned "its" and wrote
+    // its condition: this one neither clears nor flags it.
+    let mut its = svc(
+        "a",
+        "its",
+        1,
+        json!({
+            "loadBalancer": { "ingress": [{ "ip": "10.9.0.1" }] },
+            "conditions": [{ "type": CONDITION_ADDRESS_ASSIGNED, "status": "True",
+                "reason": "Assigned", "message": "assigned 10.9.0.1",
+                "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+        }),
+    );
+    if let Some(s) = its.spec.as_mut() {
+        s.load_balancer_class = Some("other.example/lb".into());
+    }
+    let mut i = ipam(vec![pool("p", &["10.0.0.0/29"])], vec![its]);
+    i.lead();
+    let plan = i.plan(&at(5));
+    assert!(service_writes(&plan).is_empty(), "{:?}", plan.writes);
+
+    // One of this installation's that moves to the other class loses
+    // what this one wrote.
+    let web = svc("a", "web", 2, json!({}));
+    i.services.apply(Event::Apply(web.clone()));
+    i.service_changed(key_of(&web));
+    let plan = i.plan(&at(6));
+    let web = after(&web, service_writes(&plan)["a/web"], "11");
+    i.services.apply(Event::Apply(web.clone()));
+    i.written(&Target::Service(key_of(&web)), true);
+    let mut moved = web.clone();
+    if let Some(s) = moved.spec.as_mut() {
+        s.load_balancer_class = Some("other.example/lb".into());
+    }
+    moved.metadata.resource_version = Some("12".into());
+    i.services.apply(Event::Apply(moved));
+    i.service_changed(key_of(&web));
+    let plan = i.plan(&at(7));
+    let w = service_writes(&plan);
+    assert!(
+        w["a/web"].status["loadBalancer"]["ingress"].is_null(),
+        "{:?}",
+        w["a/web"]
+    );
+    assert!(w["a/web"].status["conditions"].is_null());
+}
