@@ -1161,3 +1161,64 @@ fn another_installations_condition_is_left_alone() {
         "the other installation's condition was cleared"
     );
 }
+
+/// The owner of a shared address that changes its own ports to clash with
+/// a later joiner keeps the address; the joiner moves, told why.
+#[test]
+fn an_owner_changing_its_ports_keeps_its_address() {
+    let sc = Scope::new();
+    let _c = sc.controller("c1");
+    sc.wait_holder(&["c1"], WRITTEN);
+    let key = json!({ "rivora.io/sharing-key": "k" });
+    let ingress = |name: &str| -> Option<String> {
+        sc.k8s
+            .service(name)
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .and_then(|i| i.first()?.ip.clone())
+    };
+    let wait_ingress = |name: &str, not: Option<&str>| -> String {
+        wait_for(WRITTEN, Duration::from_millis(100), || {
+            ingress(name).filter(|a| Some(a.as_str()) != not)
+        })
+        .unwrap_or_else(|| panic!("{name} got no (new) address: {:?}", ingress(name)))
+    };
+    sc.k8s.create_service(&sc.service(
+        "owner",
+        key.clone(),
+        json!({ "ports": [{ "name": "tcp", "protocol": "TCP", "port": 53 }] }),
+    ));
+    let a = wait_ingress("owner", None);
+    // Created later: a joiner.
+    std::thread::sleep(Duration::from_millis(1100));
+    sc.k8s.create_service(&sc.service(
+        "joiner",
+        key,
+        json!({ "ports": [{ "name": "udp", "protocol": "UDP", "port": 53 }] }),
+    ));
+    assert_eq!(
+        wait_ingress("joiner", None),
+        a,
+        "the joiner shares the owner's address"
+    );
+    sc.k8s.patch_service(
+        "owner",
+        &json!({ "spec": { "ports": [
+            { "name": "tcp", "protocol": "TCP", "port": 53 },
+            { "name": "udp", "protocol": "UDP", "port": 53 },
+        ] } }),
+    );
+    let b = wait_ingress("joiner", Some(&a));
+    assert_ne!(a, b);
+    assert_eq!(
+        ingress("owner").as_deref(),
+        Some(a.as_str()),
+        "the owner lost its address"
+    );
+    let told = wait_for(WRITTEN, Duration::from_millis(100), || {
+        sc.k8s
+            .events_about("joiner")
+            .into_iter()
+            .find(|(t, r, m)| t == "Warning" && r == "AddressConflict" && m.contains("owner"))
+    });
+    assert!(told.is_some(), "{:?}", sc.k8s.events_about("joiner"));
+}

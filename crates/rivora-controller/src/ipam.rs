@@ -322,13 +322,22 @@ impl Ipam {
             self.dirty.extend(self.services.items.keys().cloned());
             self.gateways_dirty = true;
         }
-        let dirty = std::mem::take(&mut self.dirty);
         let mut counts_moved = self.pools_dirty || self.pool_status_dirty;
-        for key in dirty {
-            counts_moved |= self.plan_service(&key, now, &mut plan);
-        }
-        if std::mem::take(&mut self.gateways_dirty) {
-            counts_moved |= self.plan_gateways(now, &mut plan);
+        // A claim can displace another (a later joiner of its sharing key
+        // whose ports now clash): that one is planned again in the same
+        // pass. Each displacement moves an address to an older claim, so
+        // the passes end; the bound is a guard, not a rule.
+        for _ in 0..8 {
+            let dirty = std::mem::take(&mut self.dirty);
+            if dirty.is_empty() && !self.gateways_dirty {
+                break;
+            }
+            for key in dirty {
+                counts_moved |= self.plan_service(&key, now, &mut plan);
+            }
+            if std::mem::take(&mut self.gateways_dirty) {
+                counts_moved |= self.plan_gateways(now, &mut plan);
+            }
         }
         self.rebuilt.clear();
         if counts_moved {
@@ -365,6 +374,11 @@ impl Ipam {
                         warning: w,
                     });
                 }
+                displaced(
+                    &outcome.displaced,
+                    &mut self.dirty,
+                    &mut self.gateways_dirty,
+                );
                 assigned_status(&svc, &outcome, now)
             }
             None => {
@@ -431,7 +445,9 @@ impl Ipam {
                             warning: w,
                         });
                     }
+                    let gone = outcome.displaced.clone();
                     outcomes.insert(key, outcome);
+                    displaced(&gone, &mut self.dirty, &mut self.gateways_dirty);
                 }
                 None => {
                     alloc.release(&object);
@@ -600,6 +616,18 @@ fn has_ingress_extras(svc: &Service) -> bool {
 /// Rivora's condition, and without the ingress when Rivora held it (what
 /// it released now, or, after a restart, addresses of Rivora's pools
 /// under Rivora's condition). None when there is nothing of Rivora's.
+/// Claims that lost an address to another: planned again.
+fn displaced(gone: &[ClaimRef], dirty: &mut BTreeSet<Key>, gateways_dirty: &mut bool) {
+    for c in gone {
+        match c.kind {
+            ClaimKind::Service => {
+                dirty.insert(Key::new(&c.namespace, &c.name));
+            }
+            ClaimKind::Gateway => *gateways_dirty = true,
+        }
+    }
+}
+
 /// Event reason on a Service of no class another implementation serves.
 pub const WARN_LEFT_TO_ANOTHER: &str = "LeftToAnotherLoadBalancer";
 

@@ -910,6 +910,10 @@ pub struct Outcome {
     pub flags: Vec<Flag>,
     /// Addresses it held before this call and no longer does.
     pub released: Vec<Released>,
+    /// Claims that lost an address to this one: later joiners of its
+    /// sharing key that its new ports or traffic policy no longer fit
+    /// beside. Plan them again: the address is this claim's.
+    pub displaced: Vec<ClaimRef>,
     /// Whether every family it needs has an address (SingleStack: its
     /// family; PreferDualStack: one; RequireDualStack: both).
     pub served: bool,
@@ -923,6 +927,7 @@ impl Outcome {
             problems: Vec::new(),
             flags: Vec::new(),
             released: Vec::new(),
+            displaced: Vec::new(),
             served: false,
         }
     }
@@ -1028,6 +1033,12 @@ impl Outcome {
 struct Held {
     addrs: Vec<IpAddr>,
     sharing: Sharing,
+    /// The claim's creation time: of co-holders whose ports come to clash,
+    /// the older keeps the address.
+    created: Option<Time>,
+    /// Addresses an older co-holder took back since its last placement
+    /// ([`Outcome::displaced`]): reported as released at the next.
+    lost: Vec<Released>,
     /// The claim's version these were assigned from ([`Claim::version`]).
     version: Option<String>,
 }
@@ -1206,6 +1217,8 @@ impl Allocator {
         let h = self.held.entry(object.clone()).or_insert_with(|| Held {
             addrs: Vec::new(),
             sharing: sharing.clone(),
+            created: None,
+            lost: Vec::new(),
             version: None,
         });
         h.sharing = sharing.clone();
@@ -1268,11 +1281,64 @@ impl Allocator {
             })
     }
 
+    /// Whether `claim` keeps `addr` over its co-holders that refuse to
+    /// share it now: when each is a later joiner of its own sharing key
+    /// (same key and namespace rules; only ports or traffic policy clash,
+    /// so the clash is the claim's change) and younger than it. Those
+    /// lose the address; returned for the caller to plan again.
+    fn evict_joiners(&mut self, addr: IpAddr, claim: &Claim) -> Option<Vec<ClaimRef>> {
+        let mine = claim.created.as_ref()?;
+        let mut younger = Vec::new();
+        for h in self.holders(addr).iter().filter(|h| **h != claim.object) {
+            let held = self.held.get(h)?;
+            let why = claim.sharing.refusal(&held.sharing);
+            let joined = matches!(
+                why,
+                Some(ShareRefusal::Port { .. } | ShareRefusal::TrafficPolicy { .. })
+            );
+            let is_younger = held.created.as_ref().is_some_and(|t| {
+                (&t.0, &h.namespace, &h.name)
+                    > (&mine.0, &claim.object.namespace, &claim.object.name)
+            });
+            match why {
+                None => {}
+                Some(_) if joined && is_younger => younger.push(h.clone()),
+                Some(_) => return None,
+            }
+        }
+        if younger.is_empty() {
+            return None;
+        }
+        let key = addr_key(addr);
+        for h in &younger {
+            if let Some(held) = self.held.get_mut(h) {
+                held.addrs.retain(|a| *a != addr);
+                // Its side of the clash: the same (protocol, port) or
+                // traffic policy, seen from it.
+                let why = held.sharing.refusal(&claim.sharing);
+                if let Some(why) = why {
+                    held.lost.push(Released {
+                        addr,
+                        why: ReleaseReason::Conflict {
+                            holder: claim.object.clone(),
+                            why,
+                        },
+                    });
+                }
+            }
+            if let Some(holders) = self.used.get_mut(&key) {
+                holders.retain(|o| o != h);
+            }
+        }
+        Some(younger)
+    }
+
     fn place(&mut self, claim: &Claim, prev: &[IpAddr], fill: bool) -> Outcome {
         let object = &claim.object;
-        self.unhold(object);
+        let lost = self.unhold(object).map(|h| h.lost).unwrap_or_default();
         let wanted = claim.wanted();
         let mut out = Outcome::new(object.clone());
+        out.released.extend(lost);
         let mut got: BTreeMap<Family, IpAddr> = BTreeMap::new();
 
         // What it holds, kept while it still wants it.
@@ -1289,8 +1355,16 @@ impl Allocator {
             } else if matches!(&claim.request, Request::Addresses(req) if !req.contains(&a)) {
                 Some(ReleaseReason::NotRequested)
             } else {
-                self.refusal_at(a, object, &claim.sharing)
-                    .map(|(holder, why)| ReleaseReason::Conflict { holder, why })
+                match self.refusal_at(a, object, &claim.sharing) {
+                    None => None,
+                    Some((holder, why)) => match self.evict_joiners(a, claim) {
+                        Some(gone) => {
+                            out.displaced.extend(gone);
+                            None
+                        }
+                        None => Some(ReleaseReason::Conflict { holder, why }),
+                    },
+                }
             };
             match why {
                 None => {
@@ -1312,6 +1386,7 @@ impl Allocator {
         out.addresses = wanted.iter().filter_map(|f| got.get(f).copied()).collect();
         if let Some(h) = self.held.get_mut(object) {
             h.version = claim.version.clone();
+            h.created = claim.created.clone();
         }
         let required = claim.required(&wanted);
         out.served = if required.is_empty() {

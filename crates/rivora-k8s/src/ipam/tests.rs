@@ -962,6 +962,46 @@ fn release_frees_and_a_request_change_releases() {
 }
 
 #[test]
+fn an_owner_that_changes_its_ports_keeps_the_address_over_a_later_joiner() {
+    let p = p4("a", 1, &["10.0.0.0/30"]);
+    let mut alloc = Allocator::new(PoolSet::new([&p]));
+    let owner = svc("s/owner").key("k").ports(&[("TCP", 53)]).created(1);
+    let joiner = svc("s/joiner").key("k").ports(&[("UDP", 53)]).created(2);
+    assert_eq!(alloc.assign(&owner).addresses, [ip("10.0.0.0")]);
+    assert_eq!(alloc.assign(&joiner).addresses, [ip("10.0.0.0")]);
+    // The owner now also serves UDP 53: the joiner cannot stay beside it.
+    let o = alloc.assign(&owner.clone().ports(&[("TCP", 53), ("UDP", 53)]));
+    assert_eq!(o.addresses, [ip("10.0.0.0")], "{o:?}");
+    assert!(o.released.is_empty(), "{o:?}");
+    assert_eq!(o.displaced, std::slice::from_ref(&joiner.object));
+    assert_eq!(
+        alloc.holders(ip("10.0.0.0")),
+        std::slice::from_ref(&owner.object)
+    );
+    // The joiner, planned again, moves, and is told why.
+    let j = alloc.assign(&joiner);
+    assert_eq!(j.addresses, [ip("10.0.0.1")]);
+    let w = j.warnings();
+    assert!(
+        w.iter().any(|w| w.reason == "AddressConflict"
+            && w.message.contains(
+                "address 10.0.0.0 released: Service s/owner holds it too, and both use port 53/UDP"
+            )),
+        "{w:?}"
+    );
+    // Without creation times, nobody is known to be older: the one that
+    // changed moves, as before.
+    let mut alloc = Allocator::new(PoolSet::new([&p]));
+    let a = svc("s/a").key("k").ports(&[("TCP", 53)]);
+    let b = svc("s/b").key("k").ports(&[("UDP", 53)]);
+    alloc.assign(&a);
+    alloc.assign(&b);
+    let o = alloc.assign(&a.clone().ports(&[("TCP", 53), ("UDP", 53)]));
+    assert_eq!(o.addresses, [ip("10.0.0.1")]);
+    assert!(o.displaced.is_empty());
+}
+
+#[test]
 fn a_sharer_that_changes_its_ports_loses_the_address() {
     let p = p4("a", 1, &["10.0.0.0/30"]);
     let mut alloc = Allocator::new(PoolSet::new([&p]));
@@ -1284,7 +1324,9 @@ fn service_claim_reads_the_service() {
         "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv6", "IPv4", "IPv6"],
                  "ipFamilyPolicy": "RequireDualStack", "externalTrafficPolicy": "Local",
                  "ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}, {"hostname": "lb.example"}, {"ip": "nope"}]}}
+        "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}, {"hostname": "lb.example"}, {"ip": "nope"}]},
+                   "conditions": [{"type": CONDITION_ADDRESS_ASSIGNED, "status": "True", "reason": "Assigned",
+                                   "message": "assigned", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     }));
     let c = service_claim(&s, &ns, &opts).expect("ours");
     assert_eq!(c.object, ClaimRef::service("shop", "web"));

@@ -24,7 +24,11 @@ fn service(patch: Value) -> Service {
     let mut v = json!({
         "metadata": {"name": "web", "namespace": "shop"},
         "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}
+        // As rivora-controller writes it: the address and its condition.
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]},
+                   "conditions": [{"type": "rivora.io/AddressAssigned", "status": "True",
+                                   "reason": "Assigned", "message": "assigned",
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     });
     merge(&mut v, &patch);
     serde_json::from_value(v).expect("a Service")
@@ -159,6 +163,12 @@ fn every_rule() {
                 vec!["tcp/203.0.113.10:80 nat none rl=- [10.1.0.1:8080 w1, 10.1.0.2:8080 w1]"],
             )
         },
+        row(
+            "no class, and addresses another load balancer wrote (no condition of Rivora's): not ours",
+            service(json!({"status": {"conditions": null}})),
+            two_ready(),
+            vec![],
+        ),
         row(
             "no ingress address yet: nothing to program",
             service(json!({"status": {"loadBalancer": {"ingress": null}}})),

@@ -252,7 +252,30 @@ impl World {
         let o = self.alloc.assign(&claim);
         let after = self.snapshot();
         for (k, a) in &before {
-            if *k != claim.object {
+            if *k == claim.object {
+                continue;
+            }
+            if o.displaced.contains(k) {
+                // A later joiner of its key loses what the claim keeps,
+                // nothing else.
+                let now = after.get(k).cloned().unwrap_or_default();
+                let lost: BTreeSet<IpAddr> = set(a).difference(&set(&now)).copied().collect();
+                prop_assert!(
+                    set(&now).is_subset(&set(a)),
+                    "{} gave {} {:?}",
+                    claim.object,
+                    k,
+                    now
+                );
+                prop_assert!(
+                    !lost.is_empty() && lost.iter().all(|x| o.addresses.contains(x)),
+                    "{} displaced {} from {:?}, holding {:?}",
+                    claim.object,
+                    k,
+                    lost,
+                    o.addresses
+                );
+            } else {
                 prop_assert_eq!(after.get(k), Some(a), "{} changed {}", claim.object, k);
             }
         }
@@ -280,7 +303,14 @@ impl World {
             c.current.clear();
             c
         });
+        let displaced = o.displaced.clone();
         self.last.insert(claim.object.clone(), o);
+        // As the controller does: those displaced are planned again.
+        for d in displaced {
+            if let Some(c) = self.live.get(&d).cloned() {
+                self.assign(c, false)?;
+            }
+        }
         Ok(())
     }
 
