@@ -14,6 +14,16 @@
 //!   frame, so a node whose renewals stop is quiet by its renew deadline,
 //!   before anyone else may take the Lease.
 //!
+//! Covering ([`plan::cover`]): the holder of a shared group's Lease
+//! writes on it the addresses it leaves (those it does not serve, by its
+//! own probes), and a node that serves one stands for that address's own
+//! Lease. So the speaker also reads the other Leases of the feed: what
+//! their holders wrote, and whether another node holds an address's
+//! Lease now (judged as the election judges expiry, by this node's clock
+//! from when it saw the version). It does not start any election before
+//! the feed has listed the Leases once: until then it cannot know that
+//! another node covers an address it would answer for.
+//!
 //! On winning a group (and for a VIP that joins an owned group) the
 //! speaker announces every VIP at once: gratuitous ARP in both forms and
 //! an unsolicited neighbour advertisement, on each of the group's
@@ -23,7 +33,7 @@
 
 pub mod kube;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,8 +43,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use rivora_lease::{Election, Leadership, LeaseFeed, LeaseSettings};
-use rivora_speaker::plan::{self, Group, Mode, PoolL2, PoolView, VipView};
+use rivora_lease::{Election, Leadership, LeaseFeed, LeaseSettings, Observed, Record};
+use rivora_speaker::plan::{self, Group, Mode, PoolL2, PoolView, Seen, VipView};
 use rivora_speaker::responder::{Answers, Counters, Fence, Interface, Responder};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -218,13 +228,15 @@ impl Speaker {
                             .filter(|n| !n.is_empty())
                     })
                     .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_string());
+                let feed = LeaseFeed::start(k.client.clone(), &namespace, &lease_labels());
                 Some(KubeCore {
                     identity: identity(&k.node_name),
                     client: k.client,
                     namespace,
                     pools,
                     labels,
-                    feed: None,
+                    lease_changes: feed.changes(),
+                    feed,
                 })
             }
         };
@@ -242,6 +254,11 @@ impl Speaker {
             errors,
             groups: BTreeMap::new(),
             generation: 0,
+            observed: BTreeMap::new(),
+            served_since: BTreeMap::new(),
+            known_since: BTreeMap::new(),
+            next_expiry: None,
+            unreadable: BTreeMap::new(),
             events: events_tx,
             metrics,
             state: state_tx,
@@ -303,8 +320,17 @@ struct KubeCore {
     namespace: String,
     pools: watch::Receiver<kube::Pools>,
     labels: watch::Receiver<kube::Labels>,
-    /// Started with the first group that needs a Lease.
-    feed: Option<LeaseFeed>,
+    /// The speaker's Leases, every node's: the elections read their own
+    /// from it, the planner what the others' holders wrote.
+    feed: LeaseFeed,
+    lease_changes: watch::Receiver<u64>,
+}
+
+fn lease_labels() -> BTreeMap<String, String> {
+    LEASE_LABELS
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
 }
 
 /// One group this node stands for.
@@ -329,6 +355,18 @@ struct Core {
     errors: watch::Receiver<kube::WatchErrors>,
     groups: BTreeMap<String, Running>,
     generation: u64,
+    /// Every Lease of the feed as this node first saw its current version
+    /// (the clock that judges another node's holding).
+    observed: BTreeMap<String, Observed>,
+    /// Since when each address has been served without a break, and
+    /// known at all (claimed by a source).
+    served_since: BTreeMap<IpAddr, Instant>,
+    known_since: BTreeMap<IpAddr, Instant>,
+    /// When another node's holding of a Lease expires next, by this
+    /// node's clock (a covered address may be answered again then).
+    next_expiry: Option<Instant>,
+    /// The unreadable unclaimed lists already warned of, by Lease.
+    unreadable: BTreeMap<String, String>,
     /// (group, generation, leads) from each election.
     events: mpsc::UnboundedSender<(String, u64, bool)>,
     metrics: SpeakerMetrics,
@@ -376,12 +414,17 @@ impl Core {
                 .groups
                 .values()
                 .filter_map(|g| g.next_announce)
+                .chain(self.next_expiry)
                 .min()
                 .unwrap_or_else(|| Instant::now() + REFRESH)
                 .min(Instant::now() + REFRESH);
-            let (pools, labels) = match self.kube.as_mut() {
-                Some(k) => (Some(&mut k.pools), Some(&mut k.labels)),
-                None => (None, None),
+            let (pools, labels, leases) = match self.kube.as_mut() {
+                Some(k) => (
+                    Some(&mut k.pools),
+                    Some(&mut k.labels),
+                    Some(&mut k.lease_changes),
+                ),
+                None => (None, None, None),
             };
             tokio::select! {
                 _ = &mut stop => break,
@@ -398,6 +441,9 @@ impl Core {
                 }
                 _ = changed(pools) => {}
                 _ = changed(labels) => {}
+                // What another node's holder wrote, or whether it still
+                // holds: this node's answers may depend on it.
+                _ = changed(leases) => {}
                 _ = tokio::time::sleep_until(due.into()) => self.announce_due(),
             }
         }
@@ -405,38 +451,114 @@ impl Core {
     }
 
     /// The groups this node stands for now, from what it reads.
-    fn plan(&self) -> plan::Plan {
+    fn plan(&mut self) -> plan::Plan {
         let st = self.status.current();
         let interfaces: Vec<String> = self.responders.keys().cloned().collect();
-        match &self.kube {
-            None => {
-                let views = vip_views(&st, |_| None);
-                plan::plan(&Mode::Static, &interfaces, &views)
-            }
-            Some(k) => {
-                let pools = k.pools.borrow().clone();
-                let labels = k.labels.borrow().clone();
-                let node_selected = self
-                    .l2
-                    .node_selector
-                    .iter()
-                    .all(|(key, v)| labels.get(key) == Some(v));
-                let views = vip_views(&st, |addr| {
-                    pools.pool_of(addr).map(|p| PoolView {
-                        name: p.name.clone(),
-                        l2: p.l2.as_ref().map(|l2| PoolL2 {
-                            selects_node: l2.node_selector.matches(&labels),
-                            interfaces: l2.interfaces.clone(),
-                        }),
-                    })
-                });
-                let mode = Mode::Kubernetes {
-                    interface_groups: self.announce == Announce::L2,
-                    node_selected,
-                };
-                plan::plan(&mode, &interfaces, &views)
+        let Some(k) = &self.kube else {
+            let views = vip_views(&st, |_| None);
+            return plan::plan(&Mode::Static, &interfaces, &views);
+        };
+        if !k.feed.state().0 {
+            return plan::Plan::new();
+        }
+        let pools = k.pools.borrow().clone();
+        let labels = k.labels.borrow().clone();
+        let node_selected = self
+            .l2
+            .node_selector
+            .iter()
+            .all(|(key, v)| labels.get(key) == Some(v));
+        let views = vip_views(&st, |addr| {
+            pools.pool_of(addr).map(|p| PoolView {
+                name: p.name.clone(),
+                l2: p.l2.as_ref().map(|l2| PoolL2 {
+                    selects_node: l2.node_selector.matches(&labels),
+                    interfaces: l2.interfaces.clone(),
+                }),
+            })
+        });
+        let mode = Mode::Kubernetes {
+            interface_groups: self.announce == Announce::L2,
+            node_selected,
+        };
+        let now = Instant::now();
+        self.track(&views, now);
+        let base = plan::plan(&mode, &interfaces, &views);
+        let seen = self.seen(&base, now);
+        plan::cover(base, &seen, now)
+    }
+
+    /// Since when each address has been known and served.
+    fn track(&mut self, views: &[VipView], now: Instant) {
+        let known: BTreeSet<IpAddr> = views.iter().map(|v| v.addr).collect();
+        let served: BTreeSet<IpAddr> = views.iter().filter(|v| v.serving).map(|v| v.addr).collect();
+        self.known_since.retain(|a, _| known.contains(a));
+        self.served_since.retain(|a, _| served.contains(a));
+        for a in known {
+            self.known_since.entry(a).or_insert(now);
+        }
+        for a in served {
+            self.served_since.entry(a).or_insert(now);
+        }
+    }
+
+    /// What the planner needs to know of the Leases: each version timed
+    /// from when this node first saw it, as the election times them.
+    fn seen(&mut self, base: &plan::Plan, now: Instant) -> Seen {
+        let Some(k) = &self.kube else {
+            return Seen::default();
+        };
+        let current = k.feed.current();
+        let mut observed = BTreeMap::new();
+        for (name, lease) in &current {
+            let prev = self.observed.remove(name);
+            observed.insert(name.clone(), Observed::update(prev, Record::of(lease), now));
+        }
+        self.observed = observed;
+        let mut seen = Seen {
+            served_since: self.served_since.clone(),
+            known_since: self.known_since.clone(),
+            ..Seen::default()
+        };
+        let mut next_expiry = None;
+        for (name, o) in &self.observed {
+            if o.holder_at(now).is_some_and(|h| h != k.identity) {
+                seen.held_by_others.insert(name.clone());
+                next_expiry = next_expiry.into_iter().chain(o.expires()).min();
             }
         }
+        self.next_expiry = next_expiry;
+        for name in base
+            .iter()
+            .filter(|(_, g)| g.shared.is_some())
+            .map(|(n, _)| n)
+        {
+            let said = current
+                .get(name)
+                .and_then(|l| l.metadata.annotations.as_ref())
+                .and_then(|a| a.get(plan::UNCLAIMED_ANNOTATION));
+            match said.map(|v| (v, plan::parse_unclaimed(v))) {
+                Some((_, Some(addrs))) => {
+                    seen.unclaimed.insert(name.clone(), addrs);
+                }
+                // Warned once per value: this runs at every change of the
+                // feed.
+                Some((v, None)) if self.unreadable.get(name) != Some(v) => {
+                    warn!(lease = %name, value = %v, "the L2 Lease's list of unclaimed addresses does not read: nobody covers them");
+                    self.unreadable.insert(name.clone(), v.clone());
+                }
+                Some((_, None)) | None => {}
+            }
+        }
+        for (name, r) in &self.groups {
+            if r.election.is_some() {
+                seen.standing.insert(name.clone());
+            }
+            if r.owner {
+                seen.held.insert(name.clone());
+            }
+        }
+        seen
     }
 
     /// Bring the running groups to the plan: stop what left (its answers
@@ -480,6 +602,9 @@ impl Core {
             }
         }
         self.set_answers();
+        // Only now, with the answers already narrowed, say what is left
+        // to others: no node covers an address this one still answers.
+        self.publish_unclaimed();
         // Answers no longer hold the stopped groups' addresses; their
         // elections may now stop and release.
         for r in stopped {
@@ -514,34 +639,28 @@ impl Core {
                 next_announce: Some(Instant::now() + REPEAT_AFTER_WIN),
             };
         };
-        let Some(k) = self.kube.as_mut() else {
+        let Some(k) = self.kube.as_ref() else {
             unreachable!("a Lease group without Kubernetes");
         };
-        let feed = k
-            .feed
-            .get_or_insert_with(|| {
-                let labels = LEASE_LABELS
-                    .iter()
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .collect();
-                LeaseFeed::start(k.client.clone(), &k.namespace, &labels)
-            })
-            .clone();
         let t = self.l2.lease.timings();
         let settings = LeaseSettings {
             duration: t.duration,
             renew_deadline: t.renew_deadline,
             retry_period: t.retry_period,
             precise: true,
-            labels: LEASE_LABELS
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect(),
+            labels: lease_labels(),
             ..LeaseSettings::new(k.namespace.clone(), lease.clone(), k.identity.clone())
         };
         // The settings were checked with the file; a failure here is a
         // bug, and the group simply stays unowned.
-        match Election::start_fed(k.client.clone(), &settings, Some(&feed)).await {
+        match Election::start_with(
+            k.client.clone(),
+            &settings,
+            Some(&k.feed),
+            unclaimed_annotation(&group),
+        )
+        .await
+        {
             Ok((election, leadership)) => {
                 info!(lease = %lease, vips = group.vips.len(), "standing for the L2 Lease");
                 let forward = forward_leadership(
@@ -576,19 +695,41 @@ impl Core {
     }
 
     /// Every responder's answers: each address of each group on each of
-    /// its interfaces, with the group's fence.
+    /// its interfaces, with the group's fence (either group's, for an
+    /// address in two: a shared group's and its own Lease's).
     fn set_answers(&self) {
         let mut per_iface: HashMap<&str, Answers> = HashMap::new();
         for r in self.groups.values() {
             for iface in &r.group.interfaces {
                 let a = per_iface.entry(iface.as_str()).or_default();
                 for v in &r.group.vips {
-                    a.insert(*v, r.fence.clone());
+                    let fence = match a.remove(v) {
+                        Some(f) => f.or(r.fence.clone()),
+                        None => r.fence.clone(),
+                    };
+                    a.insert(*v, fence);
                 }
             }
         }
         for (name, resp) in &self.responders {
             resp.set_answers(per_iface.remove(name.as_str()).unwrap_or_default());
+        }
+    }
+
+    /// Each shared group's unclaimed addresses, to its election: its
+    /// holder writes them (at once, when they change).
+    fn publish_unclaimed(&self) {
+        for (name, r) in &self.groups {
+            let (Some(sh), Some((election, _, _))) = (&r.group.shared, &r.election) else {
+                continue;
+            };
+            if election.set_annotations(unclaimed_annotation(&r.group)) && r.owner {
+                info!(
+                    group = %name,
+                    unclaimed = %plan::format_unclaimed(&sh.unclaimed),
+                    "L2 group: addresses left to nodes that serve them"
+                );
+            }
         }
     }
 
@@ -654,9 +795,9 @@ impl Core {
         let holders: BTreeMap<String, Option<String>> = self
             .kube
             .as_ref()
-            .and_then(|k| k.feed.as_ref())
-            .map(|f| {
-                f.current()
+            .map(|k| {
+                k.feed
+                    .current()
                     .into_iter()
                     .map(|(n, l)| {
                         let h = l
@@ -689,11 +830,7 @@ impl Core {
             })
             .collect();
         let errors = self.errors.borrow().clone();
-        let feed_error = self
-            .kube
-            .as_ref()
-            .and_then(|k| k.feed.as_ref())
-            .and_then(|f| f.state().1);
+        let feed_error = self.kube.as_ref().and_then(|k| k.feed.state().1);
         let last_error = [
             errors.pools.map(|e| format!("watching AddressPools: {e}")),
             errors.node.map(|e| format!("watching this node: {e}")),
@@ -736,6 +873,21 @@ impl Core {
         }
         info!("L2 speaker stopped: Leases released");
     }
+}
+
+/// What a group's holder writes on its Lease: a shared group's unclaimed
+/// addresses (even none: the annotation then says so), nothing for
+/// another.
+fn unclaimed_annotation(g: &Group) -> BTreeMap<String, String> {
+    g.shared
+        .iter()
+        .map(|sh| {
+            (
+                plan::UNCLAIMED_ANNOTATION.to_string(),
+                plan::format_unclaimed(&sh.unclaimed),
+            )
+        })
+        .collect()
 }
 
 /// Wait for a change of an optional watch (never, without one).

@@ -52,6 +52,8 @@ impl Inner {
 #[derive(Clone)]
 pub struct LeaseFeed {
     inner: Arc<Mutex<Inner>>,
+    /// Bumped after every change the watch brings (a list included).
+    changes: watch::Receiver<u64>,
     _task: Arc<AbortOnDrop>,
 }
 
@@ -79,11 +81,20 @@ impl LeaseFeed {
             .join(",");
         let api: Api<Lease> = Api::namespaced(client, namespace);
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let task = tokio::spawn(run(api, selector, inner.clone()));
+        let (changes_tx, changes) = watch::channel(0);
+        let task = tokio::spawn(run(api, selector, inner.clone(), changes_tx));
         Self {
             inner,
+            changes,
             _task: Arc::new(AbortOnDrop(task)),
         }
+    }
+
+    /// Changes as they come, for a reader of [`LeaseFeed::current`] that
+    /// must look again after each (the L2 speaker, which reads what other
+    /// nodes' holders publish).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
     }
 
     /// What the feed sees of Lease `name`, from now on.
@@ -110,7 +121,12 @@ impl LeaseFeed {
     }
 }
 
-async fn run(api: Api<Lease>, selector: String, inner: Arc<Mutex<Inner>>) {
+async fn run(
+    api: Api<Lease>,
+    selector: String,
+    inner: Arc<Mutex<Inner>>,
+    changes: watch::Sender<u64>,
+) {
     let mut config = watcher::Config::default();
     if !selector.is_empty() {
         config = config.labels(&selector);
@@ -159,5 +175,8 @@ async fn run(api: Api<Lease>, selector: String, inner: Arc<Mutex<Inner>>) {
                 debug!(leases = i.leases.len(), "Leases listed");
             }
         }
+        // After the lock: a reader woken by this sees the change.
+        drop(i);
+        changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }

@@ -30,6 +30,11 @@
 //!   or a renewal as it is written. A version is still timed from when
 //!   this replica read it, which a watch only makes later than the write
 //!   that made it: the argument above is unchanged.
+//! - Annotations of the holder's own ([`Election::start_with`],
+//!   [`Election::set_annotations`]): what it says to the others rides on
+//!   the renewals it writes anyway (the L2 speaker's holder lists the
+//!   addresses it leaves to others). A change is written at once, as an
+//!   early renewal, rather than at the next retry period.
 //!
 //! kube-lease-manager, tried first, renews and releases with
 //! unconditional patches whose `renewTime` is stamped before the request
@@ -37,7 +42,7 @@
 //! `renewTime` (both replicas stopped writing for seconds), and a delayed
 //! release would clear the new holder's Lease.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -186,6 +191,26 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// The holder as a replica that does not hold the Lease must judge it
+    /// at `now`: none once released, or once this version has gone
+    /// unchanged for its duration (anyone may take it then, and the
+    /// holder went quiet the margin before). The same rule as [`decide`],
+    /// for a replica that only watches a Lease it does not stand for.
+    pub fn holder_at(&self, now: Instant) -> Option<&str> {
+        self.record
+            .holder
+            .as_deref()
+            .filter(|_| now < self.since + self.record.duration)
+    }
+
+    /// When [`Observed::holder_at`] turns to none if nothing changes.
+    pub fn expires(&self) -> Option<Instant> {
+        self.record
+            .holder
+            .as_ref()
+            .map(|_| self.since + self.record.duration)
+    }
+
     /// What a read at `now` makes of the previous observation: the same
     /// version keeps the time it was first seen.
     pub fn update(prev: Option<Observed>, record: Record, now: Instant) -> Observed {
@@ -280,6 +305,7 @@ impl Leadership {
 pub struct Election {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    annotations: watch::Sender<BTreeMap<String, String>>,
 }
 
 impl Election {
@@ -300,7 +326,25 @@ impl Election {
         s: &LeaseSettings,
         feed: Option<&LeaseFeed>,
     ) -> Result<(Self, Leadership), ElectionError> {
+        Self::start_with(client, s, feed, BTreeMap::new()).await
+    }
+
+    /// [`Election::start_fed`], the holder writing `annotations` on the
+    /// Lease beside its own duration, from its first write on (so no
+    /// version of its holding goes without them).
+    pub async fn start_with(
+        client: Client,
+        s: &LeaseSettings,
+        feed: Option<&LeaseFeed>,
+        annotations: BTreeMap<String, String>,
+    ) -> Result<(Self, Leadership), ElectionError> {
         s.check()?;
+        if annotations.contains_key(DURATION_MS_ANNOTATION) {
+            return Err(ElectionError::Settings(format!(
+                "the annotation {DURATION_MS_ANNOTATION} is the election's own"
+            )));
+        }
+        let (annotations_tx, annotations) = watch::channel(annotations);
         let (fence_tx, fence_rx) = watch::channel(None);
         let (leads_tx, leads) = watch::channel(false);
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -316,6 +360,8 @@ impl Election {
             fence: fence_tx,
             feed: feed.map(|f| f.subscribe(&s.name)),
             fresh_read: false,
+            annotations,
+            written_keys: BTreeSet::new(),
         };
         let task = tokio::spawn(async move {
             elector.run(stop_rx).await;
@@ -325,12 +371,32 @@ impl Election {
             Self {
                 stop: Some(stop_tx),
                 task,
+                annotations: annotations_tx,
             },
             Leadership {
                 leads,
                 fence: fence_rx,
             },
         ))
+    }
+
+    /// Replace the annotations the holder writes (those it wrote before
+    /// and are not in `annotations` are removed). While this replica
+    /// holds the Lease a change is written at once, as an early renewal;
+    /// the same map again writes nothing. Returns whether it changed.
+    pub fn set_annotations(&self, annotations: BTreeMap<String, String>) -> bool {
+        if annotations.contains_key(DURATION_MS_ANNOTATION) {
+            warn!("the election's own annotation is not the caller's to set: ignored");
+            return false;
+        }
+        self.annotations.send_if_modified(|a| {
+            if *a == annotations {
+                false
+            } else {
+                *a = annotations;
+                true
+            }
+        })
     }
 
     /// Stop writing, then release the Lease if this replica holds it, so
@@ -389,6 +455,11 @@ struct Elector {
     /// The next read must be a GET: a write was refused, so the feed may
     /// not show the version that refused it yet.
     fresh_read: bool,
+    /// What the caller wants the holder's writes to carry.
+    annotations: watch::Receiver<BTreeMap<String, String>>,
+    /// The keys of those the last write carried, to remove the ones the
+    /// caller dropped since.
+    written_keys: BTreeSet<String>,
 }
 
 impl Elector {
@@ -405,10 +476,14 @@ impl Elector {
             // A replica that does not hold the Lease looks again as soon
             // as the feed shows a change (a release, a takeover, a
             // renewal to time from); the holder renews on its schedule,
-            // whatever its own renewals make the feed say.
+            // whatever its own renewals make the feed say, and at once
+            // when the caller's annotations change (what they say is
+            // news to the others; a replica that does not hold the Lease
+            // writes them with its next create or takeover).
             let holds = self.holds();
+            let (feed, annotations) = (&mut self.feed, &mut self.annotations);
             let changed = async {
-                match self.feed.as_mut() {
+                match feed.as_mut() {
                     Some(f) if !holds => {
                         if f.changed().await.is_err() {
                             std::future::pending::<()>().await;
@@ -417,9 +492,15 @@ impl Elector {
                     _ => std::future::pending().await,
                 }
             };
+            let said = async {
+                if !holds || annotations.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep_until(next.into()) => {}
                 _ = changed => {}
+                _ = said => {}
                 _ = &mut stop => break,
             }
         }
@@ -530,11 +611,15 @@ impl Elector {
         spec_for(&self.s, acquired, transitions)
     }
 
-    fn annotate(&self, meta: &mut ObjectMeta) {
-        annotate(&self.s, meta)
+    /// The election's own annotation, then the caller's (marked seen:
+    /// this write carries them).
+    fn annotate(&mut self, meta: &mut ObjectMeta) {
+        annotate(&self.s, meta);
+        let wanted = self.annotations.borrow_and_update().clone();
+        carry_annotations(meta, &mut self.written_keys, wanted);
     }
 
-    async fn create(&self) -> Result<Lease, Conflict> {
+    async fn create(&mut self) -> Result<Lease, Conflict> {
         let mut metadata = ObjectMeta {
             name: Some(self.s.name.clone()),
             namespace: Some(self.s.namespace.clone()),
@@ -550,7 +635,7 @@ impl Elector {
             .await
     }
 
-    async fn replace(&self, mut lease: Lease, acquire: bool) -> Result<Lease, Conflict> {
+    async fn replace(&mut self, mut lease: Lease, acquire: bool) -> Result<Lease, Conflict> {
         let old = lease.spec.take().unwrap_or_default();
         let mut spec = if acquire {
             let changed = old.holder_identity.as_deref() != Some(self.s.identity.as_str());
@@ -597,7 +682,9 @@ impl Elector {
     }
 
     /// Hand the Lease back (client-go's way: no holder, a 1 s duration),
-    /// only from the version this replica wrote last.
+    /// only from the version this replica wrote last. The caller's
+    /// annotations stay: they say what the last holder did until the next
+    /// one writes its own, which it does with its takeover.
     async fn release(&self, last: Option<Lease>) {
         let Some(mut lease) = last.filter(|_| self.holds()) else {
             return;
@@ -657,6 +744,23 @@ pub fn annotate(s: &LeaseSettings, meta: &mut ObjectMeta) {
     } else {
         a.remove(DURATION_MS_ANNOTATION);
     }
+    meta.annotations = (!a.is_empty()).then_some(a);
+}
+
+/// The caller's annotations onto `meta`: `wanted` set, and those of
+/// `written` (the keys the last write set) that it no longer has removed;
+/// anyone else's kept. `written` becomes `wanted`'s keys.
+pub fn carry_annotations(
+    meta: &mut ObjectMeta,
+    written: &mut BTreeSet<String>,
+    wanted: BTreeMap<String, String>,
+) {
+    let mut a = meta.annotations.take().unwrap_or_default();
+    for k in written.iter().filter(|k| !wanted.contains_key(*k)) {
+        a.remove(k);
+    }
+    *written = wanted.keys().cloned().collect();
+    a.extend(wanted);
     meta.annotations = (!a.is_empty()).then_some(a);
 }
 
@@ -726,6 +830,58 @@ mod tests {
         );
         let free = Observed::update(None, record(None, "2"), t0);
         assert_eq!(decide("a", Some(&free), t0), Step::Acquire);
+    }
+
+    #[test]
+    fn a_watcher_judges_another_holder_as_the_election_does() {
+        let t0 = Instant::now();
+        let o = Observed::update(None, record(Some("b"), "1"), t0);
+        let end = t0 + Duration::from_secs(15);
+        assert_eq!(o.expires(), Some(end));
+        assert_eq!(o.holder_at(end - Duration::from_millis(1)), Some("b"));
+        // Exactly when the election would take it over.
+        assert_eq!(decide("a", Some(&o), end), Step::Acquire);
+        assert_eq!(o.holder_at(end), None);
+        let free = Observed::update(None, record(None, "2"), t0);
+        assert_eq!((free.holder_at(t0), free.expires()), (None, None));
+    }
+
+    #[test]
+    fn the_callers_annotations_replace_their_own_and_keep_the_rest() {
+        let s = LeaseSettings {
+            precise: true,
+            ..LeaseSettings::new("n", "l", "i")
+        };
+        let mut meta = ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                ("someone/else".to_string(), "x".to_string()),
+                ("old/key".to_string(), "y".to_string()),
+            ])),
+            ..Default::default()
+        };
+        annotate(&s, &mut meta);
+        // "old/key" is not this replica's (nothing written yet): kept.
+        let mut written = BTreeSet::new();
+        let one = BTreeMap::from([("a/b".to_string(), "1".to_string())]);
+        carry_annotations(&mut meta, &mut written, one);
+        let keys = |m: &ObjectMeta| -> Vec<String> {
+            m.annotations
+                .as_ref()
+                .map(|a| a.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            keys(&meta),
+            ["a/b", "old/key", DURATION_MS_ANNOTATION, "someone/else"]
+        );
+        // Dropped by the caller: removed; changed: replaced.
+        let two = BTreeMap::from([("c/d".to_string(), String::new())]);
+        carry_annotations(&mut meta, &mut written, two);
+        assert_eq!(
+            keys(&meta),
+            ["c/d", "old/key", DURATION_MS_ANNOTATION, "someone/else"]
+        );
+        assert_eq!(written, BTreeSet::from(["c/d".to_string()]));
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub enum Fence {
     /// Until the instant the Lease's holder must be quiet by (None: this
     /// node does not hold it).
     Until(watch::Receiver<Option<Instant>>),
+    /// While any of these is: an address this node answers for under two
+    /// Leases at once (a shared group's and the address's own, while one
+    /// hands it to the other), answered until the later falls.
+    Any(Vec<Fence>),
 }
 
 impl Fence {
@@ -34,6 +38,18 @@ impl Fence {
         match self {
             Fence::Always => true,
             Fence::Until(rx) => rx.borrow().is_some_and(|until| now < until),
+            Fence::Any(all) => all.iter().any(|f| f.open(now)),
+        }
+    }
+
+    /// This fence or `other`, whichever is open.
+    pub fn or(self, other: Fence) -> Fence {
+        match self {
+            Fence::Any(mut all) => {
+                all.push(other);
+                Fence::Any(all)
+            }
+            one => Fence::Any(vec![one, other]),
         }
     }
 }
@@ -235,5 +251,29 @@ impl Responder {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn an_address_under_two_leases_is_answered_while_either_fence_is_open() {
+        let now = Instant::now();
+        let s = Duration::from_secs(1);
+        let (shared, shared_rx) = watch::channel(None);
+        let (_own, own_rx) = watch::channel(Some(now + s));
+        let f = Fence::Until(shared_rx).or(Fence::Until(own_rx));
+        assert!(f.open(now));
+        assert!(!f.open(now + s), "both closed at the own Lease's deadline");
+        shared.send_replace(Some(now + 2 * s));
+        assert!(f.open(now + s));
+        assert!(!f.open(now + 2 * s));
+        assert!(Fence::Until(watch::channel(None).1)
+            .or(Fence::Always)
+            .open(now));
     }
 }
