@@ -13,7 +13,10 @@ use super::*;
 fn svc(ns: &str, name: &str, ip: &str) -> Service {
     serde_json::from_value(json!({
         "metadata": {"namespace": ns, "name": name},
-        "spec": {"type": "LoadBalancer", "ports": [
+        // Rivora's class: its ingress was written by rivora-controller,
+        // whatever this fixture leaves out of the status.
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": rivora_k8s::translate::RIVORA_LB_CLASS,
+                 "ports": [
             {"name": "http", "port": 80, "protocol": "TCP"},
             {"name": "sctp", "port": 9, "protocol": "SCTP"}
         ]},
