@@ -609,30 +609,33 @@ impl MapStore for Maps {
                 img.tunnel_eps.insert((k.svc_id, addr), v.backend_id);
             }
         }
-        for (k, _) in self
+        let v4 = self
             .source_range_map
             .entries_by_walk::<rv_source_range_key, rv_source_range>()?
-        {
-            let len = k
-                .prefixlen
-                .checked_sub(32)
-                .and_then(|l| u8::try_from(l).ok());
-            let addr = IpAddr::V4(abi::ipv4_from_be32(k.addr));
-            if let Some(r) = len.and_then(|l| SourceRange::masked(addr, l)) {
-                img.source_ranges.insert((u32::from_be(k.svc_id), r));
-            }
-        }
-        for (k, _) in self
+            .into_iter()
+            .map(|(k, _)| {
+                (
+                    k.prefixlen,
+                    k.svc_id,
+                    IpAddr::V4(abi::ipv4_from_be32(k.addr)),
+                )
+            });
+        let v6 = self
             .source_range6_map
             .entries_by_walk::<rv_source_range6_key, rv_source_range>()?
-        {
-            let len = k
-                .prefixlen
-                .checked_sub(32)
-                .and_then(|l| u8::try_from(l).ok());
-            let addr = IpAddr::V6(abi::ipv6_from_be32x4(k.addr));
+            .into_iter()
+            .map(|(k, _)| {
+                (
+                    k.prefixlen,
+                    k.svc_id,
+                    IpAddr::V6(abi::ipv6_from_be32x4(k.addr)),
+                )
+            });
+        for (prefixlen, svc, addr) in v4.chain(v6) {
+            // The key's first 32 bits are the service id's.
+            let len = prefixlen.checked_sub(32).and_then(|l| u8::try_from(l).ok());
             if let Some(r) = len.and_then(|l| SourceRange::masked(addr, l)) {
-                img.source_ranges.insert((u32::from_be(k.svc_id), r));
+                img.source_ranges.insert((u32::from_be(svc), r));
             }
         }
         if let Some(f) = self.vip_filter_map.get::<u32, rv_vip_filter>(&0)? {
