@@ -683,7 +683,7 @@ fn bgp_rules() -> serde_json::Value {
         { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
-        { "apiGroups": ["rivora.io"], "resources": ["bgppeers"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["rivora.io"], "resources": ["bgppeers", "addresspools"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["rivora.io"], "resources": ["bgpnodestatuses", "bgpnodestatuses/status"], "verbs": ["get", "create", "patch"] },
         { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"] },
     ])

@@ -218,18 +218,13 @@ fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
         &["get", "list", "watch"],
         "*",
     ));
+    // AddressPools: only their addresses are served (and the L2
+    // speaker reads which ask for L2).
     s.extend(grants(
         "*",
         "rivora.io",
-        &["servicepolicies"],
+        &["servicepolicies", "addresspools"],
         &["get", "list", "watch"],
-        "*",
-    ));
-    s.extend(grants(
-        "*",
-        "rivora.io",
-        &["servicepolicies/status"],
-        &["patch"],
         "*",
     ));
     s.extend(grants(
@@ -247,13 +242,6 @@ fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
         "*",
     ));
     // The L2 speaker's (it runs with Kubernetes whatever the mode).
-    s.extend(grants(
-        "*",
-        "rivora.io",
-        &["addresspools"],
-        &["get", "list", "watch"],
-        "*",
-    ));
     s.extend(grants("*", "", &["nodes"], &["get", "list", "watch"], "*"));
     s.extend(grants(
         ns,
@@ -298,7 +286,14 @@ fn controller_needs(ns: &str) -> BTreeSet<Grant> {
     s.extend(grants(
         "*",
         "rivora.io",
-        &["addresspools"],
+        &["addresspools", "servicepolicies"],
+        &["get", "list", "watch"],
+        "*",
+    ));
+    s.extend(grants(
+        "*",
+        "discovery.k8s.io",
+        &["endpointslices"],
         &["get", "list", "watch"],
         "*",
     ));
@@ -313,7 +308,7 @@ fn controller_needs(ns: &str) -> BTreeSet<Grant> {
     s.extend(grants(
         "*",
         "rivora.io",
-        &["addresspools/status"],
+        &["addresspools/status", "servicepolicies/status"],
         &["patch"],
         "*",
     ));
@@ -427,6 +422,8 @@ fn check_rbac(kube: &Kube, ns: &str, bgp: bool, secret_namespaces: &[&str]) {
                     ("default", "coordination.k8s.io", "leases", "create", "*"),
                     (ns, "coordination.k8s.io", "leases", "delete", "*"),
                     ("*", "rivora.io", "servicepolicies", "update", "*"),
+                    // The controller is the one writer of policy status.
+                    ("*", "rivora.io", "servicepolicies/status", "patch", "*"),
                     (
                         "*",
                         "gateway.networking.k8s.io",
@@ -446,8 +443,8 @@ fn check_rbac(kube: &Kube, ns: &str, bgp: bool, secret_namespaces: &[&str]) {
                 ("*", "", "services", "update", "*"),
                 ("*", "", "services", "patch", "*"),
                 ("*", "", "secrets", "get", "*"),
-                ("*", "discovery.k8s.io", "endpointslices", "list", "*"),
-                ("*", "rivora.io", "servicepolicies/status", "patch", "*"),
+                ("*", "discovery.k8s.io", "endpointslices", "update", "*"),
+                ("*", "rivora.io", "servicepolicies", "update", "*"),
                 ("*", "rivora.io", "addresspools", "update", "*"),
                 ("*", "coordination.k8s.io", "leases", "create", "*"),
                 (

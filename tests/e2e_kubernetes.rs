@@ -29,6 +29,9 @@
 //!   (`every_endpoint_terminating_still_answers`);
 //! - a Service whose status names the node's own address: refused and
 //!   not captured (`a_service_may_not_capture_the_nodes_own_address`);
+//! - a Service whose status names an address no AddressPool holds: not
+//!   served until a pool holds it, and not again once the pool is gone
+//!   (`an_address_in_no_pool_is_not_served`);
 //! - a deleted Service: its VIPs leave `vip list` and are no longer
 //!   answered (`deleted_service_loses_its_vips`);
 //! - a ServicePolicy switches a Service from NAT to DSR: `vip list` says
@@ -940,6 +943,88 @@ fn a_service_may_not_capture_the_nodes_own_address() {
     assert_spread(t, "the other address", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
 }
 
+/// Whoever can write a Service's status can name any address: one no
+/// AddressPool holds is not served. `rivoractl vip list` (and status)
+/// name it `NOT APPLIED` with why, the Service gets a Warning Event, and
+/// nothing answers it. A pool made for it: served, to every backend. The
+/// pool deleted: the VIP leaves the maps and is refused again, while the
+/// Service's status still names it.
+#[test]
+fn an_address_in_no_pool_is_not_served() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
+    w.k8s.create_service(&lb_service("grab", &ports, json!({})));
+    w.k8s.set_ingress_by_hand("grab", &v);
+    w.slices("grab", &v, &ports, &[0, 1, 2], &[]);
+    let name = vip_name("tcp", sa(t.vip4));
+    let why = format!("{} is in no AddressPool in use", t.vip4);
+    let refused = |what: &str| {
+        let listed = wait_for(PROGRAMMED, Duration::from_millis(50), || {
+            let out = w.rd.ctl_ok(&["vip", "list"]);
+            out.lines()
+                .any(|l| l.starts_with("NOT APPLIED") && l.contains(&name) && l.contains(&why))
+                .then_some(out)
+        });
+        assert!(
+            listed.is_some(),
+            "{what}: {name} not listed NOT APPLIED ({why}):\n{}",
+            w.rd.ctl_ok(&["vip", "list"])
+        );
+        assert!(
+            !vips_on(&w.rd, &v).contains_key(&name),
+            "{what}: {name} in the maps"
+        );
+        assert_unanswered(t, what, sa(t.vip4), &[Proto::Tcp]);
+    };
+    refused("no pool");
+    let event = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        w.k8s
+            .events_about("grab")
+            .into_iter()
+            .find(|(t, r, m)| t == "Warning" && r == "NotProgrammed" && m.contains(&why))
+    });
+    assert!(
+        event.is_some(),
+        "no Warning Event on the Service: {:?}",
+        w.k8s.events_about("grab")
+    );
+
+    // A pool holds it: served.
+    w.k8s.pool_for(&v);
+    let none = BTreeSet::new();
+    wait_vips(&w.rd, "once a pool holds it", &v, PROGRAMMED, |m| {
+        has(m, &name, &w.targets(&[0, 1, 2], false), &none)
+    });
+    // (Other tests' Services are this rivorad's to refuse too.)
+    let list = w.rd.ctl_ok(&["vip", "list"]);
+    assert!(
+        !list
+            .lines()
+            .any(|l| l.starts_with("NOT APPLIED") && l.contains(&name)),
+        "still refused: {list}"
+    );
+    assert_spread(t, "in a pool", sa(t.vip4), Proto::Tcp, &[0, 1, 2]);
+
+    // The pool deleted: out of the maps, though the status keeps it.
+    w.k8s.delete_pools();
+    refused("the pool deleted");
+    let ingress = w
+        .k8s
+        .service("grab")
+        .and_then(|s| s.status?.load_balancer?.ingress)
+        .unwrap_or_default();
+    assert_eq!(
+        ingress.first().and_then(|i| i.ip.clone()),
+        Some(t.vip4.to_string()),
+        "the status keeps the address"
+    );
+}
+
 /// Merge-patch a Service's spec.
 fn patch_spec(k8s: &TestNs, name: &str, spec: Value) {
     k8s.patch_service(name, &json!({ "spec": spec }));
@@ -1297,7 +1382,9 @@ fn service_policy_switches_the_service_to_dsr() {
         servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
         servers.udp_echo(&b.ns, &b.name, sa(vip4));
     }
-    let w = World::new(topo, servers, &[]).hosts();
+    // The policies' status is the controller's to write.
+    let own = with_controller(topo, servers, true);
+    let w = &own.w;
     let t = &w.topo;
     let v = [IpAddr::V4(vip4)];
     let ports = [tcp(VIP_PORT, VIP_PORT), udp(VIP_PORT, VIP_PORT)];
@@ -1353,7 +1440,7 @@ fn service_policy_switches_the_service_to_dsr() {
         let hits = assert_spread(t, "DSR", sa(vip4), p, &[0, 1, 2]);
         local_is("DSR", &hits, true);
     }
-    // rivorad says so on the policy.
+    // rivora-controller says so on the policy.
     wait_condition(&w.k8s, "web-dsr", "Accepted", "True", "Accepted");
 
     // What the schema cannot refuse: DSR for a Service whose port remaps
@@ -1403,6 +1490,56 @@ fn service_policy_switches_the_service_to_dsr() {
 
 /// Wait until ServicePolicy `name` has condition `type_` with `status`
 /// and `reason` (rivorad writes them).
+/// A World on an API server of the test's own, its CRDs installed, with
+/// rivora-controller beside rivorad: the controller is the one writer of
+/// ServicePolicy status, and it serves every Service and Gateway of its
+/// cluster (on the shared server it would write other tests' objects).
+/// Fields drop in order: rivorad and the objects, the controller, the
+/// server.
+struct WithController {
+    w: World,
+    kube: Kube,
+    _ctl: common::controller::Controller,
+    _dir: tempfile::TempDir,
+    _server: common::apiserver::ApiServer,
+}
+
+fn with_controller(topo: Topology, servers: Servers, hosts: bool) -> WithController {
+    let server = common::apiserver::ApiServer::start();
+    let addr: SocketAddr = server
+        .url
+        .strip_prefix("https://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
+    let kube = Kube::new(&server.kubeconfig);
+    common::k8s::install_crds(&kube);
+    let id = Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    };
+    let w = World::on_server(
+        topo,
+        servers,
+        (&kube, addr, &server.ca_cert),
+        Some((Home::new(), id.clone())),
+        &[],
+    );
+    let w = if hosts { w.hosts() } else { w };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
+    let mut args = vec!["-namespace", w.k8s.name.as_str()];
+    args.extend(common::controller::FAST_LEASE);
+    let ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+    WithController {
+        w,
+        kube,
+        _ctl: ctl,
+        _dir: dir,
+        _server: server,
+    }
+}
+
 fn wait_condition(k8s: &TestNs, name: &str, type_: &str, status: &str, reason: &str) {
     let mut last = Value::Null;
     let got = wait_for(PROGRAMMED, Duration::from_millis(100), || {
@@ -1418,6 +1555,93 @@ fn wait_condition(k8s: &TestNs, name: &str, type_: &str, status: &str, reason: &
         got.is_some(),
         "ServicePolicy {name}: no condition {type_}={status} ({reason}) within {PROGRAMMED:?}: {}",
         last["status"]
+    );
+}
+
+/// ServicePolicy status has one writer, rivora-controller: rivorad
+/// applies a policy (its VIP takes the policy's client affinity) and writes
+/// nothing on it, so nodes whose views differ cannot write over each
+/// other. And a warning every node finds is one Event, not one per node:
+/// the same Event published by two nodes in one period is created once.
+#[test]
+fn rivorad_writes_no_policy_status_and_a_warning_is_one_event() {
+    common::require::root_and_tools("e2e_kubernetes");
+    let topo = Topology::new(Mode::Nat);
+    let servers = Servers::for_topology(&topo, false);
+    let w = World::new(topo, servers, &[]);
+    let t = &w.topo;
+    let v = [IpAddr::V4(t.vip4)];
+    w.service("web", &v, &[tcp(VIP_PORT, NAT_BACKEND_PORT)], &[0, 1, 2]);
+    w.k8s
+        .create_policy(
+            "sticky",
+            json!({ "services": ["web"], "affinity": { "type": "clientIP" } }),
+        )
+        .unwrap_or_else(|e| panic!("creating ServicePolicy sticky: {e}"));
+    let name = vip_name("tcp", sa(t.vip4));
+    let applied = wait_for(PROGRAMMED, Duration::from_millis(100), || {
+        let m = vips_on(&w.rd, &v);
+        (m.get(&name)?["affinity"] == "client_ip").then_some(())
+    });
+    assert!(
+        applied.is_some(),
+        "the policy's affinity never reached {name}: {:?}",
+        vips_on(&w.rd, &v)
+    );
+    // Time for a write that would have followed the pass that applied it.
+    std::thread::sleep(Duration::from_secs(3));
+    let p = w.k8s.policy("sticky").expect("the policy");
+    assert!(
+        p["status"]["conditions"]
+            .as_array()
+            .is_none_or(|c| c.is_empty()),
+        "rivorad wrote the policy's status: {}",
+        p["status"]
+    );
+
+    // Two nodes find the same thing to say about the Service.
+    let svc = w.k8s.service("web").expect("the Service");
+    let obj = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: svc.metadata.namespace.clone(),
+        name: svc.metadata.name.clone(),
+        uid: svc.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let note = "VIP tcp/10.9.9.9:80 is not programmed: said by every node";
+    let at = std::time::SystemTime::now();
+    let made: Vec<bool> = ["node-a", "node-b", "node-a"]
+        .iter()
+        .map(|node| {
+            w.k8s
+                .kube
+                .block_on(rivora::sources::kubernetes::publish_once(
+                    &w.k8s.kube.client,
+                    &obj,
+                    "NotProgrammed",
+                    note,
+                    node,
+                    at,
+                ))
+                .unwrap_or_else(|e| panic!("publishing as {node}: {e}"))
+        })
+        .collect();
+    assert_eq!(made, [true, false, false], "created by the first node only");
+    let events: Vec<_> = w
+        .k8s
+        .events_about("web")
+        .into_iter()
+        .filter(|(_, _, m)| m == note)
+        .collect();
+    assert_eq!(
+        events,
+        [(
+            "Warning".to_string(),
+            "NotProgrammed".to_string(),
+            note.to_string()
+        )],
+        "one Event for the cluster"
     );
 }
 
@@ -1492,6 +1716,7 @@ fn rivorad_rules() -> Value {
         { "apiGroups": [""], "resources": ["services", "nodes", "namespaces"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+        { "apiGroups": ["rivora.io"], "resources": ["addresspools"], "verbs": ["get", "list", "watch"] },
     ])
 }
 
@@ -1540,7 +1765,7 @@ fn watches_of(rd: &Rivorad) -> BTreeMap<String, (bool, u64, Option<String>)> {
         .collect()
 }
 
-const WATCHES: [&str; 9] = [
+const WATCHES: [&str; 10] = [
     "services",
     "endpointslices",
     "servicepolicies",
@@ -1550,6 +1775,7 @@ const WATCHES: [&str; 9] = [
     "udproutes",
     "referencegrants",
     "namespaces",
+    "addresspools",
 ];
 
 /// Two Services: `keep` (vip(1)) and `gone` (vip(2)), with -persist-datapath
@@ -2559,10 +2785,11 @@ fn service_policy_sets_a_gateway_listeners_mode_limit_and_health_check() {
         servers.udp_echo(&b.ns, &b.name, SocketAddr::new(b.v4.into(), VIP_PORT));
         servers.udp_echo(&b.ns, &b.name, sa(vip4));
     }
-    let w = World::new(topo, servers, &[]).hosts();
+    // The policies' status is the controller's to write.
+    let own = with_controller(topo, servers, true);
+    let w = &own.w;
     let t = &w.topo;
-    let kube = Kube::admin();
-    let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
+    let class = TestGatewayClass::new(&own.kube, GATEWAY_CONTROLLER);
     let v = [IpAddr::V4(vip4)];
     let port = |name: &'static str, proto: &'static str, port: u16| SvcPort {
         name,
@@ -3481,7 +3708,8 @@ fn a_gateway_refused_by_the_dataplane_gets_an_event() {
     assert_spread(t, "the Gateway has UDP", sa(t.vip4), Proto::Udp, &[1, 2]);
 }
 
-/// On an API server of the test's own with no CRD at all: Services are
+/// On an API server of the test's own with no CRD but the AddressPool's
+/// (only pool addresses are served): Services are
 /// served as ever; the five Gateway API watches say the CRDs are not
 /// installed, count as listed after their second look (the Gateway source
 /// is synced, so nothing waits on it) and warn once each, not on every
@@ -3497,6 +3725,11 @@ fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_instal
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
     let kube = Kube::new(&server.kubeconfig);
+    let pools = rivora_k8s::crds()
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some("addresspools.rivora.io"))
+        .expect("the AddressPool CRD");
+    common::k8s::install_crd(&kube, &pools);
     let topo = Topology::new(Mode::Nat);
     let servers = Servers::for_topology(&topo, false);
     let id = Identity {

@@ -111,13 +111,10 @@ as tests/e2e_capabilities.rs shows against a real peer. */}}
 {{- end -}}
 
 {{/* rivorad's cluster-wide rules (a YAML list continued). The L2
-speaker: the AddressPools (which ask for L2, and where their VIPs are),
-its own Node's labels (for node selectors: list and watch cannot be
-limited to one name). */}}
+speaker: its own Node's labels (for node selectors: list and watch cannot
+be limited to one name); the AddressPools it reads are in rivorad's base
+rules. */}}
 {{- define "rivora.announce.clusterRules" -}}
-- apiGroups: [rivora.io]
-  resources: [addresspools]
-  verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]

@@ -736,20 +736,61 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
             }
         }
 
+        // What is claimed but may not be served: what its source refuses
+        // (an address no pool admits), and the node's own addresses,
+        // which a Service or Gateway may not capture (its API server's
+        // 6443, the kubelet's 10250 would be forwarded to someone's
+        // pods). The file is the operator's word.
+        let node_addrs = if merged
+            .vips
+            .values()
+            .any(|(o, _)| o.source != SourceKind::File)
+        {
+            self.facts.addresses()
+        } else {
+            BTreeSet::new()
+        };
+        let refused: BTreeMap<VipKey, String> = merged
+            .vips
+            .iter()
+            .filter_map(|(key, (owner, d))| {
+                let why = match &d.refused {
+                    Some(why) => why.clone(),
+                    None if owner.source != SourceKind::File
+                        && node_addrs.contains(&d.vip.addr) =>
+                    {
+                        format!(
+                            "{} is an address of this node: {} {} may not take it for a VIP",
+                            d.vip.addr,
+                            match owner.source {
+                                SourceKind::Gateway => "gateway",
+                                _ => "service",
+                            },
+                            owner.object
+                        )
+                    }
+                    None => return None,
+                };
+                Some((*key, why))
+            })
+            .collect();
+
         // Slices are planned for the whole set before anything is
         // written (sizes follow the set, not the order of the writes).
         let planned: Vec<Vip> = merged
             .vips
-            .values()
-            .map(|(_, d)| self.drained(d).unwrap_or_else(|| d.vip.clone()))
+            .iter()
+            .filter(|(k, _)| !refused.contains_key(k))
+            .map(|(_, (_, d))| self.drained(d).unwrap_or_else(|| d.vip.clone()))
             .collect();
         self.writer.begin(&planned);
 
-        // Removals first: they free ids and slots for what comes next.
+        // Removals first: they free ids and slots for what comes next. A
+        // VIP written before its refusal (its pool deleted) goes too.
         let gone: Vec<VipKey> = self
             .written
             .keys()
-            .filter(|k| !merged.vips.contains_key(k))
+            .filter(|k| !merged.vips.contains_key(k) || refused.contains_key(k))
             .copied()
             .collect();
         let mut removed = 0;
@@ -769,32 +810,9 @@ impl<S: MapStore, F: NodeFacts> Reconciler<S, F> {
         let mut resolved: BTreeMap<IpAddr, Result<Mac, String>> = BTreeMap::new();
         let mut sources: BTreeMap<IpAddr, Result<IpAddr, String>> = BTreeMap::new();
         let mut local_source = false;
-        // What a Service or Gateway may not capture: the node's own
-        // addresses (its API server's 6443, the kubelet's 10250 would be
-        // forwarded to someone's pods). The file is the operator's word.
-        let node_addrs = if merged
-            .vips
-            .values()
-            .any(|(o, _)| o.source != SourceKind::File)
-        {
-            self.facts.addresses()
-        } else {
-            BTreeSet::new()
-        };
         for (key, (owner, d)) in &merged.vips {
-            if owner.source != SourceKind::File && node_addrs.contains(&d.vip.addr) {
-                failed.insert(
-                    *key,
-                    format!(
-                        "{} is an address of this node: {} {} may not take it for a VIP",
-                        d.vip.addr,
-                        match owner.source {
-                            SourceKind::Gateway => "gateway",
-                            _ => "service",
-                        },
-                        owner.object
-                    ),
-                );
+            if let Some(why) = refused.get(key) {
+                failed.insert(*key, why.clone());
                 continue;
             }
             local_source |= d.vip.mode == Mode::L3Dsr

@@ -691,6 +691,34 @@ fn a_service_may_not_capture_the_nodes_own_address() {
     assert_eq!(h.backends_in_maps(&own.vip.key()).len(), 1);
 }
 
+/// A VIP its source refuses (its address left every pool) leaves the
+/// maps, is listed as not applied with the source's reason, and comes
+/// back when the refusal is lifted.
+#[test]
+fn a_vip_its_source_refuses_leaves_the_maps() {
+    let mut h = harness();
+    let v = vip("10.0.0.20", 80, &["10.1.0.1"]);
+    assert!(h.set(svc("team-a/web"), vec![v.clone()]).ok());
+    assert_eq!(h.backends_in_maps(&v.vip.key()).len(), 1);
+    let mut refused = v.clone();
+    refused.refused = Some("10.0.0.20 is in no AddressPool in use".into());
+    let r = h.set(svc("team-a/web"), vec![refused]);
+    assert_eq!(
+        r.failed,
+        vec![(v.vip.key(), "10.0.0.20 is in no AddressPool in use".into())]
+    );
+    assert!(
+        !h.rec
+            .writer()
+            .vips()
+            .iter()
+            .any(|w| w.key == Some(v.vip.key())),
+        "a refused VIP still in the maps"
+    );
+    assert!(h.set(svc("team-a/web"), vec![v.clone()]).ok());
+    assert_eq!(h.backends_in_maps(&v.vip.key()).len(), 1);
+}
+
 #[test]
 fn a_drain_is_answered_only_once_readers_see_it() {
     // rivoractl drains, then lists: the list must show the drain. The

@@ -44,7 +44,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
 use kube::Client;
-use rivora_k8s::ServicePolicy;
+use rivora_k8s::{AddressPool, ServicePolicy};
 use serde_json::{json, Value};
 
 use super::apiserver::ApiServer;
@@ -53,6 +53,8 @@ use super::unique;
 
 /// Rivora's `spec.loadBalancerClass`.
 pub const LB_CLASS: &str = "rivora.io/lb";
+/// The label of the AddressPools a [`TestNs`] makes: its name.
+pub const POOL_NAMESPACE_LABEL: &str = "test.rivora.io/namespace";
 /// Who writes the test's EndpointSlices (the label the EndpointSlice
 /// controller sets to its own name).
 pub const MANAGED_BY: &str = "rivora-e2e";
@@ -327,9 +329,10 @@ impl Kube {
 }
 
 /// A namespace of Kubernetes objects for one test. Dropped: its Services,
-/// EndpointSlices, ServicePolicies and Gateway API objects are deleted (so
-/// no other test's rivorad keeps programming them), then the namespace,
-/// whose finalizer is cleared by hand.
+/// EndpointSlices, ServicePolicies, Gateway API objects and the
+/// AddressPools made for its addresses are deleted (so no other test's
+/// rivorad keeps programming them), then the namespace, whose finalizer
+/// is cleared by hand.
 pub struct TestNs {
     pub kube: Kube,
     pub name: String,
@@ -349,8 +352,63 @@ impl TestNs {
     }
 
     /// Write `status.loadBalancer.ingress` through the status subresource,
-    /// as rivora-controller does once it has assigned the addresses.
+    /// as rivora-controller does once it has assigned the addresses: from
+    /// an AddressPool ([`TestNs::pool_for`]), as rivorad serves no other.
     pub fn set_ingress(&self, service: &str, ips: &[IpAddr]) {
+        self.pool_for(ips);
+        self.set_ingress_by_hand(service, ips);
+    }
+
+    /// An AddressPool for each of `ips` that no pool in use holds yet (a
+    /// test's own pool, made first, is left to decide: an L2 pool must
+    /// not lose its addresses to a younger one), of exactly that address,
+    /// labelled with this namespace (deleted with it) and with no
+    /// `test.rivora.io/scope`, so that the controllers of
+    /// tests/e2e_controller.rs (`-pool-selector` on that label) never
+    /// assign from it.
+    pub fn pool_for(&self, ips: &[IpAddr]) {
+        let typed: Api<AddressPool> = Api::all(self.kube.client.clone());
+        let existing = self
+            .kube
+            .block_on(typed.list(&ListParams::default()))
+            .unwrap_or_else(|e| panic!("listing the AddressPools: {e}"));
+        let in_use = rivora_k8s::ipam::PoolSet::new(existing.items.iter());
+        for ip in ips.iter().filter(|ip| in_use.pool_of(**ip).is_none()) {
+            let name = format!("{}-{}", self.name, ip.to_string().replace([':', '.'], "-"))
+                .trim_end_matches('-')
+                .to_string();
+            let pool: AddressPool = serde_json::from_value(json!({
+                "apiVersion": "rivora.io/v1alpha1",
+                "kind": "AddressPool",
+                "metadata": { "name": name, "labels": { POOL_NAMESPACE_LABEL: self.name } },
+                "spec": { "addresses": [ip.to_string()] },
+            }))
+            .expect("an AddressPool");
+            match self
+                .kube
+                .block_on(typed.create(&PostParams::default(), &pool))
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("creating AddressPool {name} for {ip}: {e}"),
+            }
+        }
+    }
+
+    /// Delete the AddressPools [`TestNs::pool_for`] made.
+    pub fn delete_pools(&self) {
+        let pools: Api<AddressPool> = Api::all(self.kube.client.clone());
+        self.kube
+            .block_on(pools.delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("{POOL_NAMESPACE_LABEL}={}", self.name)),
+            ))
+            .unwrap_or_else(|e| panic!("deleting the AddressPools of {}: {e}", self.name));
+    }
+
+    /// Write `status.loadBalancer.ingress` as anyone who may patch
+    /// `services/status` can: no pool is made for the addresses.
+    pub fn set_ingress_by_hand(&self, service: &str, ips: &[IpAddr]) {
         let ingress: Vec<Value> = ips
             .iter()
             .map(|ip| json!({ "ip": ip.to_string() }))
@@ -504,8 +562,10 @@ impl TestNs {
     }
 
     /// Write a Gateway's `status.addresses` through the status subresource,
-    /// as rivora-controller does once it has assigned them.
+    /// as rivora-controller does once it has assigned them (from a pool:
+    /// [`TestNs::pool_for`]).
     pub fn set_gateway_addresses(&self, gateway: &str, ips: &[IpAddr]) {
+        self.pool_for(ips);
         let addresses: Vec<Value> = ips
             .iter()
             .map(|ip| json!({ "type": "IPAddress", "value": ip.to_string() }))
@@ -592,6 +652,15 @@ impl TestNs {
                 plural,
             )?;
         }
+        let pools: Api<AddressPool> = Api::all(k.client.clone());
+        absent_ok(
+            k.block_on(pools.delete_collection(
+                &dp,
+                &ListParams::default().labels(&format!("{POOL_NAMESPACE_LABEL}={}", self.name)),
+            ))
+            .map(|_| ()),
+            "AddressPools",
+        )?;
         let api: Api<Namespace> = Api::all(k.client.clone());
         k.block_on(api.delete(&self.name, &dp))
             .map_err(|e| format!("deleting the namespace: {e}"))?;

@@ -171,12 +171,7 @@ pub fn status(s: &Status, now: u64) -> String {
             s.unclaimed_vips
         );
     }
-    for c in &s.conflicts {
-        let _ = writeln!(out, "CONFLICT           {c}");
-    }
-    for f in &s.failed_vips {
-        let _ = writeln!(out, "NOT APPLIED        {f}");
-    }
+    out.push_str(&unapplied(s));
     out.push('\n');
     let mut t = Table::new(&["INTERFACE", "IFINDEX>", "XDP", "TC NAT"]);
     for i in &s.interfaces {
@@ -314,6 +309,31 @@ fn healthy_of(v: &VipInfo) -> String {
         .filter(|b| b.health == BackendHealth::Healthy)
         .count();
     format!("{healthy}/{}", v.backends.len())
+}
+
+/// The VIPs wanted and not in the maps as wanted (a key another object
+/// holds, an address no pool admits), one line each with why.
+pub fn unapplied(s: &Status) -> String {
+    let mut out = String::new();
+    for c in &s.conflicts {
+        let _ = writeln!(out, "CONFLICT           {c}");
+    }
+    for f in &s.failed_vips {
+        let _ = writeln!(out, "NOT APPLIED        {f}");
+    }
+    out
+}
+
+/// `rivoractl vip list`: the VIPs in the maps, then those wanted and not
+/// there, with why.
+pub fn vip_list_and_unapplied(vips: &[VipInfo], s: &Status) -> String {
+    let mut out = vip_list(vips);
+    let rest = unapplied(s);
+    if !rest.is_empty() {
+        out.push('\n');
+        out.push_str(&rest);
+    }
+    out
 }
 
 pub fn vip_list(vips: &[VipInfo]) -> String {
@@ -730,6 +750,26 @@ mod tests {
         for line in out.lines().skip(1) {
             assert_eq!(line.split_whitespace().nth(7), Some("0"), "{line}");
         }
+    }
+
+    #[test]
+    fn vip_list_ends_with_what_is_not_applied() {
+        let vips = [vip("tcp/10.0.0.1:80", 5, 6)];
+        let mut st = status_fixture();
+        st.conflicts.clear();
+        st.failed_vips.clear();
+        assert_eq!(vip_list_and_unapplied(&vips, &st), vip_list(&vips));
+        st.failed_vips = vec!["tcp/10.9.0.1:80: 10.9.0.1 is in no AddressPool in use".into()];
+        st.conflicts = vec!["VIP tcp/10.0.0.1:80 is claimed by a and by b".into()];
+        assert_eq!(
+            vip_list_and_unapplied(&vips, &st),
+            format!(
+                "{}\n\
+                 CONFLICT           VIP tcp/10.0.0.1:80 is claimed by a and by b\n\
+                 NOT APPLIED        tcp/10.9.0.1:80: 10.9.0.1 is in no AddressPool in use\n",
+                vip_list(&vips)
+            )
+        );
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //!
 //! The controller resolves with each Gateway's `status.addresses` as it
 //! is about to write them, so the listeners' conditions and the
-//! addresses go out in one write. Status never depends on endpoints or
-//! policies, so neither is watched here: the view answers with none.
+//! addresses go out in one write. Gateway API status never depends on
+//! endpoints or policies: that view answers with none. The ServicePolicy
+//! status reads both ([`crate::policies`]).
 //! Gateway API objects are written whole (their status replaced, at the
 //! version the cluster serves, with the `resourceVersion` read): a merge
 //! patch cannot remove a list entry the rules dropped.
@@ -30,6 +31,8 @@ use rivora_k8s::ServicePolicy;
 use rivora_kube::versioned::{Kind, GATEWAYS, GATEWAY_CLASSES, TCP_ROUTES, UDP_ROUTES};
 use rivora_kube::{key_of, Key, Listed};
 use serde_json::Value;
+
+use crate::policies::Policies;
 
 /// The Gateway API objects the controller holds, and the version each
 /// kind is served at (what it writes at).
@@ -67,6 +70,9 @@ pub struct View<'a> {
     pub gateways: Vec<Gateway>,
     pub services: &'a Listed<Service>,
     pub namespaces: &'a Listed<Namespace>,
+    /// Endpoints and policies, for the policies' answers; None for the
+    /// Gateway API's own status.
+    pub policies: Option<&'a Policies>,
 }
 
 impl Cluster for View<'_> {
@@ -114,14 +120,18 @@ impl Cluster for View<'_> {
         self.services.get(&Key::new(namespace, name)).map(|s| &**s)
     }
 
-    /// Status does not depend on endpoints.
-    fn endpoint_slices(&self, _namespace: &str, _service: &str) -> Vec<&EndpointSlice> {
-        Vec::new()
+    fn endpoint_slices(&self, namespace: &str, service: &str) -> Vec<&EndpointSlice> {
+        match self.policies {
+            Some(p) => p.slices_for(&Key::new(namespace, service)),
+            None => Vec::new(),
+        }
     }
 
-    /// Nor on policies (they shape the VIPs, which nodes compute).
-    fn listener_policy(&self, _listener: &ListenerRef) -> Option<&ServicePolicy> {
-        None
+    fn listener_policy(&self, listener: &ListenerRef) -> Option<&ServicePolicy> {
+        let p = self.policies?;
+        p.policies
+            .get(p.choice.policy_for_listener(listener)?)
+            .map(|p| &**p)
     }
 }
 

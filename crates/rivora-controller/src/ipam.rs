@@ -44,6 +44,7 @@ use rivora_k8s::{TranslateOptions, Warning};
 use rivora_kube::{key_of, Key, Listed};
 
 use crate::gateways::{explain_unassigned, status_writes, with_addresses, GatewayApi, View};
+use crate::policies::Policies;
 use serde_json::{json, Value};
 
 /// A status to write, with the version it was computed from: the write is
@@ -68,6 +69,7 @@ pub enum Target {
     Gateway(Key),
     TcpRoute(Key),
     UdpRoute(Key),
+    Policy(Key),
 }
 
 /// A Warning Event to publish on a Service or a Gateway (a
@@ -93,6 +95,10 @@ pub struct Ipam {
     pub services: Listed<Service>,
     pub namespaces: Listed<Namespace>,
     pub gateway: GatewayApi,
+    /// ServicePolicies and the EndpointSlices their answers read.
+    pub policies: Policies,
+    /// Every policy's status is looked at again.
+    policies_dirty: bool,
     /// Some while this replica leads.
     alloc: Option<Allocator>,
     /// Outcomes [`Ipam::lead`] computed, used by the next plan instead of
@@ -123,6 +129,8 @@ impl Ipam {
             services: Listed::default(),
             namespaces: Listed::default(),
             gateway: GatewayApi::default(),
+            policies: Policies::default(),
+            policies_dirty: false,
             alloc: None,
             rebuilt: HashMap::new(),
             dirty: BTreeSet::new(),
@@ -135,7 +143,11 @@ impl Ipam {
     }
 
     pub fn all_listed(&self) -> bool {
-        self.pools.synced && self.services.synced && self.namespaces.synced && self.gateway.listed()
+        self.pools.synced
+            && self.services.synced
+            && self.namespaces.synced
+            && self.gateway.listed()
+            && self.policies.listed()
     }
 
     pub fn leads(&self) -> bool {
@@ -176,11 +188,19 @@ impl Ipam {
     pub fn service_changed(&mut self, key: Key) {
         self.dirty.insert(key);
         self.gateways_dirty = true;
+        self.policies_dirty = true;
     }
 
     /// A Gateway API object changed.
     pub fn gateways_changed(&mut self) {
         self.gateways_dirty = true;
+        self.policies_dirty = true;
+    }
+
+    /// A ServicePolicy or an EndpointSlice changed: the policies'
+    /// answers may have.
+    pub fn policies_changed(&mut self) {
+        self.policies_dirty = true;
     }
 
     pub fn pools_changed(&mut self) {
@@ -223,6 +243,7 @@ impl Ipam {
             | Target::Gateway(_)
             | Target::TcpRoute(_)
             | Target::UdpRoute(_) => self.gateways_dirty = true,
+            Target::Policy(_) => self.policies_dirty = true,
         }
     }
 
@@ -298,6 +319,7 @@ impl Ipam {
         self.dirty.extend(self.services.items.keys().cloned());
         self.gateways_dirty = true;
         self.pools_dirty = true;
+        self.policies_dirty = true;
     }
 
     /// Stop leading: the table is rebuilt from the statuses next time.
@@ -342,6 +364,9 @@ impl Ipam {
         self.rebuilt.clear();
         if counts_moved {
             self.plan_pools(now, &mut plan);
+        }
+        if std::mem::take(&mut self.policies_dirty) {
+            self.plan_policies(now, &mut plan);
         }
         self.pools_dirty = false;
         self.pool_status_dirty = false;
@@ -482,6 +507,7 @@ impl Ipam {
             gateways: copies,
             services: &self.services,
             namespaces: &self.namespaces,
+            policies: None,
         };
         let mut res = rivora_k8s::gateway::resolve(&view);
         explain_unassigned(&mut res, &outcomes);
@@ -490,6 +516,46 @@ impl Ipam {
             self.push_rv(plan, target, rv, body);
         }
         moved
+    }
+
+    /// Every ServicePolicy's status this installation answers for.
+    fn plan_policies(&mut self, now: &Time, plan: &mut Plan) {
+        let view = View {
+            api: &self.gateway,
+            gateways: self
+                .gateway
+                .gateways
+                .items
+                .values()
+                .map(|g| (**g).clone())
+                .collect(),
+            services: &self.services,
+            namespaces: &self.namespaces,
+            policies: Some(&self.policies),
+        };
+        let res = rivora_k8s::gateway::resolve(&view);
+        let listeners = res
+            .gateways
+            .values()
+            .flat_map(|g| {
+                g.listeners.iter().map(|l| {
+                    let r = rivora_k8s::gateway::ListenerRef {
+                        namespace: g.namespace.clone(),
+                        gateway: g.name.clone(),
+                        listener: l.name.clone(),
+                    };
+                    (r, l.policy.clone())
+                })
+            })
+            .collect();
+        let updates = self
+            .policies
+            .updates(&self.services, &listeners, &self.opts, now);
+        for (key, rv, status) in updates {
+            if let Ok(v) = serde_json::to_value(&status) {
+                self.push_rv(plan, Target::Policy(key), rv, v);
+            }
+        }
     }
 
     fn plan_pools(&mut self, now: &Time, plan: &mut Plan) {

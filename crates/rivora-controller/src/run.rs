@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
@@ -29,7 +30,8 @@ use rivora_k8s::gateway::api::gateways::Gateway;
 use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
 use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
-use rivora_k8s::{AddressPool, TranslateOptions};
+use rivora_k8s::translate::SERVICE_NAME_LABEL;
+use rivora_k8s::{AddressPool, ServicePolicy, TranslateOptions};
 use rivora_kube::versioned::{
     versioned, GwEvent, Kind, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
 };
@@ -85,6 +87,8 @@ enum Msg {
     Pool(watcher::Result<Event<AddressPool>>),
     Service(watcher::Result<Event<Service>>),
     Namespace(watcher::Result<Event<Namespace>>),
+    Policy(watcher::Result<Event<ServicePolicy>>),
+    Slice(watcher::Result<Event<EndpointSlice>>),
     Class(GwEvent<GatewayClass>),
     Gateway(GwEvent<Gateway>),
     TcpRoute(GwEvent<TcpRoute>),
@@ -99,6 +103,8 @@ enum Msg {
 const POOLS: &str = "addresspools";
 const SERVICES: &str = "services";
 const NAMESPACES: &str = "namespaces";
+const POLICIES: &str = "servicepolicies";
+const SLICES: &str = "endpointslices";
 
 /// "Not installed" answers after which a Gateway API kind counts as
 /// listed, empty: discovery can briefly miss a CRD just after the API
@@ -139,6 +145,23 @@ pub async fn run(
     .modify(|o: &mut Namespace| o.managed_fields_mut().clear())
     .map(Msg::Namespace)
     .boxed();
+    let policies = watcher(
+        Api::<ServicePolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
+    .map(Msg::Policy)
+    .boxed();
+    // Only slices that belong to a Service.
+    let slices = watcher(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(SERVICE_NAME_LABEL),
+    )
+    .default_backoff()
+    .modify(|o: &mut EndpointSlice| o.managed_fields_mut().clear())
+    .map(Msg::Slice)
+    .boxed();
     let leads = futures::stream::unfold(leadership.receiver(), |mut rx| async move {
         rx.changed().await.ok()?;
         let v = *rx.borrow_and_update();
@@ -151,7 +174,7 @@ pub async fn run(
         Some((Msg::Written(t, rv, o), rx))
     })
     .boxed();
-    let mut streams = vec![pools, services, namespaces, leads, done];
+    let mut streams = vec![pools, services, namespaces, policies, slices, leads, done];
     streams.extend([
         versioned(client.clone(), GATEWAY_CLASSES, Msg::Class),
         versioned(client.clone(), GATEWAYS, Msg::Gateway),
@@ -178,7 +201,7 @@ pub async fn run(
     };
     let mut ipam = Ipam::new(opts.translate.clone());
     let mut wants_lead = leadership.leads();
-    info!(identity = %opts.lease.identity, "watching AddressPools, Services, Namespaces and the Gateway API");
+    info!(identity = %opts.lease.identity, "watching AddressPools, Services, Namespaces, ServicePolicies, EndpointSlices and the Gateway API");
     let shutdown = shutdown.fuse();
     futures::pin_mut!(shutdown);
     loop {
@@ -336,8 +359,36 @@ fn handle(
             }
             ipam.not_installed(POOLS);
         }
-        Msg::Pool(Err(e)) | Msg::Service(Err(e)) | Msg::Namespace(Err(e)) => {
+        Msg::Policy(Err(e)) if rivora_kube::is_not_found(&e) => {
+            // No policies is an answer: nothing to write.
+            if !ipam.policies.policies.synced {
+                warn!("the ServicePolicy CRD (servicepolicies.rivora.io) is not installed");
+                ipam.policies.policies.synced = true;
+                ipam.policies_changed();
+            }
+            ipam.not_installed(POLICIES);
+        }
+        Msg::Pool(Err(e))
+        | Msg::Service(Err(e))
+        | Msg::Namespace(Err(e))
+        | Msg::Policy(Err(e))
+        | Msg::Slice(Err(e)) => {
             warn!(error = %e, "watch failed; retrying");
+        }
+        Msg::Policy(Ok(ev)) => {
+            ipam.listing(POLICIES, &ev);
+            if !matches!(ipam.policies.policies.apply(ev), Change::None) {
+                ipam.policies.policies_changed();
+                ipam.policies_changed();
+            }
+        }
+        Msg::Slice(Ok(ev)) => {
+            ipam.listing(SLICES, &ev);
+            let ch = ipam.policies.slices.apply(ev);
+            if !matches!(ch, Change::None) {
+                ipam.policies.slices_changed(ch);
+                ipam.policies_changed();
+            }
         }
         Msg::Pool(Ok(ev)) => {
             ipam.listing(POOLS, &ev);
@@ -397,6 +448,7 @@ impl Writer {
                 Target::Gateway(_) => "gateway",
                 Target::TcpRoute(_) => "tcproute",
                 Target::UdpRoute(_) => "udproute",
+                Target::Policy(_) => "servicepolicy",
             };
             match outcome {
                 Outcome::Ok => this.metrics.wrote(kind, "ok"),
@@ -432,6 +484,12 @@ impl Writer {
                     .patch_status(name, &pp, &Patch::Merge(&patch))
                     .await
                     .map(drop),
+                Target::Policy(k) => {
+                    Api::<ServicePolicy>::namespaced(self.client.clone(), &k.namespace)
+                        .patch_status(&k.name, &pp, &Patch::Merge(&patch))
+                        .await
+                        .map(drop)
+                }
                 Target::GatewayClass(name) => {
                     self.replace(&GATEWAY_CLASSES, None, name, &w.status).await
                 }
@@ -508,5 +566,6 @@ fn target_name(t: &Target) -> String {
         Target::Gateway(k) => format!("Gateway {k}"),
         Target::TcpRoute(k) => format!("TCPRoute {k}"),
         Target::UdpRoute(k) => format!("UDPRoute {k}"),
+        Target::Policy(k) => format!("ServicePolicy {k}"),
     }
 }

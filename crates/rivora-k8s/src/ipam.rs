@@ -820,9 +820,9 @@ impl AllocError {
 /// An address a claim keeps that a new assignment would not give it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Flag {
-    #[error("{object}: address {addr} is in no AddressPool in use; it is kept and given to no one else (add it to a pool, or remove it from the status for a new one)")]
+    #[error("{object}: address {addr} is in no AddressPool in use; it is kept and given to no one else, but no node serves it (add it to a pool, or remove it from the status for a new one)")]
     NotInPool { object: ClaimRef, addr: IpAddr },
-    #[error("{object}: address {addr} is in AddressPool {pool}, whose {selector} no longer selects it; it is kept (remove it from the status for a new one)")]
+    #[error("{object}: address {addr} is in AddressPool {pool}, whose {selector} no longer selects it; it is kept, but no node serves it (remove it from the status for a new one)")]
     PoolNotAllowed {
         object: ClaimRef,
         addr: IpAddr,
@@ -837,7 +837,52 @@ pub enum Flag {
     },
 }
 
+/// The pool in use that holds `addr` and admits an object with these
+/// labels, or why there is none. The allocator keeps such an address
+/// flagged; rivorad does not serve it, whoever wrote it into the status.
+pub fn admitted<'a>(
+    pools: &'a PoolSet,
+    object: &ClaimRef,
+    labels: &BTreeMap<String, String>,
+    namespace_labels: &BTreeMap<String, String>,
+    addr: IpAddr,
+) -> Result<&'a ParsedPool, Flag> {
+    let object = object.clone();
+    let Some(pool) = pools.pool_of(addr) else {
+        return Err(Flag::NotInPool { object, addr });
+    };
+    if let Err(selector) = pool.admits(labels, namespace_labels) {
+        return Err(Flag::PoolNotAllowed {
+            object,
+            addr,
+            pool: pool.name.clone(),
+            selector,
+        });
+    }
+    Ok(pool)
+}
+
 impl Flag {
+    /// Why a node does not serve the address (the flag's own text is the
+    /// allocator's advice).
+    pub fn not_served(&self) -> String {
+        match self {
+            Flag::NotInPool { object, addr } => format!(
+                "{addr} is in no AddressPool in use: only pool addresses are served, whoever writes {object}'s status (add it to a pool)"
+            ),
+            Flag::PoolNotAllowed {
+                object,
+                addr,
+                pool,
+                selector,
+            } => format!(
+                "{addr} is in AddressPool {pool}, whose {selector} does not select {object}: not served"
+            ),
+            // Admitted, so served: only the allocator's advice.
+            Flag::Avoided { .. } => self.to_string(),
+        }
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             Flag::NotInPool { .. } => "AddressNotInPool",
@@ -1494,17 +1539,16 @@ impl Allocator {
 
     fn flag(&self, claim: &Claim, addr: IpAddr) -> Option<Flag> {
         let object = claim.object.clone();
-        let Some(pool) = self.pools.pool_of(addr) else {
-            return Some(Flag::NotInPool { object, addr });
+        let pool = match admitted(
+            &self.pools,
+            &object,
+            &claim.labels,
+            &claim.namespace_labels,
+            addr,
+        ) {
+            Ok(p) => p,
+            Err(f) => return Some(f),
         };
-        if let Err(selector) = pool.admits(&claim.labels, &claim.namespace_labels) {
-            return Some(Flag::PoolNotAllowed {
-                object,
-                addr,
-                pool: pool.name.clone(),
-                selector,
-            });
-        }
         let (f, n) = addr_key(addr);
         if pool.avoid_buggy_ips && is_buggy(f, n) {
             return Some(Flag::Avoided {

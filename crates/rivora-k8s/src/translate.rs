@@ -424,6 +424,8 @@ fn translate<S: Borrow<EndpointSlice>>(
                 } else {
                     TrafficPolicy::Cluster
                 },
+                // Pools are the node's to check (rivorad's source).
+                refused: None,
             });
         }
     }

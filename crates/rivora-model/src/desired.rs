@@ -84,6 +84,11 @@ pub struct DesiredVip {
     pub health: Vec<Option<Arc<HealthCheckSpec>>>,
     /// Whether the backends are this node's alone.
     pub traffic_policy: TrafficPolicy,
+    /// Why its source will not have it served (an address no pool
+    /// admits): the reconciler writes nothing of it, lists it as not
+    /// applied with this reason, and never lets it hold a key another
+    /// object claims.
+    pub refused: Option<String>,
 }
 
 /// Which nodes can serve a VIP, as a Kubernetes Service's
@@ -108,6 +113,7 @@ impl DesiredVip {
             health: vec![None; vip.backends.len()],
             vip,
             traffic_policy: TrafficPolicy::Cluster,
+            refused: None,
         }
     }
 }
@@ -212,23 +218,31 @@ impl DesiredStore {
             .collect()
     }
 
-    /// One owner per VIP key, oldest claim first.
+    /// One owner per VIP key, oldest claim first; a refused claim only
+    /// after every other (a status written by hand cannot displace an
+    /// address's owner).
     pub fn merged(&self) -> Merged {
-        let mut order: Vec<(&Owner, &Entry)> = self.objects.iter().collect();
-        order.sort_by_key(|(o, e)| (e.seq, (*o).clone()));
+        let mut order: Vec<(bool, &Owner, &Arc<DesiredVip>, u64)> = self
+            .objects
+            .iter()
+            .flat_map(|(o, e)| {
+                e.vips
+                    .iter()
+                    .map(move |v| (v.refused.is_some(), o, v, e.seq))
+            })
+            .collect();
+        order.sort_by(|a, b| (a.0, a.3, a.1).cmp(&(b.0, b.3, b.1)));
         let mut out = Merged::default();
-        for (owner, entry) in order {
-            for v in &entry.vips {
-                let key = v.vip.key();
-                match out.vips.get(&key) {
-                    Some((first, _)) => out.conflicts.push(Conflict {
-                        vip: key,
-                        owner: first.clone(),
-                        refused: owner.clone(),
-                    }),
-                    None => {
-                        out.vips.insert(key, (owner.clone(), Arc::clone(v)));
-                    }
+        for (_, owner, v, _) in order {
+            let key = v.vip.key();
+            match out.vips.get(&key) {
+                Some((first, _)) => out.conflicts.push(Conflict {
+                    vip: key,
+                    owner: first.clone(),
+                    refused: owner.clone(),
+                }),
+                None => {
+                    out.vips.insert(key, (owner.clone(), Arc::clone(v)));
                 }
             }
         }
@@ -276,6 +290,7 @@ pub fn from_config(cfg: &Config) -> Vec<DesiredVip> {
                     .unwrap_or_else(|| key.to_string()),
                 health,
                 traffic_policy: TrafficPolicy::Cluster,
+                refused: None,
             }
         })
         .collect()
@@ -308,6 +323,31 @@ mod tests {
 
     fn svc(name: &str) -> Owner {
         Owner::new(SourceKind::Service, name)
+    }
+
+    /// A claim its source refuses (an address written into a status by
+    /// hand) holds a key only while nobody else claims it, however old.
+    #[test]
+    fn a_refused_claim_never_displaces_another() {
+        let mut s = DesiredStore::new();
+        let mut grab = vip("10.0.0.1", 80, "10.1.0.9");
+        grab.refused = Some("in no pool".into());
+        s.set(svc("b/grab"), vec![grab.clone()]);
+        let m = s.merged();
+        assert_eq!(m.vips.values().next().map(|(o, _)| o), Some(&svc("b/grab")));
+        s.set(svc("a/owner"), vec![vip("10.0.0.1", 80, "10.1.0.1")]);
+        let m = s.merged();
+        let (owner, v) = m.vips.values().next().unwrap();
+        assert_eq!(*owner, svc("a/owner"));
+        assert!(v.refused.is_none());
+        assert_eq!(
+            m.conflicts,
+            vec![Conflict {
+                vip: grab.vip.key(),
+                owner: svc("a/owner"),
+                refused: svc("b/grab"),
+            }]
+        );
     }
 
     #[test]

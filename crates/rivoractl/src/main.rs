@@ -14,7 +14,7 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::de::DeserializeOwned;
 
 use rivora_api::client::{vip_path, Client};
-use rivora_api::{render, DrainRequest, Drops, VipInfo, DEFAULT_SOCKET_PATH};
+use rivora_api::{render, DrainRequest, Drops, Status, VipInfo, DEFAULT_SOCKET_PATH};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -200,11 +200,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status => show(&cli, "GET", "/v1/status", None, |s| {
             render::status(s, unix_now())
         }),
-        Command::Vip(VipCommand::List) => {
-            show(&cli, "GET", "/v1/vips", None, |v: &Vec<VipInfo>| {
+        Command::Vip(VipCommand::List) => match cli.output {
+            Output::Json => show(&cli, "GET", "/v1/vips", None, |v: &Vec<VipInfo>| {
                 render::vip_list(v)
-            })
-        }
+            }),
+            // The VIPs refused (and why) are part of the answer to "what
+            // does this node serve".
+            Output::Table => {
+                let c = client(&cli)?;
+                let vips: Vec<VipInfo> = serde_json::from_slice(&c.call("GET", "/v1/vips", None)?)
+                    .context("decoding rivorad's answer")?;
+                let st: Status = serde_json::from_slice(&c.call("GET", "/v1/status", None)?)
+                    .context("decoding rivorad's status")?;
+                print!("{}", render::vip_list_and_unapplied(&vips, &st));
+                Ok(())
+            }
+        },
         Command::Vip(VipCommand::Show { vip }) => {
             show(&cli, "GET", &vip_path(vip), None, render::vip_show)
         }

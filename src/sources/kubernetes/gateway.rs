@@ -48,8 +48,9 @@ use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
 use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route};
-use rivora_k8s::policy::{ObjectRef, PolicyIssue, ServicePolicy};
-use rivora_k8s::translate::{endpoint_nodes, place_backends, PolicyUse};
+use rivora_k8s::ipam::ClaimRef;
+use rivora_k8s::policy::{ObjectRef, ServicePolicy};
+use rivora_k8s::translate::{endpoint_nodes, place_backends};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -298,8 +299,6 @@ pub struct GatewayState {
     sent: HashMap<ObjectRef, SentGateway>,
     /// Service -> the Gateways that read backends from it.
     readers: HashMap<ObjectRef, BTreeSet<ObjectRef>>,
-    /// Policy -> why it is not applied to a listener it names.
-    pub rejected: BTreeMap<ObjectRef, PolicyIssue>,
     synced_sent: bool,
 }
 
@@ -324,6 +323,12 @@ impl GatewayState {
 
     /// A ServicePolicy changed: a listener may have gained or lost one.
     pub fn policies_changed(&mut self) {
+        self.dirty = true;
+    }
+
+    /// The AddressPools changed: a Gateway's address may be served now,
+    /// or no longer.
+    pub fn pools_changed(&mut self) {
         self.dirty = true;
     }
 
@@ -432,15 +437,27 @@ impl State {
         match ev {
             Err(e) => self.failed(Watch::Namespaces, &e),
             Ok(ev) => {
-                let labels_changed = match self.gw.namespaces.apply(ev) {
-                    Change::None => false,
+                // Pools' namespaceSelectors read the labels too: the
+                // namespace's Services are looked at again.
+                match self.gw.namespaces.apply(ev) {
+                    Change::None => {}
                     Change::One(old, new) => {
-                        old.as_ref().map(|o| o.labels()) != new.as_ref().map(|n| n.labels())
+                        if old.as_ref().map(|o| o.labels()) != new.as_ref().map(|n| n.labels()) {
+                            let ns = old.or(new).map(|n| n.name_any()).unwrap_or_default();
+                            let touched: Vec<ObjectRef> = self
+                                .services
+                                .items
+                                .keys()
+                                .filter(|k| k.namespace == ns)
+                                .cloned()
+                                .collect();
+                            for k in touched {
+                                self.touch(k, None);
+                            }
+                            self.gw.dirty = true;
+                        }
                     }
-                    Change::All(_) => true,
-                };
-                if labels_changed {
-                    self.gw.dirty = true;
+                    Change::All(_) => self.touch_all(),
                 }
             }
         }
@@ -525,18 +542,6 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
     }
     state.gw.dirty = false;
     let res = gw::resolve(&View(state));
-    let mut rejected = BTreeMap::new();
-    for g in res.gateways.values() {
-        for l in &g.listeners {
-            if let (PolicyUse::Rejected(issue), Some(p)) = (&l.policy, &l.policy_ref) {
-                rejected.entry(p.clone()).or_insert_with(|| issue.clone());
-            }
-        }
-    }
-    if rejected != state.gw.rejected {
-        state.gw.rejected = rejected;
-        state.policies_dirty = true;
-    }
     let mut wanted: HashMap<ObjectRef, (Vec<DesiredVip>, BTreeSet<ObjectRef>)> = res
         .gateways
         .into_iter()
@@ -551,7 +556,16 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
                 .flat_map(|s| view.endpoint_slices(&s.namespace, &s.name))
                 .collect();
             let nodes = endpoint_nodes(&slices);
+            let object = ClaimRef::gateway(k.namespace.clone(), k.name.clone());
+            let labels = state
+                .gw
+                .gateways
+                .items
+                .get(&k)
+                .map(|gw| gw.labels().clone())
+                .unwrap_or_default();
             for d in &mut g.vips {
+                d.refused = state.not_served(&object, &labels, d.vip.addr);
                 // The resolution refused a mode that cannot reach every
                 // endpoint, so this places them all; were it not so, the
                 // VIP is kept with no backend rather than half broken.

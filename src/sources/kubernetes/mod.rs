@@ -22,10 +22,10 @@
 //!
 //! What the Service's owner must fix (an unsupported protocol, an invalid
 //! policy, a VIP that could not be programmed) becomes a Warning Event on
-//! the Service, repeated at most every [`EVENT_REPEAT`]. rivorad never
-//! writes Service status (rivora-controller does); it writes only the
-//! conditions of the ServicePolicies, which every node computes alike and
-//! writes only when they differ from what the object already says.
+//! the Service, repeated at most every [`EVENT_REPEAT`], and published
+//! once for the cluster however many nodes find it ([`publish_once`]).
+//! rivorad writes no status: rivora-controller writes the Services', the
+//! Gateway API's and the ServicePolicies'.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -35,11 +35,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
@@ -49,12 +47,10 @@ use rivora_k8s::gateway::api::gateways::Gateway;
 use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
 use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
-use rivora_k8s::policy::{
-    check_policy, choose_policies, merge_condition, policy_conditions, ObjectRef, PolicyChoice,
-    PolicyIssue,
-};
-use rivora_k8s::translate::{PolicyUse, SERVICE_NAME_LABEL};
-use rivora_k8s::{service_vips, ServicePolicy, ServicePolicyStatus, TranslateOptions};
+use rivora_k8s::ipam::{admitted, ClaimRef, PoolSet};
+use rivora_k8s::policy::{choose_policies, ObjectRef, PolicyChoice};
+use rivora_k8s::translate::SERVICE_NAME_LABEL;
+use rivora_k8s::{service_vips, AddressPool, ServicePolicy, TranslateOptions};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
@@ -80,7 +76,7 @@ const BATCH: usize = 4096;
 mod gateway;
 
 /// The watches, in the order their states are published.
-pub const RESOURCES: [&str; 9] = [
+pub const RESOURCES: [&str; 10] = [
     "services",
     "endpointslices",
     "servicepolicies",
@@ -90,6 +86,7 @@ pub const RESOURCES: [&str; 9] = [
     "udproutes",
     "referencegrants",
     "namespaces",
+    "addresspools",
 ];
 
 /// A watch, by its index in [`RESOURCES`].
@@ -104,6 +101,7 @@ pub enum Watch {
     UdpRoutes = 6,
     ReferenceGrants = 7,
     Namespaces = 8,
+    AddressPools = 9,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +201,7 @@ enum Msg {
     UdpRoute(GwEvent<UdpRoute>),
     Grant(GwEvent<ReferenceGrant>),
     Namespace(watcher::Result<Event<PartialObjectMeta<Namespace>>>),
+    Pool(watcher::Result<Event<AddressPool>>),
 }
 
 fn now_secs() -> u64 {
@@ -294,6 +293,10 @@ struct State {
     services: Listed<Service>,
     slices: Listed<EndpointSlice>,
     policies: Listed<ServicePolicy>,
+    pools: Listed<AddressPool>,
+    /// The pools as the allocator uses them: an address no pool in use
+    /// admits is not served, whoever wrote it into a status.
+    pool_set: PoolSet,
     /// Service -> its slices (by slice key).
     slices_of: HashMap<ObjectRef, BTreeSet<ObjectRef>>,
     choice: PolicyChoice,
@@ -301,9 +304,6 @@ struct State {
     /// it was first seen (the programming latency's start).
     dirty: HashMap<ObjectRef, Option<Instant>>,
     sent: HashMap<ObjectRef, Sent>,
-    /// Service -> the policy applied to it and what rejected it, if so.
-    rejected: HashMap<ObjectRef, (ObjectRef, PolicyIssue)>,
-    policies_dirty: bool,
     watches: Vec<WatchState>,
     synced_sent: bool,
     /// The Gateway half.
@@ -317,12 +317,12 @@ impl State {
             services: Listed::default(),
             slices: Listed::default(),
             policies: Listed::default(),
+            pools: Listed::default(),
+            pool_set: PoolSet::default(),
             slices_of: HashMap::new(),
             choice: PolicyChoice::default(),
             dirty: HashMap::new(),
             sent: HashMap::new(),
-            rejected: HashMap::new(),
-            policies_dirty: false,
             watches: RESOURCES
                 .iter()
                 .map(|r| WatchState {
@@ -335,8 +335,44 @@ impl State {
         }
     }
 
+    /// Whether the Service half may send: its watches have listed, and
+    /// the pools and namespaces that decide which addresses are served.
     fn all_listed(&self) -> bool {
-        self.services.synced && self.slices.synced && self.policies.synced
+        self.services.synced
+            && self.slices.synced
+            && self.policies.synced
+            && self.pools.synced
+            && self.gw.namespaces.synced
+    }
+
+    /// Every Service and Gateway is looked at again (the pools, which
+    /// decide what is served, changed).
+    fn touch_all(&mut self) {
+        let keys: Vec<ObjectRef> = self.services.items.keys().cloned().collect();
+        for k in keys {
+            self.touch(k, None);
+        }
+        self.gw.pools_changed();
+    }
+
+    /// Why an address of an object is not served, if it is not: no pool
+    /// in use admits it.
+    fn not_served(
+        &self,
+        object: &ClaimRef,
+        labels: &BTreeMap<String, String>,
+        addr: std::net::IpAddr,
+    ) -> Option<String> {
+        let ns = self
+            .gw
+            .namespaces
+            .items
+            .get(&ObjectRef::new("", object.namespace.clone()))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        admitted(&self.pool_set, object, labels, &ns, addr)
+            .err()
+            .map(|f| f.not_served())
     }
 
     fn touch(&mut self, svc: ObjectRef, seen: Option<Instant>) {
@@ -371,6 +407,33 @@ impl State {
             Msg::UdpRoute(ev) => self.handle_gateway(Watch::UdpRoutes, ev, |g| &mut g.udp_routes),
             Msg::Grant(ev) => self.handle_gateway(Watch::ReferenceGrants, ev, |g| &mut g.grants),
             Msg::Namespace(ev) => self.handle_namespace(ev),
+            Msg::Pool(Err(e)) if is_not_found(&e) => {
+                let w = &mut self.watches[Watch::AddressPools as usize];
+                w.last_error = Some(
+                    "the AddressPool CRD (addresspools.rivora.io) is not installed: no Service or Gateway address is served"
+                        .into(),
+                );
+                w.last_error_at = now_secs();
+                if !self.pools.synced {
+                    self.pools.synced = true;
+                    w.errors += 1;
+                    warn!("the AddressPool CRD is not installed: no Service or Gateway address is served until it is");
+                }
+            }
+            Msg::Pool(Err(e)) => self.failed(Watch::AddressPools, &e),
+            Msg::Pool(Ok(ev)) => {
+                let changed = match self.pools.apply(ev) {
+                    Change::None => false,
+                    Change::One(old, new) => {
+                        old.map(|p| p.spec.clone()) != new.map(|p| p.spec.clone())
+                    }
+                    Change::All(_) => true,
+                };
+                if changed {
+                    self.pool_set = PoolSet::new(self.pools.items.values().map(|p| &**p));
+                    self.touch_all();
+                }
+            }
             // Without the CRD there are no policies to wait for: go on
             // with none, and pick them up once it is installed (the
             // watcher keeps retrying the list, quietly).
@@ -461,7 +524,6 @@ impl State {
                         .collect(),
                 };
                 self.choice = choose_policies(self.policies.items.values().map(|p| &**p));
-                self.policies_dirty = true;
                 self.gw.policies_changed();
                 // A policy can only name Services of its own namespace.
                 let touched: Vec<ObjectRef> = self
@@ -492,6 +554,11 @@ impl State {
                 self.policies.items.len(),
                 self.policies.synced,
             ),
+            (
+                Watch::AddressPools,
+                self.pools.items.len(),
+                self.pools.synced,
+            ),
         ]
         .into_iter()
         .chain(self.gw.counts())
@@ -502,10 +569,21 @@ impl State {
     }
 
     /// Translate one Service as the watches have it now.
+    /// Translate one Service as the watches have it now; an address no
+    /// pool admits is marked refused.
     fn translate(&self, key: &ObjectRef) -> rivora_k8s::Translation {
         let Some(svc) = self.services.items.get(key) else {
             return rivora_k8s::Translation::default();
         };
+        let mut t = self.translate_service(key, svc);
+        let object = ClaimRef::service(key.namespace.clone(), key.name.clone());
+        for v in &mut t.vips {
+            v.refused = self.not_served(&object, svc.labels(), v.vip.addr);
+        }
+        t
+    }
+
+    fn translate_service(&self, key: &ObjectRef, svc: &Service) -> rivora_k8s::Translation {
         let slices: Vec<Arc<EndpointSlice>> = self
             .slices_of
             .get(key)
@@ -560,20 +638,22 @@ impl Warner {
         }
     }
 
-    /// Warning Events published by `recorder`, off the caller's task.
-    fn events(recorder: Recorder) -> Self {
+    /// Warning Events, published off the caller's task, once per
+    /// cluster ([`publish_once`]).
+    fn events(client: Client, instance: String) -> Self {
         Self::new(Arc::new(
             move |obj: ObjectReference, reason: &'static str, message: String| {
-                let recorder = recorder.clone();
+                let (client, instance) = (client.clone(), instance.clone());
                 tokio::spawn(async move {
-                    let ev = KubeEvent {
-                        type_: EventType::Warning,
-                        reason: reason.into(),
-                        note: Some(message),
-                        action: "Program".into(),
-                        secondary: None,
-                    };
-                    if let Err(e) = recorder.publish(&ev, &obj).await {
+                    let r = publish_once(
+                        &client,
+                        &obj,
+                        reason,
+                        &message,
+                        &instance,
+                        SystemTime::now(),
+                    );
+                    if let Err(e) = r.await {
                         debug!(error = %e, object = ?obj.name, kind = ?obj.kind, "publishing an Event");
                     }
                 });
@@ -600,6 +680,83 @@ impl Warner {
             warned.insert(key, now);
         }
         (self.sink)(obj.object_ref(&()), reason, message);
+    }
+}
+
+/// The name of the Event that says `reason: note` about `obj` in the
+/// [`EVENT_REPEAT`] period holding `at`: the same on every node, so the
+/// first node's create wins and the others' are refused (409). FNV-1a:
+/// stable across builds, so nodes of two versions agree.
+pub fn event_name(obj: &ObjectReference, reason: &str, note: &str, at: SystemTime) -> String {
+    let period = at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / EVENT_REPEAT.as_secs());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let period = period.to_string();
+    let parts = [
+        obj.kind.as_deref().unwrap_or(""),
+        obj.namespace.as_deref().unwrap_or(""),
+        obj.name.as_deref().unwrap_or(""),
+        obj.uid.as_deref().unwrap_or(""),
+        reason,
+        note,
+        &period,
+    ];
+    for part in parts {
+        for b in part.bytes().chain([0]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    // The object's name leads, as kubectl's Events do; 253 is the limit.
+    let name: String = obj
+        .name
+        .as_deref()
+        .unwrap_or("object")
+        .chars()
+        .take(200)
+        .collect();
+    format!("{name}.rivora.{h:016x}")
+}
+
+/// Publish a Warning Event about `obj` unless a node published the same
+/// one in this period: Events once per object, not once per node. Ok(true)
+/// when this call created it.
+pub async fn publish_once(
+    client: &Client,
+    obj: &ObjectReference,
+    reason: &str,
+    note: &str,
+    instance: &str,
+    at: SystemTime,
+) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let ns = obj.namespace.clone().unwrap_or_else(|| "default".into());
+    let when = k8s_openapi::jiff::Timestamp::try_from(at)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    let ev = K8sEvent {
+        metadata: kube::api::ObjectMeta {
+            name: Some(event_name(obj, reason, note, at)),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(when)),
+        type_: Some("Warning".into()),
+        reason: Some(reason.into()),
+        // The API server refuses a note over 1 kB.
+        note: Some(note.chars().take(1024).collect()),
+        action: Some("Program".into()),
+        reporting_controller: Some("rivorad".into()),
+        reporting_instance: Some(instance.chars().take(128).collect()),
+        regarding: Some(obj.clone()),
+        ..Default::default()
+    };
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    match api.create(&kube::api::PostParams::default(), &ev).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -630,18 +787,20 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
     .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
     .map(Msg::Policy)
     .boxed();
-    let mut streams = vec![services, slices, policies];
+    let pools = watcher(
+        Api::<AddressPool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o: &mut AddressPool| o.managed_fields_mut().clear())
+    .map(Msg::Pool)
+    .boxed();
+    let mut streams = vec![services, slices, policies, pools];
     streams.extend(gateway::streams(&client));
     let mut events = futures::stream::select_all(streams);
-    let warner = Warner::events(Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "rivorad".into(),
-            instance: Some(opts.node_name.clone()),
-        },
-    ));
+    let warner = Warner::events(client.clone(), opts.node_name.clone());
     let mut state = State::new(opts);
-    info!(node = %state.opts.node_name, "watching Services, EndpointSlices, ServicePolicies, Gateways and their routes");
+    info!(node = %state.opts.node_name, "watching Services, EndpointSlices, ServicePolicies, AddressPools, Gateways and their routes");
     while let Some(first) = events.next().await {
         let now = Instant::now();
         state.handle(first, now);
@@ -655,10 +814,8 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
                 _ => break,
             }
         }
-        match step(&mut state, &tx, &out, &warner) {
-            None => return,
-            Some(true) => write_policy_status(&client, &state),
-            Some(false) => {}
+        if step(&mut state, &tx, &out, &warner).is_none() {
+            return;
         }
         // Only this source's own entries: the BGP watches follow them.
         out.watches.send_modify(|w| {
@@ -674,11 +831,10 @@ pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs
 
 /// After a batch of events: once every watch has listed, send what
 /// changed, and after the first such pass say the source is synced.
-/// Some(true) when the policies' conditions may need writing; None when
-/// the reconciler is gone.
-fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> Option<bool> {
+/// None when the reconciler is gone.
+fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> Option<()> {
     if !state.all_listed() {
-        return Some(false);
+        return Some(());
     }
     flush(state, tx, out, warner)?;
     // Gateways read the Services, EndpointSlices and policies above, so
@@ -694,7 +850,7 @@ fn step(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> O
             "Kubernetes: first full pass sent; leftovers may now be pruned"
         );
     }
-    Some(std::mem::take(&mut state.policies_dirty))
+    Some(())
 }
 
 /// Send every dirty Service whose VIPs changed. None when the reconciler
@@ -703,22 +859,6 @@ fn flush(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> 
     let dirty: Vec<(ObjectRef, Option<Instant>)> = state.dirty.drain().collect();
     for (key, seen) in dirty {
         let t = state.translate(&key);
-        match t.policy {
-            PolicyUse::Rejected(issue) => {
-                if let Some(p) = state.choice.policy_for(&key).cloned() {
-                    let changed = state
-                        .rejected
-                        .insert(key.clone(), (p, issue.clone()))
-                        .is_none_or(|(_, old)| old != issue);
-                    state.policies_dirty |= changed;
-                }
-            }
-            _ => {
-                if state.rejected.remove(&key).is_some() {
-                    state.policies_dirty = true;
-                }
-            }
-        }
         if let Some(svc) = state.services.items.get(&key) {
             for w in &t.warnings {
                 warner.warn(&**svc, w.reason, w.message.clone());
@@ -779,56 +919,6 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
                 format!("VIP {vip} is not programmed: {reason}"),
             );
         }
-    }
-}
-
-/// The policies whose `Accepted` and `Conflicted` conditions differ from
-/// what the objects say, with the status they should have.
-fn policy_status_updates(state: &State, now: &Time) -> Vec<(ObjectRef, ServicePolicyStatus)> {
-    let mut issues: BTreeMap<&ObjectRef, &PolicyIssue> = BTreeMap::new();
-    for (policy, issue) in state.rejected.values() {
-        issues.entry(policy).or_insert(issue);
-    }
-    for (policy, issue) in &state.gw.rejected {
-        issues.entry(policy).or_insert(issue);
-    }
-    let mut out = Vec::new();
-    for (key, p) in &state.policies.items {
-        let checked = check_policy(&p.spec).err();
-        let issue = checked.as_ref().or_else(|| issues.get(key).copied());
-        let mut conditions = p
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        for c in policy_conditions(p, &state.choice, issue, now) {
-            merge_condition(&mut conditions, c);
-        }
-        let wanted = ServicePolicyStatus { conditions };
-        if p.status.as_ref() != Some(&wanted) {
-            out.push((key.clone(), wanted));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-/// Write the policies' conditions that changed, off the caller's task.
-/// Every node computes the same; a node that finds them written already
-/// writes nothing.
-fn write_policy_status(client: &Client, state: &State) {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    for (key, wanted) in policy_status_updates(state, &now) {
-        let api: Api<ServicePolicy> = Api::namespaced(client.clone(), &key.namespace);
-        tokio::spawn(async move {
-            let patch = serde_json::json!({ "status": wanted });
-            if let Err(e) = api
-                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                warn!(error = %e, policy = %key, "writing the ServicePolicy status");
-            }
-        });
     }
 }
 

@@ -80,10 +80,54 @@ struct Sent {
     synced: bool,
     gateways: BTreeMap<String, Vec<String>>,
     gateways_synced: bool,
+    /// VIP key -> why its source refuses it, of what was sent.
+    refused: BTreeMap<String, String>,
+}
+
+/// An AddressPool of these addresses, admitting every Service.
+fn pool(name: &str, addrs: &[&str]) -> AddressPool {
+    serde_json::from_value(json!({
+        "apiVersion": "rivora.io/v1alpha1", "kind": "AddressPool",
+        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"addresses": addrs}
+    }))
+    .expect("an AddressPool")
+}
+
+fn pools(items: Vec<AddressPool>) -> Vec<Msg> {
+    listed(items).into_iter().map(Msg::Pool).collect()
+}
+
+fn namespaces(items: &[(&str, serde_json::Value)]) -> Vec<Msg> {
+    let items = items
+        .iter()
+        .map(|(n, labels)| {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": n, "labels": labels}
+            }))
+            .expect("a Namespace")
+        })
+        .collect();
+    listed(items).into_iter().map(Msg::Namespace).collect()
 }
 
 impl Harness {
+    /// A source whose pools hold every address the tests use, its
+    /// namespaces listed: what the other watches send decides.
     fn new() -> Self {
+        let mut h = Self::bare();
+        let now = Instant::now();
+        let mut msgs = pools(vec![pool("all", &["10.0.0.0/16", "2001:db8::/64"])]);
+        msgs.extend(namespaces(&[]));
+        for m in msgs {
+            h.state.handle(m, now);
+        }
+        h
+    }
+
+    /// A source nothing has reached yet.
+    fn bare() -> Self {
         let (tx, rx) = mpsc::channel();
         let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
         let w = warnings.clone();
@@ -118,6 +162,11 @@ impl Harness {
         while let Ok(c) = self.rx.try_recv() {
             match c {
                 Command::SetDesired { owner, vips, ack } => {
+                    for v in &vips {
+                        if let Some(why) = &v.refused {
+                            sent.refused.insert(v.vip.key().to_string(), why.clone());
+                        }
+                    }
                     let keys = vips
                         .iter()
                         .map(|v| {
@@ -450,61 +499,6 @@ async fn slice_changes_are_timed_to_their_map_write() {
     assert!(enc.contains("p_count 1\n"), "{enc}");
 }
 
-#[test]
-fn policy_conditions_are_written_only_when_they_change() {
-    let mut state = State::new(KubeOptions {
-        node_name: "n".into(),
-        translate: TranslateOptions::default(),
-    });
-    let older = policy(
-        "a",
-        "older",
-        "2026-01-01T00:00:00Z",
-        json!({"services": ["web"]}),
-    );
-    let newer = policy(
-        "a",
-        "newer",
-        "2026-02-01T00:00:00Z",
-        json!({"services": ["web"]}),
-    );
-    for p in [older, newer] {
-        state.policies.items.insert(key_of(&p), Arc::new(p));
-    }
-    state.choice = choose_policies(state.policies.items.values().map(|p| &**p));
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let updates = policy_status_updates(&state, &now);
-    assert_eq!(updates.len(), 2);
-    let cond = |st: &ServicePolicyStatus, t: &str| {
-        st.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    };
-    let by: BTreeMap<String, ServicePolicyStatus> = updates
-        .iter()
-        .map(|(k, s)| (k.name.clone(), s.clone()))
-        .collect();
-    assert_eq!(
-        cond(&by["older"], "Accepted"),
-        Some(("True".into(), "Accepted".into()))
-    );
-    assert_eq!(
-        cond(&by["newer"], "Accepted"),
-        Some(("False".into(), "Conflicted".into()))
-    );
-    assert_eq!(
-        cond(&by["newer"], "Conflicted"),
-        Some(("True".into(), "Conflicted".into()))
-    );
-    // Once the objects carry them, nothing is written again.
-    for (k, st) in updates {
-        let p = state.policies.items.get_mut(&k).expect("listed");
-        Arc::make_mut(p).status = Some(st);
-    }
-    assert!(policy_status_updates(&state, &now).is_empty());
-}
-
 // ---------------------------------------------------------------------
 // The Gateway half
 // ---------------------------------------------------------------------
@@ -767,4 +761,147 @@ async fn a_backend_service_that_appears_later_is_picked_up() {
             &["udp/10.0.0.9:53 []", "tcp/10.0.0.9:5432 [10.1.0.7:8080*1]"]
         )])
     );
+}
+
+// ---------------------------------------------------------------------
+// Addresses only from pools
+// ---------------------------------------------------------------------
+
+fn team_pool(name: &str, addrs: &[&str], team: &str) -> AddressPool {
+    let mut p = pool(name, addrs);
+    p.spec.namespace_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"team": team}})).expect("a selector"));
+    p
+}
+
+fn ns_event(name: &str, labels: serde_json::Value) -> Msg {
+    Msg::Namespace(Ok(Event::Apply(
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels}
+        }))
+        .expect("a Namespace"),
+    )))
+}
+
+/// Whoever can write a Service's status can name any address: only one
+/// an AddressPool in use admits is served. Nothing is sent before the
+/// pools and namespaces are listed (a first pass without them would
+/// refuse, and on a restart withdraw, every address); an address of no
+/// pool is sent refused, with why (the reconciler lists it and writes
+/// nothing of it); a pool that covers it, a namespace label its selector
+/// asks for, each is looked at again, and a pool deleted refuses again.
+#[tokio::test]
+async fn only_addresses_a_pool_admits_are_served() {
+    let mut h = Harness::bare();
+    let mut msgs = services(vec![
+        svc("a", "web", "10.0.0.1"),
+        svc("a", "grab", "10.9.0.1"),
+    ]);
+    msgs.extend(slices(vec![]));
+    msgs.extend(policies(vec![]));
+    assert_eq!(h.feed(msgs), Sent::default());
+    assert_eq!(
+        h.feed(pools(vec![pool("p", &["10.0.0.0/24"])])),
+        Sent::default(),
+        "sent before the namespaces were listed"
+    );
+    let sent = h.feed(namespaces(&[("a", json!({}))]));
+    assert!(sent.synced, "{sent:?}");
+    assert_eq!(
+        sent.set,
+        set(&[
+            ("a/web", &["tcp/10.0.0.1:80"]),
+            ("a/grab", &["tcp/10.9.0.1:80"])
+        ])
+    );
+    assert_eq!(
+        sent.refused,
+        BTreeMap::from([(
+            "tcp/10.9.0.1:80".to_string(),
+            "10.9.0.1 is in no AddressPool in use: only pool addresses are served, whoever writes Service a/grab's status (add it to a pool)".to_string()
+        )])
+    );
+    assert_eq!(h.state.watches[Watch::AddressPools as usize].objects, 1);
+
+    // A pool for team b's namespaces: a/grab's namespace is not one.
+    let sent = h.feed(vec![Msg::Pool(Ok(Event::Apply(team_pool(
+        "q",
+        &["10.9.0.0/24"],
+        "b",
+    ))))]);
+    assert_eq!(
+        sent.set,
+        set(&[("a/grab", &["tcp/10.9.0.1:80"])]),
+        "{sent:?}"
+    );
+    assert_eq!(
+        sent.refused.get("tcp/10.9.0.1:80").map(String::as_str),
+        Some("10.9.0.1 is in AddressPool q, whose namespaceSelector does not select Service a/grab: not served")
+    );
+    // Namespace a becomes team b's: served.
+    let sent = h.feed(vec![ns_event("a", json!({"team": "b"}))]);
+    assert_eq!(
+        sent.set,
+        set(&[("a/grab", &["tcp/10.9.0.1:80"])]),
+        "{sent:?}"
+    );
+    assert!(sent.refused.is_empty(), "{sent:?}");
+    // A pool status written (the controller's counts) changes nothing.
+    let mut counted = team_pool("q", &["10.9.0.0/24"], "b");
+    counted.status = Some(
+        serde_json::from_value(json!({"assigned": {"ipv4": 1, "ipv6": 0}})).expect("a pool status"),
+    );
+    assert_eq!(
+        h.feed(vec![Msg::Pool(Ok(Event::Apply(counted.clone())))]),
+        Sent::default()
+    );
+    // The pool deleted: refused again.
+    let sent = h.feed(vec![Msg::Pool(Ok(Event::Delete(counted)))]);
+    assert_eq!(sent.set, set(&[("a/grab", &["tcp/10.9.0.1:80"])]));
+    assert!(
+        sent.refused["tcp/10.9.0.1:80"].contains("in no AddressPool in use"),
+        "{sent:?}"
+    );
+}
+
+/// Without the AddressPool CRD nothing is served, and the watch says why.
+#[tokio::test]
+async fn without_the_pool_crd_no_address_is_served() {
+    let mut h = Harness::bare();
+    let mut msgs = services(vec![svc("a", "web", "10.0.0.1")]);
+    msgs.extend(slices(vec![]));
+    msgs.extend(policies(vec![]));
+    msgs.extend(namespaces(&[]));
+    msgs.push(Msg::Pool(Err(not_found())));
+    let sent = h.feed(msgs);
+    assert!(sent.synced);
+    assert!(
+        sent.refused["tcp/10.0.0.1:80"].contains("in no AddressPool in use"),
+        "{sent:?}"
+    );
+    let w = &h.state.watches[Watch::AddressPools as usize];
+    assert!(
+        w.synced
+            && w.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("not installed"),
+        "{w:?}"
+    );
+}
+
+/// A Gateway's address is held to the pools as a Service's is.
+#[tokio::test]
+async fn a_gateway_address_outside_the_pools_is_refused() {
+    let mut h = Harness::new();
+    let sent = gateway_world(&mut h, vec![gw("10.9.0.9")], vec![route("db")]);
+    assert_eq!(sent.gateways.len(), 1, "{sent:?}");
+    for k in ["tcp/10.9.0.9:5432", "udp/10.9.0.9:53"] {
+        assert_eq!(
+            sent.refused.get(k).map(String::as_str),
+            Some("10.9.0.9 is in no AddressPool in use: only pool addresses are served, whoever writes Gateway a/gw's status (add it to a pool)"),
+            "{sent:?}"
+        );
+    }
 }

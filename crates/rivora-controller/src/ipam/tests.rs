@@ -689,6 +689,9 @@ fn with_gateways(
     i.gateway.tcp_routes = listed(routes);
     i.gateway.udp_routes = listed(Vec::new());
     i.gateway.grants = listed(Vec::new());
+    // And no ServicePolicies (policies.rs has their own tests).
+    i.policies.policies = listed(Vec::new());
+    i.policies.slices = listed(Vec::new());
     for (k, v) in [
         ("GatewayClass", "v1"),
         ("Gateway", "v1"),

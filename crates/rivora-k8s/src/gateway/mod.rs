@@ -1108,6 +1108,8 @@ pub fn resolve(cluster: &impl Cluster) -> Resolution {
                     name: format!("{}/{}:{}", key.namespace, key.name, l.name),
                     health: vec![health.clone(); backends.len()],
                     traffic_policy: TrafficPolicy::Cluster,
+                    // Pools are the node's to check (rivorad's source).
+                    refused: None,
                     vip: Vip {
                         addr,
                         ports: Ports::One(port),

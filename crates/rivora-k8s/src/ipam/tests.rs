@@ -1538,3 +1538,55 @@ fn claims_carry_the_version_they_were_read_from() {
     let c = gateway_claim(&g, true, &BTreeMap::new()).expect("ours");
     assert_eq!(c.version.as_deref(), Some("43"));
 }
+
+/// What a node serves: an address of a pool in use whose selectors admit
+/// the object, whoever wrote it into the status. The rest is named.
+#[test]
+fn a_node_serves_only_addresses_a_pool_in_use_admits() {
+    let pools = [
+        pool(
+            "team-a",
+            1,
+            json!({"addresses": ["10.0.0.0/29"],
+                   "namespaceSelector": {"matchLabels": {"team": "a"}}}),
+        ),
+        pool(
+            "web",
+            2,
+            json!({"addresses": ["2001:db8::/126"],
+                   "serviceSelector": {"matchLabels": {"app": "web"}}}),
+        ),
+        // Overlaps team-a, and is younger: not in use, so its address
+        // outside team-a's is no pool's either.
+        p4("late", 3, &["10.0.0.4/30", "10.0.0.9"]),
+    ];
+    let set = PoolSet::new(&pools);
+    let obj = ClaimRef::service("b", "x");
+    let team_a = labels(&[("team", "a")]);
+    let web = labels(&[("app", "web")]);
+    let none = labels(&[]);
+    let check = |l: &BTreeMap<String, String>, ns: &BTreeMap<String, String>, a: &str| {
+        admitted(&set, &obj, l, ns, ip(a))
+            .map(|p| p.name.clone())
+            .map_err(|f| f.not_served())
+    };
+    assert_eq!(check(&none, &team_a, "10.0.0.3"), Ok("team-a".into()));
+    assert_eq!(check(&web, &none, "2001:db8::2"), Ok("web".into()));
+    assert_eq!(
+        check(&none, &none, "10.0.0.3"),
+        Err("10.0.0.3 is in AddressPool team-a, whose namespaceSelector does not select Service b/x: not served".into())
+    );
+    assert_eq!(
+        check(&none, &team_a, "2001:db8::2"),
+        Err("2001:db8::2 is in AddressPool web, whose serviceSelector does not select Service b/x: not served".into())
+    );
+    for a in ["10.0.0.9", "10.0.0.8", "192.0.2.1", "2001:db8::4"] {
+        assert_eq!(
+            check(&web, &team_a, a),
+            Err(format!("{a} is in no AddressPool in use: only pool addresses are served, whoever writes Service b/x's status (add it to a pool)")),
+        );
+    }
+    // No pools at all: nothing is served.
+    let empty = PoolSet::default();
+    assert!(admitted(&empty, &obj, &none, &none, ip("10.0.0.3")).is_err());
+}
