@@ -194,9 +194,10 @@ install: build
 	install -m 0755 target/release/rivorad target/release/rivoractl target/release/rivora-doctor target/release/rivora $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 packaging/rivorad.service $(DESTDIR)/etc/systemd/system/rivorad.service
 	[ -e $(DESTDIR)/etc/rivora/rivora.yaml ] || install -m 0600 examples/nat.yaml $(DESTDIR)/etc/rivora/rivora.yaml
-	install -d $(DESTDIR)$(PREFIX)/share/doc/rivora
-	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/rivora/README.md
-	install -m 0644 docs/architecture.md $(DESTDIR)$(PREFIX)/share/doc/rivora/architecture.md
+	@# The documents as the repository lays them out, so their links hold.
+	install -d $(DESTDIR)$(PREFIX)/share/doc/rivora/docs
+	install -m 0644 README.md BENCHMARKS.md $(DESTDIR)$(PREFIX)/share/doc/rivora/
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/rivora/docs/
 	@echo "installed; edit /etc/rivora/rivora.yaml, then: systemctl daemon-reload && systemctl enable --now rivorad"
 
 uninstall:

@@ -676,7 +676,7 @@ fn ecmp_two_nodes_paths_move_and_graceful_restart_lose_nothing() {
     }
 }
 
-/// What rivorad needs for BGPPeers, as the README lists it (beside its
+/// What rivorad needs for BGPPeers, as docs/kubernetes.md and docs/bgp.md list it (beside its
 /// Service rules, of which the Node watch uses `nodes`).
 fn bgp_rules() -> serde_json::Value {
     serde_json::json!([
@@ -694,7 +694,7 @@ fn bgp_rules() -> serde_json::Value {
 /// its Secret; the one whose selector excludes the node opens nothing
 /// until the selector changes; a node relabelled out of both ends both.
 /// The node's BGPNodeStatus follows, written by its rivorad as a user
-/// with only the README's rules.
+/// with only the documented rules.
 #[test]
 fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
     use common::k8s::{shared, write_kubeconfig_with, ApiProxy, Identity, Kube, Rbac};
@@ -776,7 +776,7 @@ fn bgp_peers_from_kubernetes_select_nodes_and_the_node_status_follows() {
         node.clone(),
     );
 
-    // rivorad -kubernetes as a user with the README's rules only.
+    // rivorad -kubernetes as a user with the documented rules only.
     let home = Home::new();
     let user = common::unique("rivorad-bgp-");
     let id = Identity::user(&home.path(""), &user);

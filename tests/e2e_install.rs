@@ -200,7 +200,7 @@ const GATEWAY_KINDS: &[&str] = &[
     "referencegrants",
 ];
 
-/// What the README says rivorad needs (and the announcement mode adds:
+/// What docs/kubernetes.md says rivorad needs (and the announcement mode adds:
 /// `bgp`, the BGP speaker's, from its "BGP" section).
 fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
     let mut s = BTreeSet::new();
@@ -273,7 +273,7 @@ fn rivorad_needs(ns: &str, bgp: bool) -> BTreeSet<Grant> {
     s
 }
 
-/// What the README says the controller needs.
+/// What docs/kubernetes.md says the controller needs.
 fn controller_needs(ns: &str) -> BTreeSet<Grant> {
     let mut s = BTreeSet::new();
     s.extend(grants(
@@ -1113,7 +1113,7 @@ fn round_two(cli: &Cli, kube: &Kube) {
     );
 
     // Mode bgp: without an AS, refused by the schema and nothing changed;
-    // with one, rivorad's bgp section, its rights (exactly: the README's
+    // with one, rivorad's bgp section, its rights (exactly: the documented
     // "BGP" list), NET_BIND_SERVICE for port 179, the doctor told.
     let out = cli.run(ns, &["upgrade", "--mode", "bgp"]);
     assert!(!out.status.success());

@@ -14,7 +14,7 @@
 //! - XDP_DROP: exactly one drop counter moved, by one, and it is a named
 //!   reason (not `none`, not `frag_no_first`, which passes);
 //! - XDP_PASS: the frame is unchanged (with `frag_no_first` the only
-//!   counter that may move), or it is a rewrite the README's packet path
+//!   counter that may move), or it is a rewrite docs/datapath.md's packet path
 //!   hands to the kernel: a NAT request whose next hop this program does
 //!   not send to, an ICMP error translated for its backend, an L3 DSR
 //!   packet encapsulated for the kernel to route;
@@ -23,7 +23,7 @@
 //! A rewrite may change only the fields its mode rewrites, to a backend of
 //! a VIP of that mode, and every checksum it touches keeps its ones'
 //! complement residual: a frame that verified still verifies, and one that
-//! did not (the README: IPv4 header checksums are not verified on the way
+//! did not (docs/datapath.md: IPv4 header checksums are not verified on the way
 //! in) is forwarded with the same error for the next hop to drop, never
 //! with an error moved elsewhere. An encapsulated frame carries the input's
 //! IP packet byte for byte behind a correct outer header.
@@ -143,7 +143,7 @@ fn addr_at(f: &[u8], off: usize, v6: bool) -> IpAddr {
     }
 }
 
-/// A frame's layers as offsets, read the way the README describes the
+/// A frame's layers as offsets, read the way docs/datapath.md describes the
 /// datapath's parser (two VLAN tags at most, the IPv6 extension headers
 /// it walks); only offsets and addresses, no judgement.
 #[derive(Clone, Debug)]
@@ -467,7 +467,7 @@ fn rewrite_xdp(env: &Env, inp: &[u8], out: &[u8], fwd: bool) -> Result<&'static 
     let icmp = matches!((p.v6, p.proto), (false, 1) | (true, 58));
     if icmp && p.l4.is_some() {
         ensure(!fwd, || {
-            "an ICMP error NAT'd and sent by XDP (the README: left to the kernel)".into()
+            "an ICMP error NAT'd and sent by XDP (docs/datapath.md: left to the kernel)".into()
         })?;
         return icmp_nat_xdp(env, &p, inp, out);
     }

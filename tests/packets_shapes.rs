@@ -721,7 +721,7 @@ fn ones_add(a: u16, b: u16) -> u16 {
 /// like any other, NAT's incremental update (RFC 1624) carrying the error
 /// along, and handed to the kernel, which drops it after XDP_PASS. This
 /// pins what the datapath does today; whether it should drop and count
-/// the packet itself, as README's "the checks of the kernel's own ip_rcv"
+/// the packet itself, as docs/datapath.md's "the checks of the kernel's own ip_rcv"
 /// suggests, is an open question (issue 11).
 #[test]
 fn ipv4_header_checksum_is_not_verified() {

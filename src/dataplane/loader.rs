@@ -91,7 +91,7 @@ pub const REPLACED_IN_V3: [&str; 1] = ["drop_stats_map"];
 pub const FLOW_TABLE_MIN_SIZE: u32 = 4096;
 /// The largest: the tables are preallocated kernel memory, 96 to 176
 /// bytes per entry each and 760 for an entry in all six (bpftool's
-/// memlock on 6.18, README "Maps"), so 11.9 GiB at this size.
+/// memlock on 6.18, docs/datapath.md "Maps"), so 11.9 GiB at this size.
 pub const FLOW_TABLE_MAX_SIZE: u32 = 1 << 24;
 
 #[derive(Debug, Clone)]

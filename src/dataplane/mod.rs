@@ -31,13 +31,13 @@ use crate::model::{ModelError, VipKey};
 pub enum DataplaneError {
     #[error("loading the BPF objects: {0}")]
     Load(String),
-    #[error("the pinned maps have layout version {pinned}, this binary expects version {binary}: it cannot reuse them and changed nothing. Migrate with `rivorad -cleanup` (detaches and removes the pinned maps: every established flow is reset), then start this binary (README \"Restarting and upgrading\")")]
+    #[error("the pinned maps have layout version {pinned}, this binary expects version {binary}: it cannot reuse them and changed nothing. Migrate with `rivorad -cleanup` (detaches and removes the pinned maps: every established flow is reset), then start this binary (docs/upgrades.md)")]
     AbiMismatch { pinned: u32, binary: u32 },
     #[error(
         "flow table size {size} is out of range: each per-flow table holds {min} to {max} entries"
     )]
     FlowTableSize { size: u64, min: u32, max: u32 },
-    #[error("pinned map {map} has {field} {pinned}, this binary expects {binary}{hint}: it cannot reuse the pinned maps and changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (README \"Restarting and upgrading\")")]
+    #[error("pinned map {map} has {field} {pinned}, this binary expects {binary}{hint}: it cannot reuse the pinned maps and changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (docs/upgrades.md)")]
     PinnedMapMismatch {
         map: String,
         field: &'static str,
@@ -45,7 +45,7 @@ pub enum DataplaneError {
         binary: u32,
         hint: String,
     },
-    #[error("{pin_dir} holds a pinned map set without {map}, which this binary needs (a layout change without a version bump, or a pin removed by hand): it changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (README \"Restarting and upgrading\")")]
+    #[error("{pin_dir} holds a pinned map set without {map}, which this binary needs (a layout change without a version bump, or a pin removed by hand): it changed nothing. Migrate with `rivorad -cleanup` (resets every flow), then start (docs/upgrades.md)")]
     PinnedMapMissing { map: String, pin_dir: String },
     #[error("attaching {what}: {source}")]
     Attach {

@@ -1107,7 +1107,7 @@ proptest! {
 
 /// A usable next hop that changes is marked STALE first and rewritten
 /// after a grace period, so no program run mixes the old and the new
-/// (README "The next-hop cache"); turning STALE, or a first next hop,
+/// (docs/datapath.md "The next-hop cache"); turning STALE, or a first next hop,
 /// is one write.
 #[test]
 fn changed_next_hops_go_stale_for_a_grace_period_first() {

@@ -1,6 +1,6 @@
 //! The one owner of the dataplane on a node.
 //!
-//! Sources (the static file; later Services and Gateways) send what they
+//! Sources (the static file, Kubernetes Services and Gateways) send what they
 //! want as [`Command`]s; the reconciler keeps it in a
 //! [`DesiredStore`](crate::desired::DesiredStore), merges it (one owner
 //! per VIP key), and applies the difference through the map writer, on a

@@ -66,7 +66,7 @@ pub struct VipStatus {
     /// VIP too, whose ranges are read from its source once claimed.
     pub source_ranges: Option<Vec<crate::source_range::SourceRange>>,
     pub backends: Vec<BackendStatus>,
-    /// How big its slice may be, from its weights (README "Maglev");
+    /// How big its slice may be, from its weights (docs/datapath.md "Maglev");
     /// None for an unclaimed VIP, whose weights the maps do not keep.
     pub slice_need: Option<SliceNeed>,
 }

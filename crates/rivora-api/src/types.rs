@@ -303,7 +303,7 @@ pub struct VipInfo {
     pub source_refused: u64,
 }
 
-/// A VIP's Maglev slice against its weights (README "Maglev").
+/// A VIP's Maglev slice against its weights (docs/datapath.md "Maglev").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlicePrecision {
     /// Slots its weights need for every backend's share of the slice to

@@ -62,13 +62,13 @@ fn sorted(mut m: Vec<Mode>) -> Vec<Mode> {
 pub const MIN_KERNEL: (u32, u32) = (6, 6);
 /// Memory cgroups charge BPF maps since 5.11; RLIMIT_MEMLOCK did before.
 const MEMCG_ACCOUNTING: (u32, u32) = (5, 11);
-/// Bytes per unit of -flow-table-size over the six flow tables (README,
+/// Bytes per unit of -flow-table-size over the six flow tables (docs/datapath.md,
 /// "Maps": 96 + 96 + 112 + 128 + 152 + 176, `bpftool map show` memlock on
 /// 6.18).
 const FLOW_BYTES_PER_ENTRY: u64 = 760;
 /// Beyond the flow tables: the other maps (the Maglev table, 4,096 VIPs,
 /// 8,192 backends, fragments, counters) and rivorad itself (45 MiB
-/// resident with 1,000 Services: README, k8s_rivorad_rss_mib_n1000).
+/// resident with 1,000 Services: BENCHMARKS.md, k8s_rivorad_rss_mib_n1000).
 const MEMORY_BESIDE_FLOWS: u64 = 96 << 20;
 
 const ALL_FORWARDING: &[Mode] = &Mode::FORWARDING;

@@ -6,7 +6,7 @@
 //! VIP, every backend walking its own permutation of the slots (an offset
 //! and a skip from a fixed hash of its identity), the same on every node
 //! and across restarts for the same backends and weights. Two things
-//! differ from the paper, both measured (README "Maglev"):
+//! differ from the paper, both measured (docs/datapath.md "Maglev"):
 //!
 //! - **Population.** The paper's backends take turns, and on its turn a
 //!   backend searches its permutation for the next free slot. When one
@@ -53,7 +53,7 @@ pub const MAX_SLICE: u32 = 24_576;
 /// Wanted slots per unit of the backend-count class (`class(n)`: `n`
 /// rounded up to a power of two, at least 4). At 100 backends that is
 /// 24,576 slots, where removing one backend moves 1.1x the optimal share
-/// of slots (README "Maglev"); smaller slices are fine but move more.
+/// of slots (docs/datapath.md "Maglev"); smaller slices are fine but move more.
 pub const SLOTS_PER_BACKEND: u32 = 192;
 
 /// Slots the datapath steps over from the hashed one when a backend is

@@ -214,7 +214,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     }
 
     // The candidates at every rung from the size 100 equal backends need
-    // to the size they want (and 10 backends at theirs): the README's
+    // to the size they want (and 10 backends at theirs): docs/datapath.md's
     // table. Per-slot preference is slow: 10 removals each.
     for n in [10usize, 100] {
         let e = entries(&ids[..n], &equal[..n]);

@@ -861,7 +861,7 @@ const NAMED_REDUCED: usize = 3;
 
 /// A warning when the table cannot give every VIP the slots its weights
 /// need: those VIPs run with reduced precision (the slices the writer
-/// plans for the same VIPs; README "Maglev").
+/// plans for the same VIPs; docs/datapath.md "Maglev").
 fn precision_warnings(desired: &DesiredState, capacity: &Capacity) -> Vec<String> {
     let Some(plan) = desired.maglev_sizes(capacity) else {
         return Vec::new();
