@@ -1490,6 +1490,44 @@ fn service_policy_switches_the_service_to_dsr() {
 
 /// Wait until ServicePolicy `name` has condition `type_` with `status`
 /// and `reason` (rivorad writes them).
+/// The admin of an API server of the test's own.
+fn admin_of(server: &common::apiserver::ApiServer) -> Identity {
+    Identity {
+        cert: server.client_cert.clone(),
+        key: server.client_key.clone(),
+    }
+}
+
+/// rivorad -kubernetes on an API server of the test's own, as its admin.
+fn world_on(
+    server: &common::apiserver::ApiServer,
+    kube: &Kube,
+    topo: Topology,
+    servers: Servers,
+) -> World {
+    World::on_server(
+        topo,
+        servers,
+        (kube, server.addr(), &server.ca_cert),
+        Some((Home::new(), admin_of(server))),
+        &[],
+    )
+}
+
+/// rivora-controller on an API server of the test's own, as its admin,
+/// its Lease in `namespace`; its kubeconfig and log in `dir`.
+fn controller_on(
+    server: &common::apiserver::ApiServer,
+    dir: &Path,
+    namespace: &str,
+) -> common::controller::Controller {
+    let kubeconfig = dir.join("kubeconfig");
+    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &admin_of(server));
+    let mut args = vec!["-namespace", namespace];
+    args.extend(common::controller::FAST_LEASE);
+    common::controller::Controller::start(dir, &kubeconfig, "ctl", &args)
+}
+
 /// A World on an API server of the test's own, its CRDs installed, with
 /// rivora-controller beside rivorad: the controller is the one writer of
 /// ServicePolicy status, and it serves every Service and Gateway of its
@@ -1506,31 +1544,12 @@ struct WithController {
 
 fn with_controller(topo: Topology, servers: Servers, hosts: bool) -> WithController {
     let server = common::apiserver::ApiServer::start();
-    let addr: SocketAddr = server
-        .url
-        .strip_prefix("https://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
     let kube = Kube::new(&server.kubeconfig);
     common::k8s::install_crds(&kube);
-    let id = Identity {
-        cert: server.client_cert.clone(),
-        key: server.client_key.clone(),
-    };
-    let w = World::on_server(
-        topo,
-        servers,
-        (&kube, addr, &server.ca_cert),
-        Some((Home::new(), id.clone())),
-        &[],
-    );
+    let w = world_on(&server, &kube, topo, servers);
     let w = if hosts { w.hosts() } else { w };
     let dir = tempfile::tempdir().expect("a temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
-    let mut args = vec!["-namespace", w.k8s.name.as_str()];
-    args.extend(common::controller::FAST_LEASE);
-    let ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+    let ctl = controller_on(&server, dir.path(), &w.k8s.name);
     WithController {
         w,
         kube,
@@ -1614,16 +1633,20 @@ fn rivorad_writes_no_policy_status_and_a_warning_is_one_event() {
     let made: Vec<bool> = ["node-a", "node-b", "node-a"]
         .iter()
         .map(|node| {
+            let reporter = kube::runtime::events::Reporter {
+                controller: "rivorad".into(),
+                instance: Some(node.to_string()),
+            };
+            let ev = rivora_kube::OnceEvent {
+                reason: "NotProgrammed",
+                note,
+                action: "Program",
+                reporter: &reporter,
+                period: Duration::from_secs(600),
+            };
             w.k8s
                 .kube
-                .block_on(rivora::sources::kubernetes::publish_once(
-                    &w.k8s.kube.client,
-                    &obj,
-                    "NotProgrammed",
-                    note,
-                    node,
-                    at,
-                ))
+                .block_on(rivora_kube::publish_once(&w.k8s.kube.client, &obj, &ev, at))
                 .unwrap_or_else(|e| panic!("publishing as {node}: {e}"))
         })
         .collect();
@@ -3547,15 +3570,7 @@ fn the_controller_writes_every_gateway_status_field_by_field() {
     let class = TestGatewayClass::new(&kube, GATEWAY_CONTROLLER);
     let w = status_world(&kube, &class.name);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let id = Identity {
-        cert: server.client_cert.clone(),
-        key: server.client_key.clone(),
-    };
-    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
-    let mut args = vec!["-namespace", &w.g.name];
-    args.extend(common::controller::FAST_LEASE);
-    let ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
+    let ctl = controller_on(&server, dir.path(), &w.g.name);
 
     let mut last = Vec::new();
     let done = wait_for(Duration::from_secs(60), Duration::from_millis(200), || {
@@ -3719,11 +3734,6 @@ fn a_gateway_refused_by_the_dataplane_gets_an_event() {
 fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_installed() {
     common::require::root_and_tools("e2e_kubernetes");
     let server = common::apiserver::ApiServer::start();
-    let addr: SocketAddr = server
-        .url
-        .strip_prefix("https://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
     let kube = Kube::new(&server.kubeconfig);
     let pools = rivora_k8s::crds()
         .into_iter()
@@ -3732,17 +3742,7 @@ fn without_the_gateway_api_crds_the_watches_say_so_and_gateways_come_once_instal
     common::k8s::install_crd(&kube, &pools);
     let topo = Topology::new(Mode::Nat);
     let servers = Servers::for_topology(&topo, false);
-    let id = Identity {
-        cert: server.client_cert.clone(),
-        key: server.client_key.clone(),
-    };
-    let w = World::on_server(
-        topo,
-        servers,
-        (&kube, addr, &server.ca_cert),
-        Some((Home::new(), id)),
-        &[],
-    );
+    let w = world_on(&server, &kube, topo, servers);
     let t = &w.topo;
     let v = [IpAddr::V4(t.vip4)];
     let ports = [tcp(VIP_PORT, NAT_BACKEND_PORT)];
@@ -3966,27 +3966,10 @@ impl Drop for PoolGuard {
 #[test]
 fn a_gateway_gets_its_address_and_status_from_the_controller_and_forwards() {
     common::require::root_and_tools("e2e_kubernetes");
-    let server = common::apiserver::ApiServer::start();
-    let addr: SocketAddr = server
-        .url
-        .strip_prefix("https://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
-    let kube = Kube::new(&server.kubeconfig);
-    common::k8s::install_crds(&kube);
     let topo = Topology::new(Mode::Nat);
     let servers = Servers::for_topology(&topo, true);
-    let id = Identity {
-        cert: server.client_cert.clone(),
-        key: server.client_key.clone(),
-    };
-    let w = World::on_server(
-        topo,
-        servers,
-        (&kube, addr, &server.ca_cert),
-        Some((Home::new(), id.clone())),
-        &[],
-    );
+    let own = with_controller(topo, servers, false);
+    let (w, kube) = (&own.w, &own.kube);
     let t = &w.topo;
     let vip = IpAddr::V4(t.vip4);
     let pools: kube::Api<rivora_k8s::AddressPool> = kube::Api::all(kube.client.clone());
@@ -3998,12 +3981,6 @@ fn a_gateway_gets_its_address_and_status_from_the_controller_and_forwards() {
     .expect("an AddressPool");
     kube.block_on(pools.create(&Default::default(), &p))
         .expect("creating the AddressPool");
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig_with(&kubeconfig, &server.url, &server.ca_cert, &id);
-    let mut args = vec!["-namespace", &w.k8s.name];
-    args.extend(common::controller::FAST_LEASE);
-    let _ctl = common::controller::Controller::start(dir.path(), &kubeconfig, "ctl", &args);
 
     let classes = kube.gateway_api_all("GatewayClass", "gatewayclasses");
     let class: kube::api::DynamicObject = serde_json::from_value(json!({

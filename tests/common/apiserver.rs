@@ -39,6 +39,14 @@ fn describe(out: &Output) -> String {
 }
 
 impl ApiServer {
+    /// Where it listens (from `url`), for proxies and rivorad's kubeconfig.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .strip_prefix("https://")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", self.url))
+    }
+
     pub fn start() -> Self {
         let dir = std::env::temp_dir().join(unique("rivora-apiserver-"));
         let out = Command::new("bash")

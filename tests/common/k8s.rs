@@ -80,11 +80,7 @@ pub fn shared() -> &'static Shared {
         let t0 = Instant::now();
         let server = ApiServer::start();
         // From here a panic drops `server`, which stops it.
-        let addr: SocketAddr = server
-            .url
-            .strip_prefix("https://")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("API server URL {:?} is not https://ADDR", server.url));
+        let addr: SocketAddr = server.addr();
         let kube = Kube::new(&server.kubeconfig);
         install_crds(&kube);
         eprintln!(

@@ -22,9 +22,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
-use kube::{Client, ResourceExt};
+use kube::runtime::watcher::{self, Event};
+use kube::Client;
 use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
 use rivora_k8s::gateway::api::gateways::Gateway;
 use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
@@ -35,7 +34,7 @@ use rivora_k8s::{AddressPool, ServicePolicy, TranslateOptions};
 use rivora_kube::versioned::{
     versioned, GwEvent, Kind, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
 };
-use rivora_kube::{Change, Listed, Warner};
+use rivora_kube::{watch_all, Change, Listed, Warner};
 use rivora_lease::{Election, ElectionError, Leadership, LeaseSettings};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
@@ -124,42 +123,23 @@ pub async fn run(
     if let Some(sel) = &opts.pool_selector {
         pool_cfg = pool_cfg.labels(sel);
     }
-    let pools = watcher(Api::<AddressPool>::all(client.clone()), pool_cfg)
-        .default_backoff()
-        .modify(|o: &mut AddressPool| o.managed_fields_mut().clear())
+    let pools = watch_all::<AddressPool>(&client, pool_cfg)
         .map(Msg::Pool)
         .boxed();
-    let services = watcher(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o: &mut Service| o.managed_fields_mut().clear())
-    .map(Msg::Service)
-    .boxed();
-    let namespaces = watcher(
-        Api::<Namespace>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o: &mut Namespace| o.managed_fields_mut().clear())
-    .map(Msg::Namespace)
-    .boxed();
-    let policies = watcher(
-        Api::<ServicePolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
-    .map(Msg::Policy)
-    .boxed();
+    let services = watch_all::<Service>(&client, watcher::Config::default())
+        .map(Msg::Service)
+        .boxed();
+    let namespaces = watch_all::<Namespace>(&client, watcher::Config::default())
+        .map(Msg::Namespace)
+        .boxed();
+    let policies = watch_all::<ServicePolicy>(&client, watcher::Config::default())
+        .map(Msg::Policy)
+        .boxed();
     // Only slices that belong to a Service.
-    let slices = watcher(
-        Api::<EndpointSlice>::all(client.clone()),
+    let slices = watch_all::<EndpointSlice>(
+        &client,
         watcher::Config::default().labels(SERVICE_NAME_LABEL),
     )
-    .default_backoff()
-    .modify(|o: &mut EndpointSlice| o.managed_fields_mut().clear())
     .map(Msg::Slice)
     .boxed();
     let leads = futures::stream::unfold(leadership.receiver(), |mut rx| async move {

@@ -1,7 +1,9 @@
 //! What rivorad's Kubernetes sources and rivora-controller share of
 //! kube's runtime: the client ([`client`]), a full copy of a watched list
 //! that stays whole while it is listed again ([`Listed`]), and Warning
-//! Events repeated at most once per period ([`Warner`]), and watches of
+//! Events repeated at most once per period, and published once for the
+//! cluster however many nodes find them ([`Warner`], [`publish_once`]),
+//! and watches of
 //! the Gateway API kinds at whichever version the cluster serves
 //! ([`versioned`]).
 
@@ -10,11 +12,16 @@ pub mod versioned;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::stream::{BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher::{self, watcher, Event};
 use kube::{Client, Resource, ResourceExt};
 use tracing::debug;
 
@@ -168,6 +175,24 @@ impl<K> Change<K> {
     }
 }
 
+/// A watch of every `K` that `config` selects, with kube's backoff, and
+/// each object's managed fields dropped (nobody reads them; they are most
+/// of a copy's size).
+pub fn watch_all<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> BoxStream<'static, watcher::Result<Event<K>>>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    use kube::runtime::WatchStreamExt;
+    watcher(kube::Api::<K>::all(client.clone()), config)
+        .default_backoff()
+        .modify(|o: &mut K| o.managed_fields_mut().clear())
+        .boxed()
+}
+
 /// Whether a watch failed because its resource does not exist (a CRD not
 /// installed).
 pub fn is_not_found(e: &watcher::Error) -> bool {
@@ -215,29 +240,28 @@ where
     }
 
     /// Warning Events published as `reporter` (`action` is the Event's
-    /// action), off the caller's task.
+    /// action), off the caller's task, once per cluster and period
+    /// ([`publish_once`]): every node that finds the same thing to say
+    /// says it in one Event.
     pub fn events(
         client: Client,
         reporter: Reporter,
         action: &'static str,
         repeat: Duration,
     ) -> Self {
-        let recorder = Recorder::new(client, reporter);
         Self::new(
             Arc::new(move |o: Arc<K>, reason: &'static str, message: String| {
-                let recorder = recorder.clone();
+                let (client, reporter) = (client.clone(), reporter.clone());
                 tokio::spawn(async move {
-                    let ev = KubeEvent {
-                        type_: EventType::Warning,
-                        reason: reason.into(),
-                        note: Some(message),
-                        action: action.into(),
-                        secondary: None,
+                    let obj = o.object_ref(&Default::default());
+                    let ev = OnceEvent {
+                        reason,
+                        note: &message,
+                        action,
+                        reporter: &reporter,
+                        period: repeat,
                     };
-                    if let Err(e) = recorder
-                        .publish(&ev, &o.object_ref(&Default::default()))
-                        .await
-                    {
+                    if let Err(e) = publish_once(&client, &obj, &ev, SystemTime::now()).await {
                         debug!(error = %e, object = %o.name_any(), "publishing an Event");
                     }
                 });
@@ -271,6 +295,99 @@ where
         if let Ok(mut w) = self.warned.lock() {
             w.retain(|(k, _, _), _| k != key);
         }
+    }
+}
+
+/// A Warning Event as [`publish_once`] writes it.
+pub struct OnceEvent<'a> {
+    pub reason: &'a str,
+    pub note: &'a str,
+    pub action: &'a str,
+    pub reporter: &'a Reporter,
+    /// It is published at most once per this period, cluster-wide.
+    pub period: Duration,
+}
+
+/// The name of the Event that says `reason: note` about `obj` in the
+/// period holding `at`: the same from every node, so the first create
+/// wins and the others are refused (409). FNV-1a, stable across builds,
+/// so nodes of two versions agree.
+pub fn event_name(
+    obj: &ObjectReference,
+    reason: &str,
+    note: &str,
+    period: Duration,
+    at: SystemTime,
+) -> String {
+    let n = at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / period.as_secs().max(1))
+        .to_string();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts = [
+        obj.kind.as_deref().unwrap_or(""),
+        obj.namespace.as_deref().unwrap_or(""),
+        obj.name.as_deref().unwrap_or(""),
+        obj.uid.as_deref().unwrap_or(""),
+        reason,
+        note,
+        &n,
+    ];
+    for part in parts {
+        for b in part.bytes().chain([0]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    // The object's name leads, as kubectl's Events do (253 at most).
+    let name: String = obj
+        .name
+        .as_deref()
+        .unwrap_or("object")
+        .chars()
+        .take(200)
+        .collect();
+    format!("{name}.rivora.{h:016x}")
+}
+
+/// Publish a Warning Event about `obj` unless someone published the same
+/// one in this period: Events once per object, not once per node.
+/// Ok(true) when this call created it.
+pub async fn publish_once(
+    client: &Client,
+    obj: &ObjectReference,
+    ev: &OnceEvent<'_>,
+    at: SystemTime,
+) -> Result<bool, kube::Error> {
+    let ns = obj.namespace.clone().unwrap_or_else(|| "default".into());
+    let when = k8s_openapi::jiff::Timestamp::try_from(at)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    let event = K8sEvent {
+        metadata: ObjectMeta {
+            name: Some(event_name(obj, ev.reason, ev.note, ev.period, at)),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(when)),
+        type_: Some("Warning".into()),
+        reason: Some(ev.reason.into()),
+        // The API server refuses a note over 1 kB.
+        note: Some(ev.note.chars().take(1024).collect()),
+        action: Some(ev.action.into()),
+        reporting_controller: Some(ev.reporter.controller.clone()),
+        reporting_instance: ev
+            .reporter
+            .instance
+            .as_ref()
+            .map(|i| i.chars().take(128).collect()),
+        regarding: Some(obj.clone()),
+        ..Default::default()
+    };
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    match api.create(&PostParams::default(), &event).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -334,5 +451,34 @@ mod tests {
         w.forget(&Key::new("n", "a"));
         w.warn(&a, "R", "m".into());
         assert_eq!(seen.lock().expect("seen").len(), 4);
+    }
+
+    /// Every node names the same Event alike within a period, whoever it
+    /// is; another period, object or message is another Event.
+    #[test]
+    fn an_events_name_is_the_clusters_not_the_nodes() {
+        let obj = |name: &str| ObjectReference {
+            kind: Some("Service".into()),
+            namespace: Some("n".into()),
+            name: Some(name.into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        };
+        let p = Duration::from_secs(600);
+        let t = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let base = event_name(&obj("web"), "R", "m", p, t(6_000));
+        assert!(base.starts_with("web.rivora."), "{base}");
+        assert_eq!(base, event_name(&obj("web"), "R", "m", p, t(6_599)));
+        for other in [
+            event_name(&obj("web"), "R", "m", p, t(6_600)),
+            event_name(&obj("web"), "R", "m2", p, t(6_000)),
+            event_name(&obj("web"), "R2", "m", p, t(6_000)),
+            event_name(&obj("db"), "R", "m", p, t(6_000)),
+        ] {
+            assert_ne!(base, other);
+        }
+        // A name the API server takes: a DNS subdomain, 253 at most.
+        let long = event_name(&obj(&"a".repeat(300)), "R", "m", p, t(0));
+        assert!(long.len() <= 253, "{}", long.len());
     }
 }

@@ -10,7 +10,7 @@
 //! v1beta1, Gateway API releases before v1.7), found by discovery and
 //! found again when a watch says the version is gone. Without the CRDs the
 //! watch says so (`the Gateway API CRDs ... are not installed`) and looks
-//! again every [`NOT_INSTALLED_RETRY`], quietly; after two such answers it
+//! again every [`NOT_INSTALLED_RETRY`] ([`rivora_kube::versioned`]), quietly; after two such answers it
 //! counts as listed (empty), so a cluster without Gateway API does not hold
 //! back the prune of adopted VIPs. Two, not one: just after an API server
 //! starts, discovery can briefly miss CRDs it serves a moment later.
@@ -31,14 +31,13 @@
 //! a Service.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DynamicObject};
-use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
@@ -47,184 +46,19 @@ use rivora_k8s::gateway::api::gateways::Gateway;
 use rivora_k8s::gateway::api::referencegrants::ReferenceGrant;
 use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
-use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route};
+use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route, GROUP};
 use rivora_k8s::ipam::ClaimRef;
 use rivora_k8s::policy::{ObjectRef, ServicePolicy};
 use rivora_k8s::translate::{endpoint_nodes, place_backends};
+use rivora_kube::versioned::{
+    versioned, GwEvent, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
+};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::{now_secs, Change, Listed, Msg, State, Warner, Watch, WARN_NOT_PROGRAMMED};
 use crate::desired::{DesiredVip, Owner, SourceKind};
 use crate::reconciler::{Command, Sender};
-
-/// How often discovery is asked again while the Gateway API CRDs are not
-/// installed.
-pub const NOT_INSTALLED_RETRY: Duration = Duration::from_secs(10);
-/// The first second look, soon after the first answer.
-const NOT_INSTALLED_CONFIRM: Duration = Duration::from_secs(2);
-
-/// An object a watch delivered that the types cannot read.
-#[derive(Debug, Clone)]
-pub struct Unreadable {
-    pub key: ObjectRef,
-    pub error: String,
-}
-
-/// What a Gateway API watch says.
-pub enum GwEvent<K> {
-    Watch(watcher::Result<Event<Result<K, Unreadable>>>),
-    /// Discovery found none of the versions: the CRD is not installed.
-    NotInstalled,
-    /// Discovery itself failed (the API server unreachable, forbidden).
-    Failed(String),
-}
-
-/// One kind Rivora reads, and the versions it reads it at, newest first.
-struct Kind {
-    kind: &'static str,
-    plural: &'static str,
-    versions: &'static [&'static str],
-}
-
-const GROUP: &str = rivora_k8s::gateway::GROUP;
-
-const GATEWAYS: Kind = Kind {
-    kind: "Gateway",
-    plural: "gateways",
-    versions: &["v1", "v1beta1"],
-};
-const CLASSES: Kind = Kind {
-    kind: "GatewayClass",
-    plural: "gatewayclasses",
-    versions: &["v1", "v1beta1"],
-};
-const TCP_ROUTES: Kind = Kind {
-    kind: "TCPRoute",
-    plural: "tcproutes",
-    versions: &["v1", "v1alpha2"],
-};
-const UDP_ROUTES: Kind = Kind {
-    kind: "UDPRoute",
-    plural: "udproutes",
-    versions: &["v1", "v1alpha2"],
-};
-const GRANTS: Kind = Kind {
-    kind: "ReferenceGrant",
-    plural: "referencegrants",
-    versions: &["v1", "v1beta1"],
-};
-
-/// The version of `kind` the cluster serves, newest first; None when it
-/// serves none (the CRD is not installed).
-async fn served_version(client: &Client, kind: &Kind) -> Result<Option<&'static str>, kube::Error> {
-    for v in kind.versions {
-        match client
-            .list_api_group_resources(&format!("{GROUP}/{v}"))
-            .await
-        {
-            Ok(list) if list.resources.iter().any(|r| r.name == kind.plural) => return Ok(Some(v)),
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
-}
-
-fn not_found(e: &watcher::Error) -> bool {
-    super::is_not_found(e)
-}
-
-/// An object as the types read it.
-fn read<K: Resource + serde::de::DeserializeOwned>(mut o: DynamicObject) -> Result<K, Unreadable> {
-    o.metadata.managed_fields = None;
-    let key = ObjectRef::new(
-        o.metadata.namespace.clone().unwrap_or_default(),
-        o.metadata.name.clone().unwrap_or_default(),
-    );
-    o.try_parse::<K>().map_err(|e| Unreadable {
-        key,
-        error: e.to_string(),
-    })
-}
-
-fn map_event<A, B>(ev: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
-    match ev {
-        Event::Apply(o) => Event::Apply(f(o)),
-        Event::Delete(o) => Event::Delete(f(o)),
-        Event::Init => Event::Init,
-        Event::InitApply(o) => Event::InitApply(f(o)),
-        Event::InitDone => Event::InitDone,
-    }
-}
-
-/// A watch of one Gateway API kind at whichever version the cluster
-/// serves, each object read as `K`. Runs on a task of its own, which ends
-/// when the stream is dropped.
-fn versioned<K>(client: Client, kind: Kind, wrap: fn(GwEvent<K>) -> Msg) -> BoxStream<'static, Msg>
-where
-    K: Resource + serde::de::DeserializeOwned + Send + 'static,
-{
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    tokio::spawn(async move {
-        let send = |ev: GwEvent<K>| tx.unbounded_send(wrap(ev)).is_ok();
-        let mut confirm = true;
-        let mut backoff = Duration::from_millis(500);
-        loop {
-            let version = match served_version(&client, &kind).await {
-                Ok(Some(v)) => v,
-                Ok(None) => {
-                    if !send(GwEvent::NotInstalled) {
-                        return;
-                    }
-                    let wait = if confirm {
-                        NOT_INSTALLED_CONFIRM
-                    } else {
-                        NOT_INSTALLED_RETRY
-                    };
-                    confirm = false;
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                Err(e) => {
-                    if !send(GwEvent::Failed(format!(
-                        "discovering {GROUP} {}: {e}",
-                        kind.plural
-                    ))) {
-                        return;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    continue;
-                }
-            };
-            backoff = Duration::from_millis(500);
-            confirm = true;
-            debug!(kind = kind.kind, version, "watching");
-            let ar = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(GROUP, version, kind.kind),
-                kind.plural,
-            );
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-            let mut events = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(ev) = events.next().await {
-                // The version went away (the CRD was replaced or removed):
-                // discovery again.
-                if matches!(&ev, Err(e) if not_found(e)) {
-                    break;
-                }
-                let ev = ev.map(|e| map_event(e, read::<K>));
-                if !send(GwEvent::Watch(ev)) {
-                    return;
-                }
-            }
-        }
-    });
-    rx.boxed()
-}
 
 /// The Gateway half's watches, merged into the source's stream.
 pub fn streams(client: &Client) -> Vec<BoxStream<'static, Msg>> {
@@ -237,45 +71,13 @@ pub fn streams(client: &Client) -> Vec<BoxStream<'static, Msg>> {
     .map(Msg::Namespace)
     .boxed();
     vec![
-        versioned::<Gateway>(client.clone(), GATEWAYS, Msg::Gateway),
-        versioned::<GatewayClass>(client.clone(), CLASSES, Msg::GatewayClass),
-        versioned::<TcpRoute>(client.clone(), TCP_ROUTES, Msg::TcpRoute),
-        versioned::<UdpRoute>(client.clone(), UDP_ROUTES, Msg::UdpRoute),
-        versioned::<ReferenceGrant>(client.clone(), GRANTS, Msg::Grant),
+        versioned::<Gateway, _>(client.clone(), GATEWAYS, Msg::Gateway),
+        versioned::<GatewayClass, _>(client.clone(), GATEWAY_CLASSES, Msg::GatewayClass),
+        versioned::<TcpRoute, _>(client.clone(), TCP_ROUTES, Msg::TcpRoute),
+        versioned::<UdpRoute, _>(client.clone(), UDP_ROUTES, Msg::UdpRoute),
+        versioned::<ReferenceGrant, _>(client.clone(), REFERENCE_GRANTS, Msg::Grant),
         namespaces,
     ]
-}
-
-impl<K: Resource> Listed<K> {
-    /// An event of a Gateway API watch: as [`Listed::apply`], except that
-    /// an object the types cannot read keeps its last readable copy.
-    fn apply_read(
-        &mut self,
-        ev: Event<Result<K, Unreadable>>,
-        bad: &mut Vec<Unreadable>,
-    ) -> Change<K> {
-        match ev {
-            Event::Apply(Ok(o)) => self.apply(Event::Apply(o)),
-            Event::Delete(Ok(o)) => self.apply(Event::Delete(o)),
-            Event::Delete(Err(u)) => Change::One(self.items.remove(&u.key), None),
-            Event::Apply(Err(u)) => {
-                bad.push(u);
-                Change::None
-            }
-            Event::Init => self.apply(Event::Init),
-            Event::InitApply(Ok(o)) => self.apply(Event::InitApply(o)),
-            Event::InitApply(Err(u)) => {
-                if let Some(old) = self.items.get(&u.key).cloned() {
-                    self.relisting
-                        .get_or_insert_with(HashMap::new)
-                        .insert(u.key.clone(), old);
-                }
-                bad.push(u);
-                Change::None
-            }
-            Event::InitDone => self.apply(Event::InitDone),
-        }
-    }
 }
 
 /// What was last sent for a Gateway.
@@ -377,6 +179,9 @@ impl State {
         listed: impl Fn(&mut GatewayState) -> &mut Listed<K>,
     ) {
         match ev {
+            // The version is the controller's to write at; rivorad reads
+            // whichever it is.
+            GwEvent::Serving(_) => {}
             GwEvent::Watch(Err(e)) => self.failed(watch, &e),
             GwEvent::Failed(e) => self.failed_text(watch, e),
             GwEvent::NotInstalled => {
@@ -621,8 +426,8 @@ pub(super) fn flush(state: &mut State, tx: &Sender, warner: &Warner) -> Option<(
             // see a node's dataplane refuse a VIP.
             if let Some(gw) = gateway {
                 for (vip, reason) in &applied.failed {
-                    warner.warn(
-                        &*gw,
+                    warner.gateways.warn(
+                        &gw,
                         WARN_NOT_PROGRAMMED,
                         format!("VIP {vip} is not programmed: {reason}"),
                     );

@@ -28,19 +28,16 @@
 //! Gateway API's and the ServicePolicies'.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
 use prometheus_client::metrics::histogram::Histogram;
 use rivora_k8s::gateway::api::gatewayclasses::GatewayClass;
 use rivora_k8s::gateway::api::gateways::Gateway;
@@ -54,7 +51,11 @@ use rivora_k8s::{service_vips, AddressPool, ServicePolicy, TranslateOptions};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
-use self::gateway::{GatewayState, GwEvent};
+use rivora_kube::versioned::GwEvent;
+pub use rivora_kube::{client, KubeError};
+use rivora_kube::{is_not_found, key_of, watch_all, Change, Listed};
+
+use self::gateway::GatewayState;
 use super::WatchState;
 use crate::desired::{DesiredVip, Owner, SourceKind};
 use crate::reconciler::{Applied, Command, Sender};
@@ -102,54 +103,6 @@ pub enum Watch {
     ReferenceGrants = 7,
     Namespaces = 8,
     AddressPools = 9,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum KubeError {
-    #[error("reading the kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: String,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    #[error(
-        "no Kubernetes credentials: not running in a cluster ({incluster}), and no kubeconfig ({kubeconfig}); pass -kubeconfig FILE"
-    )]
-    NoConfig {
-        incluster: kube::config::InClusterError,
-        kubeconfig: kube::config::KubeconfigError,
-    },
-    #[error("building the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
-}
-
-/// The client: `-kubeconfig` when given, else in-cluster (the service
-/// account a DaemonSet pod has), else `$KUBECONFIG`, else
-/// `~/.kube/config`. Builds no connection: an API server that cannot be
-/// reached shows as watch errors, never as a failed start.
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let err = |source| KubeError::Kubeconfig {
-                path: path.display().to_string(),
-                source,
-            };
-            let kc = Kubeconfig::read_from(path).map_err(err)?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(err)?
-        }
-        None => match kube::Config::incluster() {
-            Ok(c) => c,
-            Err(incluster) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
-                .await
-                .map_err(|kubeconfig| KubeError::NoConfig {
-                    incluster,
-                    kubeconfig,
-                })?,
-        },
-    };
-    Client::try_from(config).map_err(KubeError::Client)
 }
 
 #[derive(Debug, Clone)]
@@ -210,13 +163,6 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn key_of<K: Resource>(o: &K) -> ObjectRef {
-    ObjectRef::new(
-        o.meta().namespace.clone().unwrap_or_default(),
-        o.meta().name.clone().unwrap_or_default(),
-    )
-}
-
 /// The Service an EndpointSlice belongs to.
 fn service_of(slice: &EndpointSlice) -> Option<ObjectRef> {
     let name = slice.labels().get(SERVICE_NAME_LABEL)?;
@@ -224,62 +170,6 @@ fn service_of(slice: &EndpointSlice) -> Option<ObjectRef> {
         slice.namespace().unwrap_or_default(),
         name.clone(),
     ))
-}
-
-/// A resource list with the buffer of a list in progress: the copy in
-/// use stays whole until the new list is complete.
-struct Listed<K> {
-    items: HashMap<ObjectRef, Arc<K>>,
-    relisting: Option<HashMap<ObjectRef, Arc<K>>>,
-    synced: bool,
-}
-
-impl<K> Default for Listed<K> {
-    fn default() -> Self {
-        Self {
-            items: HashMap::new(),
-            relisting: None,
-            synced: false,
-        }
-    }
-}
-
-/// What one event changed, for the Services it touches.
-enum Change<K> {
-    None,
-    /// One object: before and after.
-    One(Option<Arc<K>>, Option<Arc<K>>),
-    /// A whole new list replaced the old one.
-    All(HashMap<ObjectRef, Arc<K>>),
-}
-
-impl<K: Resource> Listed<K> {
-    fn apply(&mut self, ev: Event<K>) -> Change<K> {
-        match ev {
-            Event::Apply(o) => {
-                let o = Arc::new(o);
-                let old = self.items.insert(key_of(&*o), o.clone());
-                Change::One(old, Some(o))
-            }
-            Event::Delete(o) => Change::One(self.items.remove(&key_of(&o)), None),
-            Event::Init => {
-                self.relisting = Some(HashMap::new());
-                Change::None
-            }
-            Event::InitApply(o) => {
-                let o = Arc::new(o);
-                self.relisting
-                    .get_or_insert_with(HashMap::new)
-                    .insert(key_of(&*o), o);
-                Change::None
-            }
-            Event::InitDone => {
-                self.synced = true;
-                let new = self.relisting.take().unwrap_or_default();
-                Change::All(std::mem::replace(&mut self.items, new))
-            }
-        }
-    }
 }
 
 /// What was last sent for a Service.
@@ -606,199 +496,62 @@ impl State {
     }
 }
 
-fn is_not_found(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 404,
-        _ => false,
-    }
-}
-
-/// Where a warning goes once it passed the rate limit: an Event on the
-/// object (a Service, a Gateway; a test collects them instead).
-type WarnSink = Arc<dyn Fn(ObjectReference, &'static str, String) + Send + Sync>;
-
-/// When each (kind, object, reason, message) was last published.
-type Warned = HashMap<(String, ObjectRef, &'static str, String), Instant>;
-
-/// Warnings on Services and Gateways, each (object, reason, message) at
-/// most once per [`EVENT_REPEAT`]. Shared by the pass and the tasks that
-/// wait for the reconciler's answers.
+/// Warnings on Services and on Gateways, each (object, reason, message)
+/// at most once per [`EVENT_REPEAT`] from this node, and once for the
+/// cluster ([`rivora_kube::publish_once`]). Shared by the pass and the
+/// tasks that wait for the reconciler's answers.
 #[derive(Clone)]
 struct Warner {
-    sink: WarnSink,
-    warned: Arc<std::sync::Mutex<Warned>>,
+    services: rivora_kube::Warner<Service>,
+    gateways: rivora_kube::Warner<Gateway>,
 }
 
 impl Warner {
-    fn new(sink: WarnSink) -> Self {
+    fn events(client: &Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: "rivorad".into(),
+            instance: Some(node.to_string()),
+        };
         Self {
-            sink,
-            warned: Arc::default(),
+            services: rivora_kube::Warner::events(
+                client.clone(),
+                reporter.clone(),
+                "Program",
+                EVENT_REPEAT,
+            ),
+            gateways: rivora_kube::Warner::events(
+                client.clone(),
+                reporter,
+                "Program",
+                EVENT_REPEAT,
+            ),
         }
-    }
-
-    /// Warning Events, published off the caller's task, once per
-    /// cluster ([`publish_once`]).
-    fn events(client: Client, instance: String) -> Self {
-        Self::new(Arc::new(
-            move |obj: ObjectReference, reason: &'static str, message: String| {
-                let (client, instance) = (client.clone(), instance.clone());
-                tokio::spawn(async move {
-                    let r = publish_once(
-                        &client,
-                        &obj,
-                        reason,
-                        &message,
-                        &instance,
-                        SystemTime::now(),
-                    );
-                    if let Err(e) = r.await {
-                        debug!(error = %e, object = ?obj.name, kind = ?obj.kind, "publishing an Event");
-                    }
-                });
-            },
-        ))
-    }
-
-    fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &'static str, message: String) {
-        let now = Instant::now();
-        {
-            let Ok(mut warned) = self.warned.lock() else {
-                return;
-            };
-            warned.retain(|_, at| now.duration_since(*at) < EVENT_REPEAT);
-            let key = (
-                K::kind(&()).to_string(),
-                key_of(obj),
-                reason,
-                message.clone(),
-            );
-            if warned.contains_key(&key) {
-                return;
-            }
-            warned.insert(key, now);
-        }
-        (self.sink)(obj.object_ref(&()), reason, message);
-    }
-}
-
-/// The name of the Event that says `reason: note` about `obj` in the
-/// [`EVENT_REPEAT`] period holding `at`: the same on every node, so the
-/// first node's create wins and the others' are refused (409). FNV-1a:
-/// stable across builds, so nodes of two versions agree.
-pub fn event_name(obj: &ObjectReference, reason: &str, note: &str, at: SystemTime) -> String {
-    let period = at
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / EVENT_REPEAT.as_secs());
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let period = period.to_string();
-    let parts = [
-        obj.kind.as_deref().unwrap_or(""),
-        obj.namespace.as_deref().unwrap_or(""),
-        obj.name.as_deref().unwrap_or(""),
-        obj.uid.as_deref().unwrap_or(""),
-        reason,
-        note,
-        &period,
-    ];
-    for part in parts {
-        for b in part.bytes().chain([0]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    // The object's name leads, as kubectl's Events do; 253 is the limit.
-    let name: String = obj
-        .name
-        .as_deref()
-        .unwrap_or("object")
-        .chars()
-        .take(200)
-        .collect();
-    format!("{name}.rivora.{h:016x}")
-}
-
-/// Publish a Warning Event about `obj` unless a node published the same
-/// one in this period: Events once per object, not once per node. Ok(true)
-/// when this call created it.
-pub async fn publish_once(
-    client: &Client,
-    obj: &ObjectReference,
-    reason: &str,
-    note: &str,
-    instance: &str,
-    at: SystemTime,
-) -> Result<bool, kube::Error> {
-    use k8s_openapi::api::events::v1::Event as K8sEvent;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    let ns = obj.namespace.clone().unwrap_or_else(|| "default".into());
-    let when = k8s_openapi::jiff::Timestamp::try_from(at)
-        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
-    let ev = K8sEvent {
-        metadata: kube::api::ObjectMeta {
-            name: Some(event_name(obj, reason, note, at)),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(when)),
-        type_: Some("Warning".into()),
-        reason: Some(reason.into()),
-        // The API server refuses a note over 1 kB.
-        note: Some(note.chars().take(1024).collect()),
-        action: Some("Program".into()),
-        reporting_controller: Some("rivorad".into()),
-        reporting_instance: Some(instance.chars().take(128).collect()),
-        regarding: Some(obj.clone()),
-        ..Default::default()
-    };
-    let api: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
-    match api.create(&kube::api::PostParams::default(), &ev).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
     }
 }
 
 /// Watch and send until the reconciler is gone. Runs on the async
 /// runtime; everything it sends is a [`Command`].
 pub async fn run(client: Client, opts: KubeOptions, tx: Sender, out: KubeOutputs) {
-    let services = watcher(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .map(Msg::Service)
-    .boxed();
-    let slices = watcher(
-        Api::<EndpointSlice>::all(client.clone()),
-        // Only slices that belong to a Service.
+    let services = watch_all::<Service>(&client, watcher::Config::default())
+        .map(Msg::Service)
+        .boxed();
+    // Only slices that belong to a Service.
+    let slices = watch_all::<EndpointSlice>(
+        &client,
         watcher::Config::default().labels(SERVICE_NAME_LABEL),
     )
-    .default_backoff()
-    .modify(|o: &mut EndpointSlice| o.managed_fields_mut().clear())
     .map(Msg::Slice)
     .boxed();
-    let policies = watcher(
-        Api::<ServicePolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o: &mut ServicePolicy| o.managed_fields_mut().clear())
-    .map(Msg::Policy)
-    .boxed();
-    let pools = watcher(
-        Api::<AddressPool>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|o: &mut AddressPool| o.managed_fields_mut().clear())
-    .map(Msg::Pool)
-    .boxed();
+    let policies = watch_all::<ServicePolicy>(&client, watcher::Config::default())
+        .map(Msg::Policy)
+        .boxed();
+    let pools = watch_all::<AddressPool>(&client, watcher::Config::default())
+        .map(Msg::Pool)
+        .boxed();
     let mut streams = vec![services, slices, policies, pools];
     streams.extend(gateway::streams(&client));
     let mut events = futures::stream::select_all(streams);
-    let warner = Warner::events(client.clone(), opts.node_name.clone());
+    let warner = Warner::events(&client, &opts.node_name);
     let mut state = State::new(opts);
     info!(node = %state.opts.node_name, "watching Services, EndpointSlices, ServicePolicies, AddressPools, Gateways and their routes");
     while let Some(first) = events.next().await {
@@ -861,7 +614,7 @@ fn flush(state: &mut State, tx: &Sender, out: &KubeOutputs, warner: &Warner) -> 
         let t = state.translate(&key);
         if let Some(svc) = state.services.items.get(&key) {
             for w in &t.warnings {
-                warner.warn(&**svc, w.reason, w.message.clone());
+                warner.services.warn(svc, w.reason, w.message.clone());
             }
         }
         let unchanged = match state.sent.get(&key) {
@@ -913,8 +666,8 @@ fn report_applied(key: &ObjectRef, svc: Option<Arc<Service>>, applied: &Applied,
     warn!(service = %key, error = %applied.summary(), "not programmed in full");
     if let Some(svc) = svc {
         for (vip, reason) in &applied.failed {
-            warner.warn(
-                &*svc,
+            warner.services.warn(
+                &svc,
                 WARN_NOT_PROGRAMMED,
                 format!("VIP {vip} is not programmed: {reason}"),
             );

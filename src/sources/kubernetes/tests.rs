@@ -7,8 +7,8 @@ use std::sync::{mpsc, Mutex};
 
 use serde_json::json;
 
-use super::gateway::GwEvent;
 use super::*;
+use rivora_kube::versioned::{GwEvent, Unreadable};
 
 fn svc(ns: &str, name: &str, ip: &str) -> Service {
     serde_json::from_value(json!({
@@ -131,14 +131,25 @@ impl Harness {
         let (tx, rx) = mpsc::channel();
         let warnings: Arc<Mutex<Vec<Warned>>> = Arc::default();
         let w = warnings.clone();
-        let warner = Warner::new(Arc::new(move |o: ObjectReference, reason, msg| {
-            let key = format!(
-                "{}/{}",
-                o.namespace.unwrap_or_default(),
-                o.name.unwrap_or_default()
-            );
-            w.lock().unwrap().push((key, reason, msg));
-        }));
+        let ws = warnings.clone();
+        let warner = Warner {
+            services: rivora_kube::Warner::new(
+                Arc::new(move |o: Arc<Service>, reason, msg| {
+                    ws.lock()
+                        .unwrap()
+                        .push((key_of(&*o).to_string(), reason, msg));
+                }),
+                EVENT_REPEAT,
+            ),
+            gateways: rivora_kube::Warner::new(
+                Arc::new(move |o: Arc<Gateway>, reason, msg| {
+                    w.lock()
+                        .unwrap()
+                        .push((key_of(&*o).to_string(), reason, msg));
+                }),
+                EVENT_REPEAT,
+            ),
+        };
         Self {
             state: State::new(KubeOptions {
                 node_name: "node-a".into(),
@@ -702,7 +713,7 @@ async fn without_the_gateway_api_crds_the_half_says_so_and_syncs_on_the_second_l
 async fn an_unreadable_gateway_keeps_its_last_copy() {
     let mut h = Harness::new();
     gateway_world(&mut h, vec![gw("10.0.0.9")], vec![route("db")]);
-    let bad = || gateway::Unreadable {
+    let bad = || Unreadable {
         key: ObjectRef::new("a", "gw"),
         error: "unknown variant `Somewhere`".into(),
     };
