@@ -22,7 +22,7 @@ WORKDIR /src
 COPY scripts/deps.sh scripts/deps.sh
 RUN scripts/deps.sh
 COPY . .
-RUN cargo build --workspace --release --bins --locked
+RUN cargo build --release --bins --locked
 
 FROM docker.io/library/debian:${DEBIAN_RELEASE}-slim
 # rivorad links libbpf statically and libelf and zlib dynamically; the

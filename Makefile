@@ -1,7 +1,7 @@
 # Rivora: `make` builds release binaries; `make test` is what CI runs.
 
 CARGO ?= cargo
-BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) include/rivora/abi.h
+BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) $(wildcard bench/bpf/*.bpf.c) include/rivora/abi.h
 # The L2 speaker's peers in the tests and the bench: a client asking with
 # arping (iputils'; Debian's `arping` package conflicts with it) and ndisc6,
 # tcpdump capturing the bridge.
@@ -28,12 +28,13 @@ LAB_PKGS := iperf3 wrk nftables haproxy nginx conntrack curl python3 netsniff-ng
 PREFIX ?= /usr/local
 VARIANT_RIVORAD := $(CURDIR)/target/variant/debug/rivorad
 
-.PHONY: all build deps lint fmt apiserver gateway-api chart-tools chart-lint test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-lab demo install uninstall clean
+.PHONY: all build deps lint fmt apiserver gateway-api chart-tools chart-lint test test-unit test-packets test-e2e fuzz fuzz-libfuzzer variant bench bench-compare bench-lab demo install uninstall clean
 
 all: build
 
+# What a node runs (the workspace's default members: not bench/).
 build: deps
-	$(CARGO) build --workspace --release --bins
+	$(CARGO) build --release --bins
 
 deps:
 	@scripts/deps.sh
@@ -180,7 +181,19 @@ bench: deps
 bench-lab: build
 	@scripts/deps.sh $(LAB_PKGS)
 	@scripts/bpffs.sh
+	$(CARGO) build --release -p rivora-bench
 	scripts/lab-bench.sh
+
+# Per-packet cost before and after: the xdp area with another revision's
+# xdp_ingress (BASE, any git revision) built from git beside this tree's
+# and measured interleaved with it (the *_before_ns keys). Only this target
+# reads git; `make bench` compiles this tree alone.
+BASE ?=
+bench-compare: deps
+	@[ -n "$(BASE)" ] || { echo "bench-compare: say which revision, e.g. make bench-compare BASE=cfc1cdb" >&2; exit 2; }
+	@scripts/bpffs.sh
+	RIVORA_BENCH_BASE=$(BASE) $(CARGO) build --release -p rivora-bench
+	./target/release/rivora-bench xdp
 
 demo: build
 	@scripts/deps.sh $(DEMO_PKGS)

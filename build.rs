@@ -60,48 +60,7 @@ fn main() {
             .build_and_generate(&skel)
             .unwrap_or_else(|e| panic!("building {}: {e:#}", src.display()));
     }
-
-    // rivora-bench measures today's xdp_ingress beside the one it was
-    // compared with when issue 19 set its targets: main's commit
-    // BASELINE_COMMIT, taken from git into a skeleton of its own. Only the
-    // bench uses it; without the commit (a tarball, a shallow clone) the
-    // build goes on and the bench says the "before" figures are missing.
-    println!("cargo::rustc-check-cfg=cfg(rivora_baseline)");
-    let base = out.join("baseline");
-    let _ = fs::remove_dir_all(&base);
-    let extracted = fs::create_dir_all(&base).is_ok()
-        && std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "git -C '{}' archive --format=tar {BASELINE_COMMIT} bpf include | tar -x -C '{}'",
-                manifest.display(),
-                base.display()
-            ))
-            .status()
-            .is_ok_and(|s| s.success())
-        && base.join("bpf/xdp_ingress.bpf.c").exists();
-    if !extracted {
-        println!("cargo:warning=no baseline datapath ({BASELINE_COMMIT} not in git): rivora-bench leaves out the before figures");
-        return;
-    }
-    SkeletonBuilder::new()
-        .source(base.join("bpf/xdp_ingress.bpf.c"))
-        .clang(&clang)
-        .clang_args([
-            "-O2".to_string(),
-            "-g".to_string(),
-            "-mcpu=v3".to_string(),
-            "-fno-strict-aliasing".to_string(),
-            format!("-I{}", base.join("include").display()),
-            format!("-I{}", base.join("bpf").display()),
-        ])
-        .build_and_generate(out.join("xdp_ingress_base.skel.rs"))
-        .unwrap_or_else(|e| panic!("building the baseline xdp_ingress: {e:#}"));
-    println!("cargo:rustc-cfg=rivora_baseline");
 }
-
-/// main's commit before issue 19 (cfc1cdb, the L2 speaker's merge).
-const BASELINE_COMMIT: &str = "cfc1cdb";
 
 fn rerun_for_tree(dir: &Path) {
     println!("cargo:rerun-if-changed={}", dir.display());

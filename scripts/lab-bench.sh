@@ -143,7 +143,7 @@ for t in iperf3 wrk nft haproxy nginx ethtool nsenter taskset python3 curl trafg
 	command -v "$t" >/dev/null ||
 		{ echo "lab-bench: $t missing (make bench-lab installs what it needs)" >&2; exit 1; }
 done
-[ -x "$BIN/rivorad" ] && [ -x "$BIN/rivora-bench" ] || { echo "lab-bench: build first (cargo build --release --bins)" >&2; exit 1; }
+[ -x "$BIN/rivorad" ] && [ -x "$BIN/rivora-bench" ] || { echo "lab-bench: build first (cargo build --workspace --release --bins)" >&2; exit 1; }
 [ "$(nproc)" -ge 2 ] || { echo "lab-bench: needs 2 cores (generator and node apart)" >&2; exit 1; }
 
 # trafgen sizes its AF_PACKET send buffer through net.core.wmem_*, which is

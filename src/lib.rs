@@ -14,7 +14,6 @@ pub mod nexthop;
 pub mod reconciler;
 pub mod sources;
 pub mod speaker;
-pub mod xdpgen;
 
 // The libbpf-free crates, under the paths they always had.
 pub use rivora_api as api;

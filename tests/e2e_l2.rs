@@ -269,7 +269,7 @@ fn three_nodes_one_owner_failover_and_no_dual_owner() {
     require::root_and_tools("e2e_l2");
     require::tools("e2e_l2", L2_TOOLS);
     let out = tempfile::tempdir().expect("a temp dir");
-    let run = Command::new(env!("CARGO_BIN_EXE_rivora-bench"))
+    let run = Command::new(common::rivorad::bins::rivora_bench())
         .arg("l2")
         .env("RIVORA_BENCH_OUT", out.path())
         .env("RIVORA_L2_FAILOVERS", "2")

@@ -1,7 +1,7 @@
 //! A SYN flood from many spoofed sources at a NAT VIP with its own SYN
 //! limit, while established connections carry echoed messages: the
 //! limiter drops the flood and the connections lose nothing. The bench
-//! area `synflood` (src/bin/rivora-bench/synflood.rs) run small: the real
+//! area `synflood` (bench/src/bin/rivora-bench/synflood.rs) run small: the real
 //! rivorad in namespaces, its figures read back.
 
 mod common;
@@ -15,7 +15,7 @@ use common::require;
 fn established_connections_lose_nothing_under_a_syn_flood() {
     require::root_and_tools("e2e_synflood");
     let out = tempfile::tempdir().expect("a temp dir");
-    let run = Command::new(env!("CARGO_BIN_EXE_rivora-bench"))
+    let run = Command::new(common::rivorad::bins::rivora_bench())
         .arg("synflood")
         .env("RIVORA_BENCH_OUT", out.path())
         .env("RIVORA_SYNFLOOD_SECS", "2")

@@ -155,7 +155,7 @@ fn possible_cpus() -> Result<u32, DataplaneError> {
 /// (libbpf's `bpf_object` lives there), so the storage lives on the heap
 /// beside it and is freed after it. The one place that frees it, for the
 /// node's objects and the backend's decap object alike.
-pub(crate) struct Owned<S> {
+pub struct Owned<S> {
     skel: Option<S>,
     storage: *mut MaybeUninit<OpenObject>,
 }
@@ -164,7 +164,7 @@ impl<S> Owned<S> {
     /// Open and load a skeleton with `open_load`, which is given storage
     /// that outlives the skeleton it returns and must not keep the
     /// reference anywhere else.
-    pub(crate) fn load(
+    pub fn load(
         open_load: impl FnOnce(&'static mut MaybeUninit<OpenObject>) -> Result<S, DataplaneError>,
     ) -> Result<Self, DataplaneError> {
         // Leaked here, reclaimed in Drop after the skeleton is gone (or
@@ -187,7 +187,7 @@ impl<S> Owned<S> {
         }
     }
 
-    pub(crate) fn get(&self) -> &S {
+    pub fn get(&self) -> &S {
         self.skel.as_ref().expect("skeleton present until drop")
     }
 }

@@ -40,3 +40,8 @@ pub fn rivora_doctor() -> PathBuf {
 pub fn rivora() -> PathBuf {
     sibling("rivora")
 }
+
+/// The benchmarks (bench/), whose areas some end-to-end tests run small.
+pub fn rivora_bench() -> PathBuf {
+    sibling("rivora-bench")
+}

@@ -1,20 +1,26 @@
-//! The lab's XDP traffic generator (bpf/xdpgen.bpf.c, `rivora::xdpgen`):
+//! The lab's XDP traffic generator (bench/bpf/xdpgen.bpf.c, `rivora_bench::xdpgen`):
 //! what each frame carries, through plain BPF_PROG_TEST_RUN, and that live
 //! frames really arrive at a veth's peer.
 
-mod common;
+// The two pieces of the end-to-end tests' scaffolding this test needs
+// (the rest names rivorad's binary, which this package does not build).
+#[allow(dead_code)]
+#[path = "../../tests/common/netns.rs"]
+mod netns;
+#[allow(dead_code)]
+#[path = "../../tests/common/require.rs"]
+mod require;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
-use common::netns::Netns;
-use common::require::root_and_tools;
-use common::unique;
+use netns::Netns;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
+use require::root_and_tools;
 use rivora::dataplane::attach::ifindex;
 use rivora::decap::Decap;
-use rivora::xdpgen::{Flows, Frame, Generator, FRAME_LEN, XDP_REDIRECT};
+use rivora_bench::xdpgen::{Flows, Frame, Generator, FRAME_LEN, XDP_REDIRECT};
 
 const RUNS: usize = 300;
 
@@ -138,7 +144,8 @@ fn rx_packets(ns: &Netns, dev: &str) -> u64 {
 fn live_frames_arrive_at_the_peer() {
     root_and_tools("packets_xdpgen");
     const SENT: u32 = 5000;
-    let ns = Netns::new(&unique("xg"));
+    // One namespace per test process: the pid keeps parallel runs apart.
+    let ns = Netns::new(&format!("xg{}", std::process::id() % 100_000));
     ns.sysctls(&[
         ("net.ipv6.conf.all.disable_ipv6", "1"),
         ("net.ipv6.conf.default.disable_ipv6", "1"),

@@ -1,7 +1,7 @@
 //! `rivora-bench xdpgen --dev IFACE ...`: the lab's second packet
 //! generator (scripts/lab-bench.sh), live XDP frames redirected into IFACE
 //! in the caller's network namespace so that IFACE's veth peer receives
-//! `xdp_frame`s (see `rivora::xdpgen`). Runs on the first CPU it is allowed
+//! `xdp_frame`s (see `rivora_bench::xdpgen`). Runs on the first CPU it is allowed
 //! (pin it with taskset) and prints `xdpgen_sent=N xdpgen_secs=S`.
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 use rivora::dataplane::attach::ifindex;
-use rivora::xdpgen::{Flows, Frame, Generator};
+use rivora_bench::xdpgen::{Flows, Frame, Generator};
 
 const USAGE: &str = "usage: rivora-bench xdpgen --dev IFACE --dst-mac MAC --src-mac MAC \
 --src IPV4 --dst IPV4 --sport PORT --dport PORT --flows 1|64k|new --seconds S \

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * The lab's XDP traffic generator (rivora-bench xdpgen, src/xdpgen.rs): run
- * with BPF_PROG_TEST_RUN and BPF_F_TEST_XDP_LIVE_FRAMES, every frame is
+ * The lab's XDP traffic generator (rivora-bench xdpgen, bench/src/xdpgen.rs):
+ * run with BPF_PROG_TEST_RUN and BPF_F_TEST_XDP_LIVE_FRAMES, every frame is
  * redirected into a veth whose peer then receives an xdp_frame, as from a
  * NIC, with no skb and no copy into an XDP buffer. Not loaded by rivorad.
  *

@@ -3,7 +3,7 @@
 //!
 //! trafgen sends skbs: a veth hands them to its peer's XDP program only
 //! after copying each one into an XDP buffer, a cost a NIC never charges.
-//! This generator runs `bpf/xdpgen.bpf.c` with BPF_PROG_TEST_RUN and
+//! This generator runs `bench/bpf/xdpgen.bpf.c` with BPF_PROG_TEST_RUN and
 //! `BPF_F_TEST_XDP_LIVE_FRAMES`: the kernel builds real `xdp_frame`s from a
 //! page pool and acts on the program's verdict, and the program redirects
 //! every frame into a veth, so the program on the peer (the node's
@@ -27,8 +27,8 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use crate::bpf::xdpgen::types::rv_xdpgen_cfg;
 use crate::bpf::xdpgen::{XdpgenSkel, XdpgenSkelBuilder};
-use crate::dataplane::loader::Owned;
-use crate::dataplane::DataplaneError;
+use rivora::dataplane::loader::Owned;
+use rivora::dataplane::DataplaneError;
 
 /// Bytes of every frame (with its FCS, 64 on a wire).
 pub const FRAME_LEN: usize = 60;

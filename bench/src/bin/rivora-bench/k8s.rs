@@ -105,8 +105,9 @@ pub(crate) struct ApiServer {
     pub(crate) port: u16,
 }
 
+/// The workspace's script (this package is bench/).
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/apiserver.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/apiserver.sh")
 }
 
 impl ApiServer {
@@ -925,8 +926,8 @@ mod tests {
         }
         assert_eq!(pods.len(), PODS);
         assert!(pods.len() <= abi::MAX_BACKENDS as usize);
-        let need = rivora_model::maglev::slice_need(&[1; ENDPOINTS]);
-        let sizes = rivora_model::maglev::plan(&vec![need; SERVICES], MAGLEV_SIZE).expect("fits");
+        let need = rivora::maglev::slice_need(&[1; ENDPOINTS]);
+        let sizes = rivora::maglev::plan(&vec![need; SERVICES], MAGLEV_SIZE).expect("fits");
         assert!(
             sizes.iter().all(|s| *s >= need.need),
             "{sizes:?}: precision kept"

@@ -1,7 +1,7 @@
 //! Per-packet cost of xdp_ingress and tc_nat through BPF_PROG_TEST_RUN.
 //!
 //! The kernel does not reset the packet between repeats, so every run goes
-//! through a wrapper (bpf/bench.bpf.c) that restores the original bytes and
+//! through a wrapper (bench/bpf/bench.bpf.c) that restores the original bytes and
 //! tail-calls the program under test. The floor is the same wrapper
 //! tail-calling a bare XDP_PASS, measured in the same rounds: ratios to it
 //! are what the targets are stated in. Within a round the scenarios take
@@ -28,10 +28,10 @@ use etherparse::PacketBuilder;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, ProgramInput, ProgramMut};
 use rivora::abi::*;
-use rivora::bpf::bench::types::rv_bench_pkt;
-use rivora::bpf::bench::BenchSkelBuilder;
 use rivora::dataplane::render::NextHop;
 use rivora::dataplane::{Datapath, LoadOptions};
+use rivora_bench::bpf::bench::types::rv_bench_pkt;
+use rivora_bench::bpf::bench::BenchSkelBuilder;
 
 use crate::{median, Results};
 use fullnat::{Exhaustion, Fam, FullNat, Role};
@@ -723,14 +723,15 @@ const EXHAUSTION_KEYS: [&str; 3] = [
     "fullnat_port_exhaustion_collisions",
 ];
 
-/// The baseline's xdp_ingress (build.rs), loaded with maps of its own
+/// The baseline's xdp_ingress (bench/build.rs, `make bench-compare
+/// BASE=REV`), loaded with maps of its own
 /// pinned under `dir`: the program and the object that keeps it alive.
 #[cfg(rivora_baseline)]
 fn load_baseline<'a>(
     dir: &std::path::Path,
     storage: &'a mut MaybeUninit<OpenObject>,
-) -> Result<rivora::bpf::xdp_ingress_base::XdpIngressSkel<'a>> {
-    use rivora::bpf::xdp_ingress_base::XdpIngressSkelBuilder;
+) -> Result<rivora_bench::bpf::xdp_ingress_base::XdpIngressSkel<'a>> {
+    use rivora_bench::bpf::xdp_ingress_base::XdpIngressSkelBuilder;
     std::fs::create_dir_all(dir).context("baseline pin dir")?;
     let mut open = XdpIngressSkelBuilder::default()
         .open(storage)
@@ -817,7 +818,9 @@ fn measure() -> Result<(Measured, Option<Exhaustion>)> {
     #[cfg(not(rivora_baseline))]
     let base: Option<()> = {
         let _ = &mut base_storage;
-        eprintln!("rivora-bench: built without the baseline datapath: no *_before_ns keys");
+        eprintln!(
+            "rivora-bench: no baseline datapath, so no *_before_ns keys (make bench-compare BASE=REV builds one)"
+        );
         None
     };
     #[cfg(rivora_baseline)]
@@ -1157,6 +1160,7 @@ fn measure() -> Result<(Measured, Option<Exhaustion>)> {
             samples.entry(key).or_default().push(total / runs);
         }
     }
+    #[cfg(rivora_baseline)]
     drop(base);
     let measured = samples
         .into_iter()
