@@ -1,4 +1,4 @@
-//! BGP figures (issue 17), with the real rivorad (built beside this
+//! BGP figures, with the real rivorad (built beside this
 //! binary) and FRR (zebra, bgpd, bfdd from Debian) in namespaces:
 //!
 //! ```text

@@ -1,7 +1,7 @@
 //! `rivorad_rss_mib_full_scale`: the resident memory of the real rivorad
 //! (the release build next to this binary) serving a configuration at the
 //! ABI's full scale, 4,096 VIPs and 8,192 backends, health checks off
-//! (issue 4: at most 64 MiB). Also prints how long it took to start.
+//! (target: at most 64 MiB). Also prints how long it took to start.
 //!
 //! rivorad runs in a throwaway network namespace with one veth pair to
 //! attach to, its pins in a private directory; everything is removed on
@@ -11,7 +11,7 @@
 //! rewritten so that every VIP's Maglev slice changes (one backend's
 //! weight flips between 1 and 2) and reloaded through the API, several
 //! times; meanwhile `GET /v1/status` is polled every 10 ms. The p99 of
-//! the polls made while a reload was under way (issue 10: at most 20 ms).
+//! the polls made while a reload was under way (target: at most 20 ms).
 
 use std::fmt::Write as _;
 use std::fs::{self, File};

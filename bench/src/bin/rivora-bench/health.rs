@@ -1,5 +1,5 @@
 //! `health_probe_cpu_pct_n1000`: the CPU share of one core the health
-//! checker uses probing 1,000 backends every second (issue 4: at most 5%).
+//! checker uses probing 1,000 backends every second (target: at most 5%).
 //!
 //! The backends (half TCP listeners, half HTTP servers answering 200) live
 //! in a child process, this same binary re-executed with

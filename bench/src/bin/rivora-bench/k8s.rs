@@ -1,4 +1,4 @@
-//! `rivorad -kubernetes` at scale (issue 13), against a real kube-apiserver
+//! `rivorad -kubernetes` at scale, against a real kube-apiserver
 //! and etcd (`scripts/apiserver.sh`, built by `make apiserver`):
 //!
 //! - `k8s_initial_sync_ms_n1000`: 1,000 LoadBalancer Services (ingress IPs

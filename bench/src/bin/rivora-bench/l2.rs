@@ -1,4 +1,4 @@
-//! The L2 speaker (issue 16) with the real rivorad `-kubernetes` on three
+//! The L2 speaker with the real rivorad `-kubernetes` on three
 //! node namespaces, a real kube-apiserver (`scripts/apiserver.sh`), and a
 //! client that uses the kernel's own neighbour table:
 //!

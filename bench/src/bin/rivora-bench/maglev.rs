@@ -1,4 +1,4 @@
-//! Maglev figures (issue 20): build time, balance, weight precision and
+//! Maglev figures: build time, balance, weight precision and
 //! disruption of the population rivorad uses, and the candidates it was
 //! chosen against, at the slice sizes rivorad gives a VIP when the table
 //! has room (`maglev::slice_need(..).want`). Pure computation, no maps.

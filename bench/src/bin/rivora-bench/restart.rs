@@ -1,4 +1,4 @@
-//! Restart figures (issue 5), with the real rivorad binary (built beside
+//! Restart figures, with the real rivorad binary (built beside
 //! this one) run in network namespaces with -persist-datapath:
 //!
 //! - `hotswap_gap_packets`: a numbered UDP stream through a NAT VIP

@@ -1,4 +1,4 @@
-//! SYN flood figures (issue 12), with the real rivorad in network
+//! SYN flood figures, with the real rivorad in network
 //! namespaces (client -> node -> backend, routed veths, a NAT VIP with its
 //! own per-source SYN limit):
 //!

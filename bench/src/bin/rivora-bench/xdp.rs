@@ -10,7 +10,7 @@
 //! `RIVORA_BENCH_ONLY=key,key` measures only those keys (while looking into
 //! one path).
 //!
-//! Full NAT's cases (issue 27) run on a datapath of their own, filled by the
+//! Full NAT's cases run on a datapath of their own, filled by the
 //! real writer, in the same rounds and slices: `xdp/fullnat.rs`.
 
 mod fullnat;
@@ -55,7 +55,7 @@ const VIP_L3: [u8; 4] = [10, 99, 100, 3];
 const VIP_UDP: [u8; 4] = [10, 99, 100, 4];
 const VIP_DSR_UDP: [u8; 4] = [10, 99, 100, 5];
 /// NAT, as VIP_NAT, with SOURCE_RANGES source ranges, one of them the
-/// client's (issue 28).
+/// client's.
 const VIP_NAT_RANGES: [u8; 4] = [10, 99, 100, 6];
 const SOURCE_RANGES: u32 = 64;
 const BACKENDS: [[u8; 4]; 3] = [[10, 99, 2, 11], [10, 99, 2, 12], [10, 99, 2, 13]];
@@ -641,12 +641,12 @@ pub fn run(results: &mut Results) -> Result<()> {
     results.note(format!(
         "  (floor = wrapper + tail call + return: XDP {floor:.1} ns, TC {tc_floor:.1} ns)"
     ));
-    // Issue 19's targets: ratios within this run.
+    // The per-packet targets: ratios within this run.
     let net = |k: &str| get(k) - floor;
     let ratio = |a: &str, b: &str| get(a) / get(b);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     results.note(format!(
-        "  issue 19 (load {}): nat/dsr v4 {:.2} (<= 1.15), l3dsr/dsr v4 {:.2} (<= 1.25), v6/v4 nat {:.2} dsr {:.2} l3dsr {:.2} (<= 1.15), syn nat/dsr {:.2} (<= 1.2), nonvip/floor {:.2} (<= 1.6), dsr v4 after/before {:.2} (< 1); over the floor: nat/dsr v4 {:.2}, l3dsr/dsr v4 {:.2}",
+        "  per-packet targets (load {}): nat/dsr v4 {:.2} (<= 1.15), l3dsr/dsr v4 {:.2} (<= 1.25), v6/v4 nat {:.2} dsr {:.2} l3dsr {:.2} (<= 1.15), syn nat/dsr {:.2} (<= 1.2), nonvip/floor {:.2} (<= 1.6), dsr v4 after/before {:.2} (< 1); over the floor: nat/dsr v4 {:.2}, l3dsr/dsr v4 {:.2}",
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         ratio("xdp_established_nat_v4_ns", "xdp_established_dsr_v4_ns"),
         ratio("xdp_established_l3dsr_v4_ns", "xdp_established_dsr_v4_ns"),
@@ -669,7 +669,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         );
         results.set("xdp_established_nat_v4_sourceranges_ratio", r);
         results.note(format!(
-            "  issue 28: NAT v4 with {SOURCE_RANGES} source ranges / without: established {r:.2} (<= 1.1), new flow {:.2}",
+            "  source ranges: NAT v4 with {SOURCE_RANGES} source ranges / without: established {r:.2} (<= 1.1), new flow {:.2}",
             ratio("xdp_syn_nat_v4_sourceranges_ns", "xdp_syn_nat_v4_ns"),
         ));
     }
@@ -678,7 +678,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         .any(|(k, ..)| measured.iter().any(|(n, ..)| n == k))
     {
         results.note(format!(
-            "  issue 27: fullnat/dsr established v4 {:.2} (<= 1.15), fullnat reply/dsr established v4 {:.2} (<= 1.15), syn fullnat/nat v4 {:.2} (<= 1.2), v6/v4 fullnat established {:.2} reply {:.2} syn {:.2} (<= 1.15)",
+            "  full NAT: fullnat/dsr established v4 {:.2} (<= 1.15), fullnat reply/dsr established v4 {:.2} (<= 1.15), syn fullnat/nat v4 {:.2} (<= 1.2), v6/v4 fullnat established {:.2} reply {:.2} syn {:.2} (<= 1.15)",
             ratio("xdp_established_fullnat_v4_ns", "xdp_established_dsr_v4_ns"),
             ratio("xdp_fullnat_reply_v4_ns", "xdp_established_dsr_v4_ns"),
             ratio("xdp_syn_fullnat_v4_ns", "xdp_syn_nat_v4_ns"),
@@ -692,7 +692,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         results.set("fullnat_port_exhaustion_dropped", e.dropped as f64);
         results.set("fullnat_port_exhaustion_collisions", e.collisions as f64);
         results.note(format!(
-            "  issue 27, full NAT's ports: {} ports, one backend, {} new flows from {} CPUs: {} admitted ({}), {} dropped as exhausted ({}), {} flows sharing a tuple with another (0)",
+            "  full NAT's ports: {} ports, one backend, {} new flows from {} CPUs: {} admitted ({}), {} dropped as exhausted ({}), {} flows sharing a tuple with another (0)",
             e.ports,
             e.offered,
             std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),

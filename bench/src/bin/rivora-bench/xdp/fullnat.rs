@@ -1,4 +1,4 @@
-//! Full NAT in the xdp area (issue 27).
+//! Full NAT in the xdp area: its per-packet keys and its port exhaustion.
 //!
 //! The full-NAT cases run on a datapath of their own, loaded like the
 //! bench's and filled by the real map writer (`rivora::dataplane::Writer`:
