@@ -26,14 +26,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use common::fixture::Fx;
 use common::fixtures::*;
-use common::netns::Netns;
+use common::netns::{InNetns, Netns};
 use common::*;
 use etherparse::{IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header};
 use rivora::abi::*;
@@ -303,32 +301,6 @@ fn encapsulated(f: &Frame, b: IpAddr) -> Vec<u8> {
     }
     out.extend_from_slice(inner);
     out
-}
-
-/// This thread in a network namespace for the guard's lifetime:
-/// BPF_PROG_TEST_RUN's ingress device and bpf_fib_lookup's routes are the
-/// calling thread's namespace's.
-struct InNetns {
-    home: File,
-}
-
-impl InNetns {
-    fn enter(ns: &Netns) -> Self {
-        let home = File::open("/proc/thread-self/ns/net").expect("own netns");
-        let target = File::open(ns.path()).expect("netns");
-        // SAFETY: setns on this thread only; both fds are valid.
-        let rc = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-        Self { home }
-    }
-}
-
-impl Drop for InNetns {
-    fn drop(&mut self) {
-        // SAFETY: as above; back to the namespace the thread came from.
-        let rc = unsafe { libc::setns(self.home.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns back: {}", std::io::Error::last_os_error());
-    }
 }
 
 fn mac_str(m: [u8; 6]) -> String {

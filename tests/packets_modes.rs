@@ -10,13 +10,11 @@
 
 mod common;
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
 
 use common::fixture::{self, Fx, Named};
 use common::fixtures::*;
-use common::netns::Netns;
+use common::netns::{InNetns, Netns};
 use common::*;
 use etherparse::{IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header};
 use rivora::abi::*;
@@ -548,33 +546,6 @@ fn dsr_rewrites_the_macs_only() {
                 rv_drop_reason::RV_DROP_NO_IFACE_MAC,
             ),
         );
-    }
-}
-
-/// Enter a network namespace on this thread for the guard's lifetime
-/// (BPF_PROG_TEST_RUN's ingress device and bpf_fib_lookup's routing are
-/// the calling thread's namespace's). The skeleton is not Send, so the
-/// thread moves rather than the program.
-struct InNetns {
-    home: File,
-}
-
-impl InNetns {
-    fn enter(ns: &Netns) -> Self {
-        let home = File::open("/proc/thread-self/ns/net").expect("own netns");
-        let target = File::open(format!("/run/netns/{}", ns.name)).expect("netns");
-        // SAFETY: setns on this thread only; both fds are valid.
-        let rc = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-        Self { home }
-    }
-}
-
-impl Drop for InNetns {
-    fn drop(&mut self) {
-        // SAFETY: as above; back to the namespace the thread came from.
-        let rc = unsafe { libc::setns(self.home.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns back: {}", std::io::Error::last_os_error());
     }
 }
 

@@ -2,25 +2,16 @@
 //! what each frame carries, through plain BPF_PROG_TEST_RUN, and that live
 //! frames really arrive at a veth's peer.
 
-// The two pieces of the end-to-end tests' scaffolding this test needs
-// (the rest names rivorad's binary, which this package does not build).
-#[allow(dead_code)]
-#[path = "../../tests/common/netns.rs"]
-mod netns;
-#[allow(dead_code)]
-#[path = "../../tests/common/require.rs"]
-mod require;
-
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
-use netns::Netns;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
-use require::root_and_tools;
 use rivora::dataplane::attach::ifindex;
 use rivora::decap::Decap;
 use rivora_bench::xdpgen::{Flows, Frame, Generator, FRAME_LEN, XDP_REDIRECT};
+use rivora_testlab::netns::Netns;
+use rivora_testlab::require::root_and_tools;
 
 const RUNS: usize = 300;
 

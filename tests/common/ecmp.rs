@@ -28,7 +28,7 @@ use rivora::dataplane::AttachedLink;
 use rivora::decap::Decap;
 
 use super::bgp::{Kind, Router};
-use super::netns::Netns;
+use super::netns::{sh, Netns};
 use super::topology::Backend;
 use super::unique;
 
@@ -252,8 +252,4 @@ impl Ecmp {
         );
         y
     }
-}
-
-fn sh(cmd: &str) -> String {
-    super::netns::sh(cmd)
 }

@@ -14,14 +14,13 @@ pub mod lab;
 pub mod layouts;
 pub mod multinode;
 pub mod netns;
-pub mod require;
+pub use rivora_testlab::require;
 pub mod rivorad;
 pub mod topology;
 pub mod traffic;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use libbpf_rs::ProgramInput;
 use rivora::abi::{self, *};
@@ -41,17 +40,7 @@ pub const PROTO_UDP: u8 = 17;
 /// ingress_ifindex of a BPF_PROG_TEST_RUN without a context: loopback.
 pub const TEST_RUN_IFINDEX: u32 = 1;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A unique name for this test's namespaces, links and pins: pid plus a
-/// per-process counter, so parallel tests and parallel runs never collide.
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}{}-{}",
-        std::process::id() % 100_000,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use rivora_testlab::unique;
 
 /// The loaded datapath in its own pin directory, removed on drop (also
 /// when the test panics).

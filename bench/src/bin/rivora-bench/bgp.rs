@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::restart::{in_ns, numbered_stream, sh, spawn_in, Daemon, Lab};
+use rivora_testlab::netns::spawn_in_named;
+use rivora_testlab::try_sh;
+
+use crate::restart::{in_ns, numbered_stream, Daemon, Lab};
 use crate::{median, Results};
 
 const RATE: u64 = 5_000;
@@ -52,7 +55,7 @@ impl Frr {
         let dir = work.join("frr");
         fs::create_dir_all(&dir)?;
         fs::create_dir_all(format!("/var/run/frr/{name}"))?;
-        sh(&format!(
+        try_sh(&format!(
             "chown frr:frr /var/run/frr/{name} {}",
             dir.display()
         ))?;
@@ -61,7 +64,7 @@ impl Frr {
             &f,
             format!("frr defaults traditional\nhostname {name}\n{conf}"),
         )?;
-        sh(&format!("chown frr:frr {}", f.display()))?;
+        try_sh(&format!("chown frr:frr {}", f.display()))?;
         let frr = Self {
             ns: ns.to_string(),
             name: name.clone(),
@@ -140,7 +143,7 @@ impl Listener {
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        let handle = spawn_in(ns, move || {
+        let handle = spawn_in_named(ns, move || {
             let l = TcpListener::bind(addr).expect("bench listener");
             l.set_nonblocking(true).expect("nonblocking");
             let _ = tx.send(());
@@ -196,7 +199,7 @@ fn session(sock: &std::path::Path) -> serde_json::Value {
 pub fn run(results: &mut Results) -> Result<()> {
     let mut lab = Lab::new("g")?;
     let (c, r, n, b) = (lab.ns("c")?, lab.ns("r")?, lab.ns("n")?, lab.ns("b")?);
-    sh(&format!(
+    try_sh(&format!(
         "ip link add c0 netns {c} type veth peer name rc netns {r} && \
          ip link add r0 netns {r} type veth peer name n0 netns {n} && \
          ip link add b0 netns {b} type veth peer name n1 netns {n}"
@@ -286,7 +289,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let sink_stop = Arc::new(AtomicBool::new(false));
     let sink = {
         let stop = sink_stop.clone();
-        let sock = spawn_in(&b, || UdpSocket::bind("10.211.3.11:6000"))
+        let sock = spawn_in_named(&b, || UdpSocket::bind("10.211.3.11:6000"))
             .join()
             .map_err(|_| anyhow::anyhow!("bind thread"))??;
         sock.set_read_timeout(Some(Duration::from_millis(50)))?;
@@ -295,7 +298,7 @@ pub fn run(results: &mut Results) -> Result<()> {
             nix::sys::socket::sockopt::RcvBufForce,
             &(16 << 20),
         );
-        spawn_in(&b, move || {
+        spawn_in_named(&b, move || {
             let mut seen: Vec<bool> = Vec::new();
             let mut buf = [0u8; 64];
             while !stop.load(Ordering::Relaxed) {
@@ -314,7 +317,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     };
     let sender = {
         let stop = stop.clone();
-        spawn_in(&c, move || {
+        spawn_in_named(&c, move || {
             numbered_stream("10.211.100.1:5000", RATE, &stop).map(|(sent, _)| sent)
         })
     };

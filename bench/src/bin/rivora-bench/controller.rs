@@ -29,7 +29,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::Client;
 use nix::sys::signal::Signal;
 
-use crate::k8s::{client, install_crd, runtime, ApiServer};
+use crate::k8s::{client, install_crd, runtime, start_api_server};
 use crate::{median, signal_child, Results};
 
 const NS: &str = "bench-ctl";
@@ -152,7 +152,7 @@ async fn wait_seen(seen: &Seen, name: &str, within: Duration) -> Result<Instant>
 
 pub fn run(results: &mut Results) -> Result<()> {
     let bin = controller_bin()?;
-    let api = ApiServer::start().context("starting the API server")?;
+    let api = start_api_server().context("starting the API server")?;
     // The replicas' logs, kept beside results.json.
     let dir = crate::out_dir().join("controller-logs");
     let _ = fs::remove_dir_all(&dir);

@@ -23,6 +23,8 @@ use anyhow::{bail, ensure, Context, Result};
 use rivora::abi;
 use rivora::api::client::Client;
 
+use rivora_testlab::try_sh;
+
 use crate::Results;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -52,19 +54,6 @@ impl Drop for Scratch {
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
         let _ = fs::remove_dir_all(&self.dir);
     }
-}
-
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("running {args:?}"))?;
-    ensure!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
 }
 
 /// Full re-applies measured, and the status poll period during them.
@@ -122,13 +111,11 @@ pub fn run(results: &mut Results) -> Result<()> {
     let _ = fs::remove_dir_all(&s.dir);
     fs::create_dir_all(&s.dir).context("creating the work directory")?;
     let _ = Command::new("ip").args(["netns", "del", &s.ns]).output();
-    sh(&["ip", "netns", "add", &s.ns])?;
-    let netns = format!("--net=/run/netns/{}", s.ns);
-    sh(&[
-        "nsenter", &netns, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1",
-    ])?;
-    sh(&["nsenter", &netns, "ip", "link", "set", "v1", "up"])?;
-    sh(&["nsenter", &netns, "ip", "link", "set", "v0", "up"])?;
+    try_sh(&format!("ip netns add {}", s.ns))?;
+    try_sh(&format!(
+        "nsenter --net=/run/netns/{} sh -c 'ip link add v0 type veth peer name v1 && ip link set v1 up && ip link set v0 up'",
+        s.ns
+    ))?;
 
     let config = s.dir.join("rivora.yaml");
     let socket = s.dir.join("rivorad.sock");
@@ -138,7 +125,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let err = out.try_clone().context("cloning the log fd")?;
     let started = Instant::now();
     let child = Command::new("nsenter")
-        .arg(&netns)
+        .arg(format!("--net=/run/netns/{}", s.ns))
         .arg(&rivorad)
         .arg("-config")
         .arg(&config)

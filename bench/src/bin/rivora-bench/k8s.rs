@@ -58,7 +58,10 @@ use serde_json::json;
 use rivora::abi::{self, rv_backend, rv_maglev_slot, rv_service, rv_vip_key, rv_vip_value};
 use rivora::dataplane::Maps;
 
-use crate::restart::{in_ns, spawn_in, Lab};
+use rivora_testlab::apiserver::ApiServer;
+use rivora_testlab::netns::spawn_in_named;
+
+use crate::restart::{in_ns, Lab};
 use crate::{signal_child, Results};
 
 /// Services, endpoints per Service, distinct pod addresses.
@@ -97,74 +100,14 @@ fn service_name(i: usize) -> String {
     format!("svc-{i:04}")
 }
 
-/// The API server and etcd of `scripts/apiserver.sh`, stopped on drop.
-pub(crate) struct ApiServer {
-    dir: PathBuf,
-    pub(crate) kubeconfig: PathBuf,
-    /// The loopback port it listens on.
-    pub(crate) port: u16,
-}
-
-/// The workspace's script (this package is bench/).
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/apiserver.sh")
-}
-
-impl ApiServer {
-    pub(crate) fn start() -> Result<Self> {
-        // On tmpfs: etcd fsyncs every commit, and on this VM's disk that,
-        // not the API server, set the pace of writing the fixture (30 s
-        // for its 3,000 writes; the Kubernetes figures never include it).
-        let dir = PathBuf::from("/dev/shm")
-            .join(format!("rivora-bench-apiserver-{}", std::process::id()));
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(&dir)
-            .env("APISERVER_WATCH_PID", std::process::id().to_string())
-            .output()
-            .context("running scripts/apiserver.sh start")?;
-        // From here on the drop stops whatever did start.
-        let mut s = Self {
-            kubeconfig: dir.join("kubeconfig"),
-            dir,
-            port: 0,
-        };
-        ensure!(
-            out.status.success(),
-            "scripts/apiserver.sh start failed ({}): {}{} (is target/apiserver/kube-apiserver built? `make apiserver`)",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let url = fs::read_to_string(s.dir.join("server")).context("reading the server URL")?;
-        s.port = url
-            .trim()
-            .strip_prefix("https://127.0.0.1:")
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("unexpected API server URL {url:?}"))?;
-        Ok(s)
-    }
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        match Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(&self.dir)
-            .output()
-        {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!(
-                "scripts/apiserver.sh stop {} failed: {}{}",
-                self.dir.display(),
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("running scripts/apiserver.sh stop: {e}"),
-        }
-    }
+/// The test lab's API server and etcd, their state on tmpfs: etcd fsyncs
+/// every commit, and on this VM's disk that, not the API server, set the
+/// pace of writing the fixture (30 s for its 3,000 writes; the Kubernetes
+/// figures never include it).
+pub(crate) fn start_api_server() -> Result<ApiServer> {
+    let dir =
+        PathBuf::from("/dev/shm").join(format!("rivora-bench-apiserver-{}", std::process::id()));
+    Ok(ApiServer::try_start_in(dir)?)
 }
 
 /// A TCP proxy from `127.0.0.1:port` inside a network namespace to the
@@ -178,7 +121,7 @@ struct Proxy {
 impl Proxy {
     fn start(ns: &str, port: u16) -> Result<Self> {
         // A socket stays in the namespace it was made in.
-        let listener = spawn_in(ns, move || TcpListener::bind(("127.0.0.1", port)))
+        let listener = spawn_in_named(ns, move || TcpListener::bind(("127.0.0.1", port)))
             .join()
             .map_err(|_| anyhow::anyhow!("the proxy's bind thread panicked"))?
             .with_context(|| format!("binding the proxy to 127.0.0.1:{port} in {ns}"))?;
@@ -450,7 +393,7 @@ fn rss_kib(pid: u32) -> Result<u64> {
 /// The histogram's cumulative buckets (upper bound -> count), as rivorad's
 /// metrics listener in `ns` serves them.
 fn scrape(ns: &str) -> Result<BTreeMap<u64, f64>> {
-    let text = spawn_in(ns, || -> std::io::Result<String> {
+    let text = spawn_in_named(ns, || -> std::io::Result<String> {
         let mut s = TcpStream::connect(("127.0.0.1", METRICS_PORT))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
@@ -545,7 +488,7 @@ fn histogram_p99(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>) -> (f6
 
 pub fn run(results: &mut Results) -> Result<()> {
     let rivorad_bin = crate::restart::rivorad_bin()?;
-    let api = ApiServer::start().context("starting the API server")?;
+    let api = start_api_server().context("starting the API server")?;
     let rt = runtime()?;
     let client = rt.block_on(client(&api.kubeconfig))?;
     let t = Instant::now();
@@ -561,7 +504,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         &ns,
         "ip link add v0 type veth peer name v1 && ip link set v0 up && ip link set v1 up",
     )?;
-    let _proxy = Proxy::start(&ns, api.port)?;
+    let _proxy = Proxy::start(&ns, api.port())?;
     let config = lab.work.join("node.yaml");
     fs::write(
         &config,

@@ -77,8 +77,10 @@ use rivora_speaker::socket::PacketSocket;
 use rivora_speaker::{audit, pcap};
 use serde_json::json;
 
-use crate::k8s::{client, install_crd, runtime, ApiServer};
-use crate::restart::{in_ns, rivorad_bin, spawn_in, Lab};
+use crate::k8s::{client, install_crd, runtime, start_api_server};
+use rivora_testlab::netns::spawn_in_named;
+
+use crate::restart::{in_ns, rivorad_bin, Lab};
 use crate::{median, signal_child, Results};
 
 const NODES: usize = 3;
@@ -169,7 +171,7 @@ struct HangingProxy {
 
 impl HangingProxy {
     fn start(ns: &str, port: u16) -> Result<Self> {
-        let listener = spawn_in(ns, move || TcpListener::bind(("127.0.0.1", port)))
+        let listener = spawn_in_named(ns, move || TcpListener::bind(("127.0.0.1", port)))
             .join()
             .map_err(|_| anyhow::anyhow!("the proxy's bind thread panicked"))?
             .with_context(|| format!("binding the proxy to 127.0.0.1:{port} in {ns}"))?;
@@ -436,7 +438,7 @@ impl Echo {
                 SocketAddr::new(VIP4.into(), PORT),
                 SocketAddr::new(VIP6.into(), PORT),
             ] {
-                let sock = spawn_in(ns, move || UdpSocket::bind(addr))
+                let sock = spawn_in_named(ns, move || UdpSocket::bind(addr))
                     .join()
                     .map_err(|_| anyhow::anyhow!("bind thread panicked"))?
                     .with_context(|| format!("binding the echo to {addr} in {ns}"))?;
@@ -488,7 +490,7 @@ impl Pinger {
             "[::]:0".parse()?
         };
         let target = SocketAddr::new(vip, PORT);
-        let sock = spawn_in(client, move || -> std::io::Result<UdpSocket> {
+        let sock = spawn_in_named(client, move || -> std::io::Result<UdpSocket> {
             let s = UdpSocket::bind(any)?;
             s.connect(target)?;
             Ok(s)
@@ -585,7 +587,7 @@ impl Prober {
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = spawn_in(ns, move || {
+        let thread = spawn_in_named(ns, move || {
             // The socket is registered with a reactor, though only sent on.
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_io()
@@ -755,7 +757,7 @@ pub fn run(results: &mut Results) -> Result<()> {
             "{tool} is missing (make bench installs iputils-arping, ndisc6 and tcpdump)"
         );
     }
-    let api = ApiServer::start().context("starting the API server")?;
+    let api = start_api_server().context("starting the API server")?;
     let rt = runtime()?;
     let client = rt.block_on(client(&api.kubeconfig))?;
     rt.block_on(write_fixture(&client))?;
@@ -848,7 +850,7 @@ pub fn run(results: &mut Results) -> Result<()> {
         .map(|i| {
             let progs = pass.progs()?;
             let port = format!("pn{i}");
-            spawn_in(&sw, move || -> Result<AttachedLink> {
+            spawn_in_named(&sw, move || -> Result<AttachedLink> {
                 Ok(progs.attach_pass(ifindex(&port)?)?)
             })
             .join()
@@ -885,7 +887,7 @@ pub fn run(results: &mut Results) -> Result<()> {
             pins: PathBuf::from(format!("{}-n{}", lab.pins.display(), i + 1)),
             state: home.join("state"),
             log: home.join("rivorad-0.log"),
-            proxy: HangingProxy::start(ns, api.port)?,
+            proxy: HangingProxy::start(ns, api.port())?,
             child: None,
             runs: 0,
         });

@@ -19,33 +19,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::Signal;
 use nix::sys::socket::{setsockopt, sockopt};
 
 use rivora::dataplane::Datapath;
+use rivora_testlab::netns::spawn_in_named;
+use rivora_testlab::try_sh;
 
 use crate::{median, signal_child, Results};
 
 /// Datagrams per second in the hot-swap stream.
 const RATE: u64 = 20_000;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-
-pub(crate) fn sh(cmd: &str) -> Result<String> {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .context("spawning sh")?;
-    if !out.status.success() {
-        bail!(
-            "`{cmd}` failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// Namespaces, a pin directory and a work directory, removed on drop
 /// (also on error).
@@ -71,8 +56,8 @@ impl Lab {
 
     pub(crate) fn ns(&mut self, name: &str) -> Result<String> {
         let full = format!("{}{name}", self.tag);
-        let _ = sh(&format!("ip netns del {full} 2>/dev/null"));
-        sh(&format!("ip netns add {full}"))?;
+        let _ = try_sh(&format!("ip netns del {full} 2>/dev/null"));
+        try_sh(&format!("ip netns add {full}"))?;
         self.namespaces.push(full.clone());
         in_ns(&full, "ip link set lo up")?;
         Ok(full)
@@ -84,17 +69,17 @@ impl Drop for Lab {
         let _ = rivora::daemon::cleanup(&self.pins);
         let _ = Datapath::unpin_all(&self.pins);
         for ns in &self.namespaces {
-            let _ = sh(&format!("ip netns del {ns}"));
+            let _ = try_sh(&format!("ip netns del {ns}"));
         }
         let _ = fs::remove_dir_all(&self.work);
     }
 }
 
 pub(crate) fn in_ns(ns: &str, cmd: &str) -> Result<String> {
-    sh(&format!(
+    Ok(try_sh(&format!(
         "nsenter --net=/run/netns/{ns} sh -c '{}'",
         cmd.replace('\'', "'\\''")
-    ))
+    ))?)
 }
 
 pub(crate) fn rivorad_bin() -> Result<PathBuf> {
@@ -216,23 +201,10 @@ pub(crate) fn numbered_stream(
     Ok((k, t0.elapsed()))
 }
 
-/// Run `f` on a thread in namespace `ns`.
-pub(crate) fn spawn_in<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = File::open(&path).expect("opening netns");
-        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
-
 fn hotswap(results: &mut Results) -> Result<()> {
     let mut lab = Lab::new("h")?;
     let (c, n, b) = (lab.ns("c")?, lab.ns("n")?, lab.ns("b")?);
-    sh(&format!(
+    try_sh(&format!(
         "ip link add c0 netns {c} type veth peer name n0 netns {n} && \
          ip link add b0 netns {b} type veth peer name n1 netns {n}"
     ))?;
@@ -274,7 +246,7 @@ fn hotswap(results: &mut Results) -> Result<()> {
     let sink = {
         let stop = sink_stop.clone();
         let sock = UdpSocket::bind_in(&b, "10.210.2.11:6000")?;
-        spawn_in(&b, move || {
+        spawn_in_named(&b, move || {
             let mut seen: Vec<bool> = Vec::new();
             let mut buf = [0u8; 64];
             while !stop.load(Ordering::Relaxed) {
@@ -295,7 +267,7 @@ fn hotswap(results: &mut Results) -> Result<()> {
     // The client: RATE datagrams/s, paced against the clock.
     let sender = {
         let stop = stop.clone();
-        spawn_in(&c, move || {
+        spawn_in_named(&c, move || {
             numbered_stream("10.210.100.1:5000", RATE, &stop)
         })
     };
@@ -339,7 +311,7 @@ trait BindIn: Sized {
 impl BindIn for UdpSocket {
     fn bind_in(ns: &str, addr: &str) -> Result<Self> {
         let addr = addr.to_string();
-        let s = spawn_in(ns, move || UdpSocket::bind(addr))
+        let s = spawn_in_named(ns, move || UdpSocket::bind(addr))
             .join()
             .map_err(|_| anyhow::anyhow!("bind thread panicked"))??;
         s.set_read_timeout(Some(Duration::from_millis(50)))?;

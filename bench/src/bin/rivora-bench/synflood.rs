@@ -32,7 +32,10 @@ use nix::sys::socket::{
 use rivora::abi::{rv_drop_reason, rv_drop_stats};
 use rivora::dataplane::Maps;
 
-use crate::restart::{in_ns, sh, spawn_in, Daemon, Lab};
+use rivora_testlab::netns::spawn_in_named;
+use rivora_testlab::try_sh;
+
+use crate::restart::{in_ns, Daemon, Lab};
 use crate::Results;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 211, 100, 1);
@@ -64,7 +67,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let conns = env_num("RIVORA_SYNFLOOD_CONNS", 16)?;
     let mut lab = Lab::new("s")?;
     let (c, n, b) = (lab.ns("c")?, lab.ns("n")?, lab.ns("b")?);
-    sh(&format!(
+    try_sh(&format!(
         "ip link add c0 netns {c} type veth peer name n0 netns {n} && \
          ip link add b0 netns {b} type veth peer name n1 netns {n}"
     ))?;
@@ -108,7 +111,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     };
 
     // The backend echoes every 8-byte message on every connection.
-    let listener = spawn_in(&b, move || TcpListener::bind(BACKEND))
+    let listener = spawn_in_named(&b, move || TcpListener::bind(BACKEND))
         .join()
         .map_err(|_| anyhow::anyhow!("bind thread panicked"))?
         .context("backend listen")?;
@@ -126,7 +129,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let mut clients = Vec::new();
     for _ in 0..conns {
         let (stop, sent, lost) = (stop.clone(), sent.clone(), lost.clone());
-        let stream = spawn_in(&c, || {
+        let stream = spawn_in_named(&c, || {
             TcpStream::connect_timeout(
                 &SocketAddr::V4(SocketAddrV4::new(VIP, PORT)),
                 Duration::from_secs(5),
@@ -146,7 +149,7 @@ pub fn run(results: &mut Results) -> Result<()> {
     let stop_flood = Arc::new(AtomicBool::new(false));
     let flood = {
         let stop = stop_flood.clone();
-        spawn_in(&c, move || flood(&stop))
+        spawn_in_named(&c, move || flood(&stop))
     };
     std::thread::sleep(Duration::from_secs(secs));
     stop_flood.store(true, Ordering::Relaxed);

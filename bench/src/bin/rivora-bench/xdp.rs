@@ -16,12 +16,10 @@
 mod fullnat;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
-use std::process::Command;
 
 use anyhow::{bail, ensure, Context, Result};
 use etherparse::PacketBuilder;
@@ -32,6 +30,7 @@ use rivora::dataplane::render::NextHop;
 use rivora::dataplane::{Datapath, LoadOptions};
 use rivora_bench::bpf::bench::types::rv_bench_pkt;
 use rivora_bench::bpf::bench::BenchSkelBuilder;
+use rivora_testlab::netns::{spawn_in, Netns};
 
 use crate::{median, Results};
 use fullnat::{Exhaustion, Fam, FullNat, Role};
@@ -91,58 +90,26 @@ enum Prog {
 /// A network namespace of our own for the run: bpf_fib_lookup in the L3 DSR
 /// and NAT cases answers from its routes and resolved neighbours (every
 /// backend of both families on `rvb0`), and nothing on the host is touched.
-struct BenchNs(String);
-
-impl BenchNs {
-    fn new() -> Result<Self> {
-        let name = format!("rvbench{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        sh(&format!("ip netns add {name}"))?;
-        let ns = Self(name);
-        let n = &ns.0;
-        for cmd in [
-            "ip link set lo up".to_string(),
-            "ip link add rvb0 type veth peer name rvb1".to_string(),
-            "ip link set rvb0 up".to_string(),
-            "ip link set rvb1 up".to_string(),
-            "ip addr add 10.99.2.1/24 dev rvb0".to_string(),
-            "ip -6 addr add fd00:99:2::1/64 dev rvb0 nodad".to_string(),
-            "sysctl -qw net.ipv4.ip_forward=1".to_string(),
-            "sysctl -qw net.ipv6.conf.all.forwarding=1".to_string(),
-            "ip neigh add 10.99.2.11 lladdr 02:00:00:00:02:0b dev rvb0 nud permanent".to_string(),
-            "ip neigh add 10.99.2.12 lladdr 02:00:00:00:02:0c dev rvb0 nud permanent".to_string(),
-            "ip neigh add 10.99.2.13 lladdr 02:00:00:00:02:0d dev rvb0 nud permanent".to_string(),
-            "ip -6 neigh add fd00:99:2::11 lladdr 02:00:00:00:02:0b dev rvb0 nud permanent"
-                .to_string(),
-            "ip -6 neigh add fd00:99:2::12 lladdr 02:00:00:00:02:0c dev rvb0 nud permanent"
-                .to_string(),
-            "ip -6 neigh add fd00:99:2::13 lladdr 02:00:00:00:02:0d dev rvb0 nud permanent"
-                .to_string(),
-        ] {
-            sh(&format!("nsenter --net=/run/netns/{n} {cmd}"))?;
-        }
-        Ok(ns)
+fn bench_ns() -> Result<Netns> {
+    let ns = Netns::try_new(&format!("rvbench{}", std::process::id()))?;
+    for cmd in [
+        "ip link add rvb0 type veth peer name rvb1",
+        "ip link set rvb0 up",
+        "ip link set rvb1 up",
+        "ip addr add 10.99.2.1/24 dev rvb0",
+        "ip -6 addr add fd00:99:2::1/64 dev rvb0 nodad",
+        "sysctl -qw net.ipv4.ip_forward=1",
+        "sysctl -qw net.ipv6.conf.all.forwarding=1",
+        "ip neigh add 10.99.2.11 lladdr 02:00:00:00:02:0b dev rvb0 nud permanent",
+        "ip neigh add 10.99.2.12 lladdr 02:00:00:00:02:0c dev rvb0 nud permanent",
+        "ip neigh add 10.99.2.13 lladdr 02:00:00:00:02:0d dev rvb0 nud permanent",
+        "ip -6 neigh add fd00:99:2::11 lladdr 02:00:00:00:02:0b dev rvb0 nud permanent",
+        "ip -6 neigh add fd00:99:2::12 lladdr 02:00:00:00:02:0c dev rvb0 nud permanent",
+        "ip -6 neigh add fd00:99:2::13 lladdr 02:00:00:00:02:0d dev rvb0 nud permanent",
+    ] {
+        ns.try_exec(cmd)?;
     }
-}
-
-impl Drop for BenchNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
-fn sh(cmd: &str) -> Result<()> {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .with_context(|| format!("spawning `{cmd}`"))?;
-    ensure!(
-        out.status.success(),
-        "`{cmd}` failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    Ok(ns)
 }
 
 fn pad8(mut v: Vec<u8>) -> Vec<u8> {
@@ -597,15 +564,9 @@ fn test_run_out(
 }
 
 pub fn run(results: &mut Results) -> Result<()> {
-    let ns = BenchNs::new()?;
-    let path = format!("/run/netns/{}", ns.0);
+    let ns = bench_ns()?;
     // Everything runs on a thread inside the namespace.
-    let (measured, exhaustion) =
-        std::thread::spawn(move || -> Result<(Measured, Option<Exhaustion>)> {
-            let f = File::open(&path).context("opening the bench netns")?;
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
-            measure()
-        })
+    let (measured, exhaustion) = spawn_in(&ns, measure)
         .join()
         .map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
     drop(ns);

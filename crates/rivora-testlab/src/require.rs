@@ -19,12 +19,7 @@ pub fn root_and_tools(test: &str) {
         euid, 0,
         "{test} needs root (network namespaces, BPF); run it as root"
     );
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
-        .collect();
+    let missing = not_on_path(TOOLS);
     assert!(
         missing.is_empty(),
         "{test} needs {missing:?} on PATH: run scripts/deps.sh"
@@ -49,14 +44,19 @@ fn is_bpffs(p: &Path) -> bool {
 /// Panic unless each of `tools` is on PATH (beside [`root_and_tools`]'s):
 /// the L2 tests run arping, ndisc6 and tcpdump.
 pub fn tools(test: &str, tools: &[&str]) {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let missing: Vec<&str> = tools
-        .iter()
-        .copied()
-        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
-        .collect();
+    let missing = not_on_path(tools);
     assert!(
         missing.is_empty(),
         "{test} needs {missing:?} on PATH: run scripts/deps.sh with the Makefile's TEST_PKGS"
     );
+}
+
+/// Those of `tools` no directory of PATH holds.
+fn not_on_path<'a>(tools: &[&'a str]) -> Vec<&'a str> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    tools
+        .iter()
+        .copied()
+        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
+        .collect()
 }
