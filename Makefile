@@ -108,7 +108,7 @@ test-unit: deps
 
 test-packets: deps
 	@scripts/bpffs.sh
-	$(CARGO) test --test 'packets_*'
+	$(CARGO) test --test packets
 
 test-e2e: deps
 	@scripts/deps.sh $(TEST_PKGS)

@@ -59,7 +59,7 @@
 //! every VIP kept its service and backend ids. (Not a layout 2 binary: the
 //! program behind the link before the start is this build's; what a
 //! layout 2 one held is in the kept maps, checked entry by entry in
-//! tests/abi_upgrade.rs.)
+//! tests/packets/abi_upgrade.rs.)
 //!
 //! The variant build: `RIVORA_VARIANT_RIVORAD` names a prebuilt binary
 //! (`make test` builds it); without it the test builds one into

@@ -40,7 +40,7 @@
  * swapping its time for RV_FULLNAT_RETIRED. So two CPUs never both take
  * an entry, and a delete never removes an entry another CPU has just
  * claimed or revived: a delete after a plain "is it idle?" read did,
- * seen by the two-CPU property test (tests/packets_fullnat.rs).
+ * seen by the two-CPU property test (tests/packets/fullnat.rs).
  *
  * An established flow's entry is checked (and its time refreshed) when
  * its affinity time is refreshed (once a second), on a SYN and on a FIN

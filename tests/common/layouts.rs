@@ -1,5 +1,5 @@
 //! Pinned map sets as rivorads of earlier layouts left them, for the
-//! upgrade tests (tests/abi_upgrade.rs, tests/e2e_restart.rs), and what
+//! upgrade tests (tests/packets/abi_upgrade.rs, tests/e2e_restart.rs), and what
 //! those tests compare before and after: every pin's definition, kernel
 //! map id and entries.
 //!

@@ -339,7 +339,7 @@ pub fn run_prog(prog: &libbpf_rs::ProgramMut<'_>, pkt: &[u8]) -> (u32, Vec<u8>) 
 }
 
 // Packet fixtures for fragments, ICMP errors and backend selection
-// (tests/packets_frag_icmp.rs, tests/packets_lb.rs).
+// (tests/packets/frag_icmp.rs, tests/packets/lb.rs).
 
 /// The datapath's flow hash (bpf/lib/hash.h: MurmurHash3 over whole
 /// words, seed "RIVR"), written again from its description so the tests
@@ -419,8 +419,8 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Packet fixtures shared by the packet suites (`packets_shapes`,
-/// `packets_modes`): frames composed from etherparse's header types (which
+/// Packet fixtures shared by the packet suites (`tests/packets/`: shapes,
+/// modes): frames composed from etherparse's header types (which
 /// compute lengths and checksums independently of the datapath), checksum
 /// checks of any output frame, runs that report kernel refusals instead of
 /// panicking, and Katran-style fixture cases.

@@ -4,7 +4,7 @@
 //! backend itself sent must come from the VIP. Expected packets are built
 //! independently with etherparse (which computes every checksum).
 
-mod common;
+use crate::common;
 
 use std::net::IpAddr;
 

@@ -15,7 +15,7 @@
 //! under a flow" is a weight change written through the writer, which
 //! keeps the old backend's id and health so its established flows go on.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -1,7 +1,7 @@
 //! The backend-side decapsulator (bpf/decap.bpf.c) packet by packet,
 //! through BPF_PROG_TEST_RUN.
 
-mod common;
+use crate::common;
 
 /// The decap program packet by packet (BPF_PROG_TEST_RUN): what it strips,
 /// what it keeps, and what it leaves alone. The end-to-end L3 DSR test

@@ -58,7 +58,7 @@
 //! own (there the FIB has no route, so a NAT'd request is handed to the
 //! kernel with only the NAT rewrite done: XDP_PASS).
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,4 +1,7 @@
-mod common;
+//! One NAT SYN through xdp_ingress and its reply through tc_nat, byte for
+//! byte: the first thing to check when every other packet test fails.
+
+use crate::common;
 
 use common::*;
 use etherparse::PacketBuilder;

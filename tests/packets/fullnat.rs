@@ -37,7 +37,7 @@
 //!   (`client_ip_affinity_keeps_a_port_per_flow`).
 //! - No source for the backend: dropped and named (`no_source_is_a_named_drop`).
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! from the slice read back from the maps and the flow hash written again
 //! in tests/common, never from the writer's own renderer.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

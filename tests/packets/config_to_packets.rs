@@ -23,7 +23,7 @@
 //! interfaces it attaches to. So every mode sends from XDP: NAT and L3 DSR
 //! out of `veth0` to the gateway, DSR to the backend's MAC.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -8,7 +8,7 @@
 //! built independently with etherparse, the output's checksums with
 //! etherparse's calculators, and the map state the run leaves.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -10,7 +10,7 @@
 //! reverse entries, affinity entries, per-VIP and drop counters) is
 //! asserted after the runs.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -3,7 +3,7 @@
 //! `bpftool map dump pinned` prints field names, not hex. The flow tables
 //! take their size at load, and pins of another size are refused.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, AsRawFd};

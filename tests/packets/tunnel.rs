@@ -24,7 +24,7 @@
 //!   never sent on (`a_tunnel_is_never_sent_on`); the VIP's removal takes
 //!   its entries (`removing_the_vip_takes_its_tunnel_endpoints`).
 
-mod common;
+use crate::common;
 
 use std::net::IpAddr;
 
