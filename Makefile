@@ -7,11 +7,12 @@ BPF_SOURCES := $(wildcard bpf/*.bpf.c) $(wildcard bpf/lib/*.h) $(wildcard bench/
 # tcpdump capturing the bridge.
 L2_PKGS := iputils-arping ndisc6 tcpdump
 # Test peers and tools used by the test suites, beyond the build's needs
-# (procps: the packet tests set sysctls in their namespaces).
+# (procps: the packet tests set sysctls in their namespaces; nftables:
+# e2e_l2 drops one node's health probes to make it not serve a VIP).
 # BGP peers for tests/e2e_bgp.rs: BIRD 2, FRR (zebra, bgpd, bfdd), GoBGP
 # (Debian's package is gobgpd; it ships the gobgp client too).
 BGP_PKGS := bird2 frr gobgpd
-TEST_PKGS := iputils-ping python3 procps $(L2_PKGS) $(BGP_PKGS)
+TEST_PKGS := iputils-ping python3 procps nftables $(L2_PKGS) $(BGP_PKGS)
 # What make demo runs in its namespaces: HTTP backends and a client.
 DEMO_PKGS := python3 curl
 # What scripts/apiserver.sh runs beside the kube-apiserver it builds (Go
