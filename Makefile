@@ -45,7 +45,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# What does not program the dataplane must not link libbpf (rivoractl
 	@# builds on a machine without clang or libelf).
-	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-kube rivora-doctor rivora-cli rivora-speaker rivora-bgp rivora-testlab; do \
+	@for p in rivora-model rivora-api rivoractl rivora-k8s rivora-controller rivora-lease rivora-k8s-client rivora-doctor rivora-cli rivora-l2 rivora-bgp rivora-testlab; do \
 		if $(CARGO) tree -q -p $$p -e normal,build | grep -E 'libbpf|libelf'; then \
 			echo "lint: $$p depends on libbpf" >&2; exit 1; fi; done
 	clang-format --dry-run -Werror $(BPF_SOURCES)

@@ -8,12 +8,12 @@ pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod healthcheck;
+pub mod l2;
 pub mod metrics;
 pub mod netlink;
 pub mod nexthop;
 pub mod reconciler;
 pub mod sources;
-pub mod speaker;
 
 // The libbpf-free crates, under the paths they always had.
 pub use rivora_api as api;

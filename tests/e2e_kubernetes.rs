@@ -1637,7 +1637,7 @@ fn rivorad_writes_no_policy_status_and_a_warning_is_one_event() {
                 controller: "rivorad".into(),
                 instance: Some(node.to_string()),
             };
-            let ev = rivora_kube::OnceEvent {
+            let ev = rivora_k8s_client::OnceEvent {
                 reason: "NotProgrammed",
                 note,
                 action: "Program",
@@ -1646,7 +1646,12 @@ fn rivorad_writes_no_policy_status_and_a_warning_is_one_event() {
             };
             w.k8s
                 .kube
-                .block_on(rivora_kube::publish_once(&w.k8s.kube.client, &obj, &ev, at))
+                .block_on(rivora_k8s_client::publish_once(
+                    &w.k8s.kube.client,
+                    &obj,
+                    &ev,
+                    at,
+                ))
                 .unwrap_or_else(|e| panic!("publishing as {node}: {e}"))
         })
         .collect();

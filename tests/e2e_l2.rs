@@ -46,7 +46,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use rivora::dataplane::attach::ifindex;
 use rivora::decap::Decap;
 use rivora_k8s::AddressPool;
-use rivora_speaker::plan::lease_name;
+use rivora_l2::plan::lease_name;
 use serde_json::{json, Value};
 
 const PORT: u16 = 7000;

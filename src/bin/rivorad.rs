@@ -14,9 +14,9 @@ use rivora::daemon::{self, Daemon, Options};
 use rivora::dataplane::{
     check_flow_table_size, Maps, DEFAULT_PIN_DIR, FLOW_TABLE_MAX_SIZE, FLOW_TABLE_MIN_SIZE,
 };
+use rivora::l2::{KubeSide, Speaker, SpeakerConfig, SpeakerMetrics};
 use rivora::metrics::Metrics;
 use rivora::sources::kubernetes::{self, KubeOptions, KubeOutputs};
-use rivora::speaker::{KubeSide, Speaker, SpeakerConfig, SpeakerMetrics};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
 

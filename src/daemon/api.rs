@@ -22,13 +22,13 @@ use crate::dataplane::render::Health;
 use crate::dataplane::{Maps, XdpMode};
 use crate::desired::{Owner, SourceKind};
 use crate::healthcheck::HealthState;
+use crate::l2::L2State;
 use crate::metrics::{BackendHealthSample, Metrics, MetricsSnapshot, VipCounters};
 use crate::model::{Affinity, Mode, Ports, Protocol, VipKey};
 use crate::reconciler::status::{DataplaneStatus, ProbeStatus, SourceStatus, StatusReader};
 use crate::reconciler::{Command, DrainError};
 use crate::sources::file::{FileSource, ReloadError};
 use crate::sources::{WatchState, WatchStates};
-use crate::speaker::L2State;
 
 pub struct DaemonApi {
     pub status: StatusReader,

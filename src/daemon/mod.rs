@@ -373,14 +373,12 @@ impl Daemon {
 
     /// The interfaces attached, as the L2 speaker answers on them: name,
     /// ifindex and MAC (asked of the kernel now).
-    pub fn attached_interfaces(
-        &self,
-    ) -> Result<Vec<rivora_speaker::responder::Interface>, DaemonError> {
+    pub fn attached_interfaces(&self) -> Result<Vec<rivora_l2::responder::Interface>, DaemonError> {
         self.attached
             .iter()
             .map(|a| {
                 let (ifindex, mac) = net::interface(&a.name)?;
-                Ok(rivora_speaker::responder::Interface {
+                Ok(rivora_l2::responder::Interface {
                     name: a.name.clone(),
                     ifindex,
                     mac: mac.0,

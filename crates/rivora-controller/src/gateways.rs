@@ -28,8 +28,8 @@ use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::gateway::{self as gw, reason, Cluster, ListenerRef, Route};
 use rivora_k8s::ipam::Outcome;
 use rivora_k8s::ServicePolicy;
-use rivora_kube::versioned::{Kind, GATEWAYS, GATEWAY_CLASSES, TCP_ROUTES, UDP_ROUTES};
-use rivora_kube::{key_of, Key, Listed};
+use rivora_k8s_client::versioned::{Kind, GATEWAYS, GATEWAY_CLASSES, TCP_ROUTES, UDP_ROUTES};
+use rivora_k8s_client::{key_of, Key, Listed};
 use serde_json::Value;
 
 use crate::policies::Policies;

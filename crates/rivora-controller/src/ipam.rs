@@ -41,7 +41,7 @@ use rivora_k8s::ipam::{gateway_claim, ClaimKind, ClaimRef, Outcome, CONDITION_AD
 use rivora_k8s::policy::merge_condition;
 use rivora_k8s::{service_claim, AddressPool, Allocator, PoolSet};
 use rivora_k8s::{TranslateOptions, Warning};
-use rivora_kube::{key_of, Key, Listed};
+use rivora_k8s_client::{key_of, Key, Listed};
 
 use crate::gateways::{explain_unassigned, status_writes, with_addresses, GatewayApi, View};
 use crate::policies::Policies;

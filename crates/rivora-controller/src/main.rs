@@ -135,7 +135,7 @@ fn main() -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let client = rivora_kube::client(args.kubeconfig.as_deref())
+        let client = rivora_k8s_client::client(args.kubeconfig.as_deref())
             .await
             .context("the Kubernetes client")?;
         let m = Metrics::new();

@@ -26,7 +26,7 @@ use rivora_k8s::policy::{
 };
 use rivora_k8s::translate::{is_ours, PolicyUse, SERVICE_NAME_LABEL};
 use rivora_k8s::{service_vips, ServicePolicy, ServicePolicyStatus, TranslateOptions};
-use rivora_kube::{key_of, Change, Key, Listed};
+use rivora_k8s_client::{key_of, Change, Key, Listed};
 
 /// The ServicePolicies and the EndpointSlices their Services' answers
 /// read.

@@ -31,10 +31,10 @@ use rivora_k8s::gateway::api::tcproutes::TcpRoute;
 use rivora_k8s::gateway::api::udproutes::UdpRoute;
 use rivora_k8s::translate::SERVICE_NAME_LABEL;
 use rivora_k8s::{AddressPool, ServicePolicy, TranslateOptions};
-use rivora_kube::versioned::{
+use rivora_k8s_client::versioned::{
     versioned, GwEvent, Kind, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
 };
-use rivora_kube::{watch_all, Change, Listed, Warner};
+use rivora_k8s_client::{watch_all, Change, Listed, Warner};
 use rivora_lease::{Election, ElectionError, Leadership, LeaseSettings};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
@@ -329,7 +329,7 @@ fn handle(
             Outcome::Ok | Outcome::NotLeader => ipam.written(&t, true),
             Outcome::Error => ipam.written(&t, false),
         },
-        Msg::Pool(Err(e)) if rivora_kube::is_not_found(&e) => {
+        Msg::Pool(Err(e)) if rivora_k8s_client::is_not_found(&e) => {
             debug!(error = %e, "the AddressPool CRD is not installed: no addresses to give");
             // No pools is an answer: Services are told so.
             if !ipam.pools.synced {
@@ -339,7 +339,7 @@ fn handle(
             }
             ipam.not_installed(POOLS);
         }
-        Msg::Policy(Err(e)) if rivora_kube::is_not_found(&e) => {
+        Msg::Policy(Err(e)) if rivora_k8s_client::is_not_found(&e) => {
             // No policies is an answer: nothing to write.
             if !ipam.policies.policies.synced {
                 warn!("the ServicePolicy CRD (servicepolicies.rivora.io) is not installed");

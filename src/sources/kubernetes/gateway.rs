@@ -10,7 +10,7 @@
 //! v1beta1, Gateway API releases before v1.7), found by discovery and
 //! found again when a watch says the version is gone. Without the CRDs the
 //! watch says so (`the Gateway API CRDs ... are not installed`) and looks
-//! again every [`NOT_INSTALLED_RETRY`] ([`rivora_kube::versioned`]), quietly; after two such answers it
+//! again every [`NOT_INSTALLED_RETRY`] ([`rivora_k8s_client::versioned`]), quietly; after two such answers it
 //! counts as listed (empty), so a cluster without Gateway API does not hold
 //! back the prune of adopted VIPs. Two, not one: just after an API server
 //! starts, discovery can briefly miss CRDs it serves a moment later.
@@ -50,7 +50,7 @@ use rivora_k8s::gateway::{self as gw, Cluster, ListenerRef, Route, GROUP};
 use rivora_k8s::ipam::ClaimRef;
 use rivora_k8s::policy::{ObjectRef, ServicePolicy};
 use rivora_k8s::translate::{endpoint_nodes, place_backends};
-use rivora_kube::versioned::{
+use rivora_k8s_client::versioned::{
     versioned, GwEvent, GATEWAYS, GATEWAY_CLASSES, REFERENCE_GRANTS, TCP_ROUTES, UDP_ROUTES,
 };
 use tokio::sync::oneshot;

@@ -51,9 +51,9 @@ use rivora_k8s::{service_vips, AddressPool, ServicePolicy, TranslateOptions};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
-use rivora_kube::versioned::GwEvent;
-pub use rivora_kube::{client, KubeError};
-use rivora_kube::{is_not_found, key_of, watch_all, Change, Listed};
+use rivora_k8s_client::versioned::GwEvent;
+pub use rivora_k8s_client::{client, KubeError};
+use rivora_k8s_client::{is_not_found, key_of, watch_all, Change, Listed};
 
 use self::gateway::GatewayState;
 use super::WatchState;
@@ -498,12 +498,12 @@ impl State {
 
 /// Warnings on Services and on Gateways, each (object, reason, message)
 /// at most once per [`EVENT_REPEAT`] from this node, and once for the
-/// cluster ([`rivora_kube::publish_once`]). Shared by the pass and the
+/// cluster ([`rivora_k8s_client::publish_once`]). Shared by the pass and the
 /// tasks that wait for the reconciler's answers.
 #[derive(Clone)]
 struct Warner {
-    services: rivora_kube::Warner<Service>,
-    gateways: rivora_kube::Warner<Gateway>,
+    services: rivora_k8s_client::Warner<Service>,
+    gateways: rivora_k8s_client::Warner<Gateway>,
 }
 
 impl Warner {
@@ -513,13 +513,13 @@ impl Warner {
             instance: Some(node.to_string()),
         };
         Self {
-            services: rivora_kube::Warner::events(
+            services: rivora_k8s_client::Warner::events(
                 client.clone(),
                 reporter.clone(),
                 "Program",
                 EVENT_REPEAT,
             ),
-            gateways: rivora_kube::Warner::events(
+            gateways: rivora_k8s_client::Warner::events(
                 client.clone(),
                 reporter,
                 "Program",

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Mutex};
 use serde_json::json;
 
 use super::*;
-use rivora_kube::versioned::{GwEvent, Unreadable};
+use rivora_k8s_client::versioned::{GwEvent, Unreadable};
 
 fn svc(ns: &str, name: &str, ip: &str) -> Service {
     serde_json::from_value(json!({
@@ -133,7 +133,7 @@ impl Harness {
         let w = warnings.clone();
         let ws = warnings.clone();
         let warner = Warner {
-            services: rivora_kube::Warner::new(
+            services: rivora_k8s_client::Warner::new(
                 Arc::new(move |o: Arc<Service>, reason, msg| {
                     ws.lock()
                         .unwrap()
@@ -141,7 +141,7 @@ impl Harness {
                 }),
                 EVENT_REPEAT,
             ),
-            gateways: rivora_kube::Warner::new(
+            gateways: rivora_k8s_client::Warner::new(
                 Arc::new(move |o: Arc<Gateway>, reason, msg| {
                     w.lock()
                         .unwrap()

@@ -37,7 +37,7 @@
 //!   that claimed a VIP (an answer, a gratuitous ARP, an advertisement)
 //!   are counted, and a maximal run of windows with two or more is an
 //!   interval in which two nodes answered when a MAC claimed again after
-//!   another had (`rivora_speaker::audit`: a handover quicker than one
+//!   another had (`rivora_l2::audit`: a handover quicker than one
 //!   window, the old owner silent after the new one's first claim, is
 //!   not one). Target 0.
 //!
@@ -72,9 +72,9 @@ use rivora::dataplane::attach::ifindex;
 use rivora::dataplane::AttachedLink;
 use rivora::decap::Decap;
 use rivora_api::client::Client as ApiClient;
-use rivora_speaker::frames::{self, Mac};
-use rivora_speaker::socket::PacketSocket;
-use rivora_speaker::{audit, pcap};
+use rivora_l2::frames::{self, Mac};
+use rivora_l2::socket::PacketSocket;
+use rivora_l2::{audit, pcap};
 use serde_json::json;
 
 use crate::k8s::{client, install_crd, runtime, start_api_server};
@@ -101,7 +101,7 @@ const SETTLE: Duration = Duration::from_secs(30);
 const CLIENT_NEIGH: &str = "base_reachable_time_ms=600000 delay_first_probe_time=600";
 
 fn lease_name() -> String {
-    rivora_speaker::plan::lease_name(POOL, None)
+    rivora_l2::plan::lease_name(POOL, None)
 }
 
 fn node_v4(i: usize) -> Ipv4Addr {

@@ -2,7 +2,7 @@
 //! status (never its lock), the interfaces rivorad attached and, with
 //! `-kubernetes`, the AddressPools, this node's labels and the speaker's
 //! Leases; decides the groups this node stands for
-//! ([`rivora_speaker::plan`]); runs one election per group
+//! ([`rivora_l2::plan`]); runs one election per group
 //! ([`rivora_lease`], milliseconds precision, fed by one watch of the
 //! Leases); and tells each interface's responder what to answer for and
 //! until when.
@@ -43,9 +43,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use rivora_l2::plan::{self, Group, Mode, PoolL2, PoolView, Seen, VipView};
+use rivora_l2::responder::{Answers, Counters, Fence, Interface, Responder};
 use rivora_lease::{Election, Leadership, LeaseFeed, LeaseSettings, Observed, Record};
-use rivora_speaker::plan::{self, Group, Mode, PoolL2, PoolView, Seen, VipView};
-use rivora_speaker::responder::{Answers, Counters, Fence, Interface, Responder};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};

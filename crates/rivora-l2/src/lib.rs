@@ -1,4 +1,4 @@
-//! The L2 speaker's parts that need no libbpf (rivorad's `src/speaker/`
+//! The L2 speaker's parts that need no libbpf (rivorad's `src/l2/`
 //! is the glue): ARP and NDP frames ([`frames`]), which node stands for
 //! which VIP ([`plan`]), the AF_PACKET sockets ([`socket`]) and the
 //! responder of one interface ([`responder`]). [`pcap`] reads captures
