@@ -1116,6 +1116,22 @@ impl Rbac {
             .unwrap_or_else(|e| panic!("SubjectAccessReview: {e}"));
         got.status.is_some_and(|s| s.allowed)
     }
+
+    /// Wait (10 s at most) until the API server's authorizer answers
+    /// `allowed` for `verb` on `group/resource`: a grant or a revoke takes
+    /// a moment to reach it.
+    pub fn wait_until(&self, allowed: bool, verb: &str, group: &str, resource: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.allowed(verb, group, resource) != allowed {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} is still {} to {verb} {group}/{resource} after 10 s",
+                self.user,
+                if allowed { "not allowed" } else { "allowed" }
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Rbac {
