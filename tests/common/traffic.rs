@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
 
+use rivora_testlab::paced::{send_retrying, Pacer};
+
 use super::netns::{spawn_in, Netns};
 use super::topology::Topology;
 
@@ -773,29 +775,15 @@ pub fn udp_streams(
             })
             .collect();
         let mut sent = vec![0u64; socks.len()];
-        let start = Instant::now();
-        let mut k = 0u64;
+        let mut pacer = Pacer::new(rate);
         while !stop.load(Ordering::Relaxed) {
-            let due = start + Duration::from_micros(k * 1_000_000 / rate);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let i = (k as usize) % socks.len();
+            let i = (pacer.wait() as usize) % socks.len();
             let mut msg = [0u8; 12];
             msg[0..4].copy_from_slice(&(first_flow + i as u32).to_be_bytes());
             msg[4..12].copy_from_slice(&sent[i].to_be_bytes());
-            // A send error (ENOBUFS, a transient ICMP error queued on the
-            // socket) would hide a loss from the count: retry it.
-            let mut tries = 0;
-            while socks[i].send(&msg).is_err() {
-                tries += 1;
-                assert!(tries < 1000, "UDP send keeps failing");
-                std::thread::sleep(Duration::from_micros(100));
-            }
+            send_retrying(&socks[i], &msg).expect("UDP send keeps failing");
             sent[i] += 1;
             sent_total.fetch_add(1, Ordering::Relaxed);
-            k += 1;
         }
         sent
     })

@@ -6,6 +6,7 @@
 //!   ([`netns::InNetns`], [`netns::spawn_in`]).
 //! - [`apiserver`]: a real kube-apiserver and etcd on loopback
 //!   (`scripts/apiserver.sh`), stopped on drop.
+//! - [`paced`]: senders paced against the clock, sends that retry.
 //! - [`require`]: what a test needs from the machine, or a failure that
 //!   says what to install.
 //!
@@ -17,6 +18,7 @@
 pub mod apiserver;
 pub mod cmd;
 pub mod netns;
+pub mod paced;
 pub mod require;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -24,6 +24,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 
 use rivora::dataplane::Datapath;
 use rivora_testlab::netns::spawn_in_named;
+use rivora_testlab::paced::{send_retrying, Pacer};
 use rivora_testlab::try_sh;
 
 use crate::{median, signal_child, Results};
@@ -184,21 +185,12 @@ pub(crate) fn numbered_stream(
 ) -> std::io::Result<(u64, Duration)> {
     let s = UdpSocket::bind("0.0.0.0:0")?;
     s.connect(to)?;
-    let t0 = Instant::now();
-    let mut k = 0u64;
+    let mut pacer = Pacer::new(rate);
     while !stop.load(Ordering::Relaxed) {
-        let due = t0 + Duration::from_nanos(k * 1_000_000_000 / rate);
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        // A transient send error would hide a loss: retry.
-        while s.send(&k.to_be_bytes()).is_err() {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        k += 1;
+        let k = pacer.wait();
+        send_retrying(&s, &k.to_be_bytes())?;
     }
-    Ok((k, t0.elapsed()))
+    Ok(pacer.sent())
 }
 
 fn hotswap(results: &mut Results) -> Result<()> {
