@@ -290,6 +290,7 @@ pub(crate) async fn install_crd(client: &Client, crd: CustomResourceDefinition) 
 
 async fn write_fixture(client: &Client) -> Result<()> {
     install_crd(client, rivora_k8s::ServicePolicy::crd()).await?;
+    install_crd(client, rivora_k8s::AddressPool::crd()).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(
         &PostParams::default(),
@@ -297,6 +298,21 @@ async fn write_fixture(client: &Client) -> Result<()> {
     )
     .await
     .context("creating the namespace")?;
+    // rivorad serves only addresses an AddressPool admits: one pool holds
+    // every VIP of the fixture.
+    let pools: Api<rivora_k8s::AddressPool> = Api::all(client.clone());
+    pools
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "rivora.io/v1alpha1",
+                "kind": "AddressPool",
+                "metadata": {"name": "bench"},
+                "spec": {"addresses": [format!("{}/16", vip_of(0))]},
+            }))?,
+        )
+        .await
+        .context("creating the AddressPool")?;
     let svcs: Api<Service> = Api::namespaced(client.clone(), K8S_NS);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), K8S_NS);
     stream::iter(0..SERVICES)
